@@ -1,0 +1,16 @@
+"""The Celery app, configured from Django settings (CELERY_* names)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ace.settings")
+
+app = Celery("ace")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+def gpu_queue(node_class: str) -> str:
+    """The queue a node class's GPU worker pool consumes."""
+    return f"gpu.{node_class}"

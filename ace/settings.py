@@ -1,0 +1,192 @@
+"""ACE settings: everything comes from environment variables with safe embedded defaults.
+
+See README.md ("Configuration") for the list. A bad value raises ace.env.ConfigError naming the variable.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_str, env_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("ACE_DATA_DIR", str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    key = os.environ.get("ACE_SECRET_KEY")
+    if key:
+        if len(key) < 32:
+            raise ConfigError("ACE_SECRET_KEY must be at least 32 characters long")
+        return key
+    # Embedded default: a random key generated once and kept (mode 0600) in the data directory.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+
+
+def _encryption_key() -> bytes:
+    raw = os.environ.get("ACE_ENCRYPTION_KEY")
+    if raw:
+        try:
+            decoded = base64.urlsafe_b64decode(raw.encode())
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("ACE_ENCRYPTION_KEY must be a urlsafe-base64 32-byte Fernet key") from exc
+        if len(decoded) != 32:
+            raise ConfigError("ACE_ENCRYPTION_KEY must be a urlsafe-base64 32-byte Fernet key")
+        return raw.encode()
+    # Derived from the secret key when not given, so the embedded defaults work out of the box.
+    return base64.urlsafe_b64encode(hashlib.sha256(b"ace-endpoint-keys:" + SECRET_KEY.encode()).digest())
+
+
+ENDPOINT_KEY_ENCRYPTION_KEY = _encryption_key()
+
+DEBUG = env_bool("ACE_DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in env_str("ACE_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("ACE_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+# Which networks probing and the gateway may reach. Loopback and private ranges by default; link-local
+# (169.254.0.0/16, which holds the cloud metadata service) and everything else is refused unless listed.
+ALLOWED_ENDPOINT_NETWORKS = env_networks(
+    "ACE_ALLOWED_ENDPOINT_NETWORKS",
+    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7",
+)
+
+PROBE_TIMEOUT_S = env_float("ACE_PROBE_TIMEOUT", 10.0, minimum=0.1)
+PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "fleet",
+    "speculation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ace.urls"
+WSGI_APPLICATION = "ace.wsgi.application"
+ASGI_APPLICATION = "ace.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_url(
+    "DATABASE_URL", f"sqlite:///{DATA_DIR / 'ace.sqlite3'}", schemes=("sqlite", "postgres", "postgresql")
+)
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # WAL + a busy timeout: the web process and the worker write the same file.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # A file-based test database, so that a real Celery worker process can open it.
+    DATABASES["default"]["TEST"] = {"NAME": env_str("ACE_TEST_DATABASE", str(DATA_DIR / "test.sqlite3"))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "fleet:endpoint-list"
+LOGOUT_REDIRECT_URL = "login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ACE speculative decoding API",
+    "DESCRIPTION": "Register LLM endpoints, probe them, and manage their speculative decoding stage.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Celery: one queue for control work, one per GPU node class ("gpu.<node_class>").
+REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("ACE_WORKER_PREFETCH", 1, minimum=1)
+CELERY_TASK_ALWAYS_EAGER = env_bool("ACE_CELERY_EAGER", False)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2}
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 2
+CELERY_BEAT_SCHEDULE = {
+    "reprobe-endpoints": {
+        "task": "fleet.tasks.reprobe_all_task",
+        "schedule": timedelta(seconds=PROBE_INTERVAL_S),
+        "options": {"queue": "control"},
+    },
+}
+CONTROL_QUEUE = "control"
+DEFAULT_NODE_CLASS = env_str("ACE_DEFAULT_NODE_CLASS", "cpu")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("ACE_LOG_LEVEL", "INFO")},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+}

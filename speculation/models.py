@@ -1,0 +1,128 @@
+"""Speculation: draft artifacts, per-endpoint policy (with its history), and per-request stage records."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from fleet.models import Endpoint
+
+
+class DraftKind(models.TextChoices):
+    DRAFT_MODEL = "draft_model", "Draft model"
+    EAGLE_HEAD = "eagle_head", "EAGLE head"
+    NGRAM = "ngram", "N-gram prompt lookup"
+
+
+class DraftModel(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(max_length=16, choices=DraftKind.choices)
+    path = models.CharField(max_length=1000, blank=True, default="")
+    tokenizer_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    param_count = models.BigIntegerField(null=True, blank=True)
+    vram_bytes = models.BigIntegerField(null=True, blank=True)
+    node_class = models.SlugField(max_length=64, default="cpu")
+    target_name = models.CharField(max_length=255, blank=True, default="")
+    config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Mode(models.TextChoices):
+    OFF = "off", "Off"
+    SHADOW = "shadow", "Shadow"
+    PROD = "prod", "Prod"
+
+
+class Mechanism(models.TextChoices):
+    DRAFT_MODEL = "draft_model", "Draft model"
+    EAGLE_HEAD = "eagle_head", "EAGLE head"
+    NGRAM = "ngram", "N-gram prompt lookup"
+
+
+class VerificationPath(models.TextChoices):
+    AUTO = "auto", "Auto (from the probe)"
+    NATIVE = "native", "Native (the server speculates)"
+    REMOTE = "remote", "Remote (target scores drafts)"
+    LOCAL = "local", "Local (target in the worker)"
+
+
+class SpeculationPolicy(models.Model):
+    endpoint = models.OneToOneField(Endpoint, related_name="policy", on_delete=models.CASCADE)
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.OFF)
+    mechanism = models.CharField(max_length=16, choices=Mechanism.choices, default=Mechanism.NGRAM)
+    draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.PROTECT)
+    k = models.PositiveSmallIntegerField(default=5)
+    dynamic_k = models.BooleanField(default=False)
+    shadow_sample_rate = models.FloatField(default=1.0)
+    path = models.CharField(max_length=8, choices=VerificationPath.choices, default=VerificationPath.AUTO)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    def __str__(self) -> str:
+        return f"policy of {self.endpoint_id}: {self.mode}"
+
+
+class PolicyChange(models.Model):
+    """Every change of a policy, with who and when: {field: [old, new]}."""
+
+    policy = models.ForeignKey(SpeculationPolicy, related_name="changes", on_delete=models.CASCADE)
+    changed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    changes = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+
+class Action(models.TextChoices):
+    WOULD_SPECULATE = "would_speculate", "Would speculate"
+    SPECULATED = "speculated", "Speculated"
+    SKIPPED = "skipped", "Skipped"
+    FELL_BACK = "fell_back", "Fell back"
+
+
+class StageRecord(models.Model):
+    """One request the speculative_decoding stage saw."""
+
+    endpoint = models.ForeignKey(Endpoint, related_name="stage_records", on_delete=models.CASCADE)
+    request_id = models.CharField(max_length=64, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    mode = models.CharField(max_length=8, choices=Mode.choices)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    reason = models.TextField(blank=True, default="")
+    path = models.CharField(max_length=8, blank=True, default="")
+    mechanism = models.CharField(max_length=16, blank=True, default="")
+    k = models.PositiveSmallIntegerField(null=True, blank=True)
+    drafted_tokens = models.PositiveIntegerField(default=0)
+    accepted_tokens = models.PositiveIntegerField(default=0)
+    target_passes = models.PositiveIntegerField(default=0)
+    per_position_acceptance = models.JSONField(default=list, blank=True)
+    accepted_length_hist = models.JSONField(default=list, blank=True)
+    # accepted / drafted (vLLM's "draft acceptance rate"; not alpha).
+    acceptance_rate = models.FloatField(null=True, blank=True)
+    # alpha-style: mean per-position acceptance probability.
+    alpha = models.FloatField(null=True, blank=True)
+    # tokens per verification step, bonus token included (EAGLE's tau).
+    mean_accepted_len = models.FloatField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(default=0)
+    tok_s = models.FloatField(null=True, blank=True)
+    baseline_tok_s = models.FloatField(null=True, blank=True)
+    multiplier = models.FloatField(null=True, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["endpoint", "created_at"]),
+            models.Index(fields=["endpoint", "action", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.mode}/{self.action}"
