@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / ReDoc assets served from static files, no CDN
     "fleet",
     "speculation",
 ]
@@ -159,6 +160,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Register LLM endpoints, probe them, and manage their speculative decoding stage.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Celery: one queue for control work, one per GPU node class ("gpu.<node_class>").

@@ -1,0 +1,117 @@
+"""Fleet reads: the querysets and view-ready shapes the pages and the API show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.shortcuts import get_object_or_404
+
+from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
+
+# Statuses after which nothing more will arrive without a new probe: the page stops polling.
+SETTLED_PROBE_STATUSES = (ProbeStatus.DONE,)
+PENDING_ENDPOINT_STATUSES = (EndpointStatus.NEW, EndpointStatus.PROBING)
+
+# How capability keys read on the page; unknown keys fall back to their name with spaces.
+CAPABILITY_LABELS = {
+    "served_models": "Served models",
+    "model": "Served model",
+    "max_context": "Max context (tokens)",
+    "max_model_len": "Max context (tokens)",
+    "tokenize": "Tokenize",
+    "detokenize": "Detokenize",
+    "token_id_prompts": "Token-id prompts",
+    "prompt_scoring": "Prompt scoring",
+    "prompt_scoring_method": "Prompt scoring method",
+    "max_logprobs": "Largest logprobs count",
+    "tokenizer_fingerprint": "Tokenizer fingerprint",
+    "native_speculation": "Native speculative decoding",
+    "native_speculation_method": "Native speculation method",
+    "native_speculation_k": "Native speculation K",
+    "version": "Server version",
+    "server_version": "Server version",
+    "ttft_ms": "Time to first token (ms)",
+    "tpot_ms": "Time per output token (ms)",
+}
+
+
+@dataclass(frozen=True)
+class CapabilityRow:
+    key: str
+    label: str
+    value: str
+
+
+def endpoint_list(*, status: str | None = None, kind: str | None = None) -> QuerySet[Endpoint]:
+    """Endpoints with their latest probe's status and outcome annotated (one query, no N+1)."""
+    latest = Probe.objects.filter(endpoint=OuterRef("pk")).order_by("-created_at", "-id")
+    qs = Endpoint.objects.annotate(
+        last_probe_id=Subquery(latest.values("id")[:1]),
+        last_probe_status=Subquery(latest.values("status")[:1]),
+        last_probe_outcome=Subquery(latest.values("outcome")[:1]),
+        last_probe_duration_ms=Subquery(latest.values("duration_ms")[:1]),
+    ).order_by("name")
+    if status:
+        qs = qs.filter(status=status)
+    if kind:
+        qs = qs.filter(kind=kind)
+    return qs
+
+
+def endpoint_get(*, pk: int) -> Endpoint:
+    """The endpoint or Http404."""
+    return get_object_or_404(Endpoint, pk=pk)
+
+
+def probe_list(*, endpoint: Endpoint | None = None, status: str | None = None) -> QuerySet[Probe]:
+    qs = Probe.objects.select_related("endpoint").order_by("-created_at", "-id")
+    if endpoint is not None:
+        qs = qs.filter(endpoint=endpoint)
+    if status:
+        qs = qs.filter(status=status)
+    return qs
+
+
+def endpoint_is_pending(*, endpoint: Endpoint) -> bool:
+    """True while a probe is queued or running (or none has run yet): the page keeps polling."""
+    if endpoint.status in PENDING_ENDPOINT_STATUSES:
+        return True
+    return endpoint.probes.exclude(status__in=SETTLED_PROBE_STATUSES).exists()
+
+
+def any_endpoint_pending() -> bool:
+    return (
+        Endpoint.objects.filter(status__in=PENDING_ENDPOINT_STATUSES).exists()
+        or Probe.objects.exclude(status__in=SETTLED_PROBE_STATUSES).exists()
+    )
+
+
+def _format_value(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_format_value(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_format_value(v)}" for k, v in value.items()) if value else "—"
+    return str(value)
+
+
+def capability_rows(capabilities: dict[str, Any] | None) -> list[CapabilityRow]:
+    """The capabilities found by a probe as labelled, readable rows: known keys first, in a fixed order."""
+    capabilities = capabilities or {}
+    order = {key: i for i, key in enumerate(CAPABILITY_LABELS)}
+    keys = sorted(capabilities, key=lambda k: (order.get(k, len(order)), k))
+    return [
+        CapabilityRow(
+            key=key,
+            label=CAPABILITY_LABELS.get(key, key.replace("_", " ").capitalize()),
+            value=_format_value(capabilities[key]),
+        )
+        for key in keys
+    ]

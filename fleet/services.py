@@ -1,0 +1,215 @@
+"""Fleet writes: register, change and remove endpoints, and ask for probes.
+
+Every input is validated here, so the pages, the REST API and any script get the same rules and the same
+messages. Errors are raised as one `django.core.exceptions.ValidationError` keyed by field name, and
+nothing is saved when any field is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from fleet.models import Endpoint, Probe, ServerKind
+from fleet.netpolicy import URLNotAllowed, check_url
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+logger = logging.getLogger(__name__)
+
+SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+NODE_CLASS_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+API_KEY_MAX_LEN = 4096
+# Printable ASCII without spaces: the key goes into an HTTP header, so control characters are refused.
+API_KEY_RE = re.compile(r"^[\x21-\x7e]+$")
+# Fields whose change makes the last probe stale.
+_PROBE_RELEVANT = ("base_url", "kind", "api_key")
+
+
+def _validate_name(name: str, *, exclude_pk: int | None = None) -> str:
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError("A name is required.")
+    if not SLUG_RE.match(name):
+        raise ValidationError(
+            "Use 1-64 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit."
+        )
+    taken = Endpoint.objects.filter(name=name)
+    if exclude_pk is not None:
+        taken = taken.exclude(pk=exclude_pk)
+    if taken.exists():
+        raise ValidationError(f"An endpoint named {name!r} already exists.")
+    return name
+
+
+def _validate_base_url(base_url: str) -> str:
+    base_url = (base_url or "").strip()
+    if not base_url:
+        raise ValidationError("A base URL is required.")
+    if len(base_url) > Endpoint._meta.get_field("base_url").max_length:
+        raise ValidationError("The base URL is too long.")
+    try:
+        return check_url(base_url)
+    except URLNotAllowed as exc:
+        raise ValidationError(f"This URL is not allowed: {exc}.") from exc
+
+
+def _validate_kind(kind: str) -> str:
+    if kind not in ServerKind.values:
+        raise ValidationError(f"Unknown server kind {kind!r}: choose one of {', '.join(ServerKind.values)}.")
+    return kind
+
+
+def _validate_node_class(node_class: str) -> str:
+    node_class = (node_class or "").strip()
+    if not NODE_CLASS_RE.match(node_class):
+        raise ValidationError("Use 1-64 lowercase letters, digits, '-' or '_' (it names the queue gpu.<node class>).")
+    return node_class
+
+
+def _validate_api_key(api_key: str) -> str:
+    if len(api_key) > API_KEY_MAX_LEN:
+        raise ValidationError(f"The API key is longer than {API_KEY_MAX_LEN} characters.")
+    if not API_KEY_RE.match(api_key):
+        raise ValidationError("The API key may only hold printable characters without spaces.")
+    return api_key
+
+
+def _collect(checks: dict[str, tuple]) -> dict:
+    """Run every field check, gather all messages at once, and raise them together keyed by field."""
+    cleaned: dict = {}
+    errors: dict[str, list[str]] = {}
+    for field, (check, value, kwargs) in checks.items():
+        try:
+            cleaned[field] = check(value, **kwargs)
+        except ValidationError as exc:
+            errors[field] = exc.messages
+    if errors:
+        raise ValidationError(errors)
+    return cleaned
+
+
+def _start_probe(endpoint: Endpoint) -> Probe:
+    # Imported lazily: probing pulls in the adapters and the Celery app, which the models must not need.
+    from fleet.probing import start_probe
+
+    return start_probe(endpoint)
+
+
+def create_endpoint(
+    *,
+    name: str,
+    base_url: str,
+    kind: str = ServerKind.VLLM,
+    node_class: str | None = None,
+    api_key: str = "",
+    created_by: AbstractBaseUser | None = None,
+) -> Endpoint:
+    """Register an endpoint and queue its first probe (sent to the worker when the transaction commits)."""
+    checks: dict[str, tuple] = {
+        "name": (_validate_name, name, {}),
+        "base_url": (_validate_base_url, base_url, {}),
+        "kind": (_validate_kind, kind, {}),
+        "node_class": (_validate_node_class, node_class or settings.DEFAULT_NODE_CLASS, {}),
+    }
+    if api_key:
+        checks["api_key"] = (_validate_api_key, api_key, {})
+    cleaned = _collect(checks)
+    endpoint = Endpoint(
+        name=cleaned["name"],
+        base_url=cleaned["base_url"],
+        kind=cleaned["kind"],
+        node_class=cleaned["node_class"],
+        created_by=created_by if created_by is not None and created_by.is_authenticated else None,
+    )
+    endpoint.api_key = cleaned.get("api_key", "")
+    try:
+        with transaction.atomic():
+            endpoint.save()
+            _start_probe(endpoint)
+    except IntegrityError as exc:
+        # Two registrations raced past the uniqueness check: report it like the check would have.
+        raise ValidationError({"name": [f"An endpoint named {endpoint.name!r} already exists."]}) from exc
+    logger.info(
+        "endpoint %s registered (%s, %s, node class %s)",
+        endpoint.name,
+        endpoint.kind,
+        endpoint.base_url,
+        endpoint.node_class,
+    )
+    return endpoint
+
+
+def update_endpoint(
+    *,
+    endpoint: Endpoint,
+    name: str | None = None,
+    base_url: str | None = None,
+    kind: str | None = None,
+    node_class: str | None = None,
+    api_key: str | None = None,
+    clear_api_key: bool = False,
+) -> Endpoint:
+    """Change the given fields (None leaves a field alone); re-probe when what probing depends on changed.
+
+    `api_key=None` keeps the stored key, a non-empty string replaces it, `clear_api_key=True` removes it.
+    """
+    checks: dict[str, tuple] = {}
+    if name is not None:
+        checks["name"] = (_validate_name, name, {"exclude_pk": endpoint.pk})
+    if base_url is not None:
+        checks["base_url"] = (_validate_base_url, base_url, {})
+    if kind is not None:
+        checks["kind"] = (_validate_kind, kind, {})
+    if node_class is not None:
+        checks["node_class"] = (_validate_node_class, node_class, {})
+    if api_key and not clear_api_key:
+        checks["api_key"] = (_validate_api_key, api_key, {})
+    cleaned = _collect(checks)
+
+    changed: list[str] = []
+    for field in ("name", "base_url", "kind", "node_class"):
+        if field in cleaned and getattr(endpoint, field) != cleaned[field]:
+            setattr(endpoint, field, cleaned[field])
+            changed.append(field)
+    if clear_api_key and endpoint.has_api_key:
+        endpoint.api_key = ""
+        changed.append("api_key")
+    elif "api_key" in cleaned and cleaned["api_key"] != endpoint.api_key:
+        endpoint.api_key = cleaned["api_key"]
+        changed.append("api_key")
+
+    if not changed:
+        return endpoint
+    try:
+        with transaction.atomic():
+            endpoint.save()
+            if any(field in _PROBE_RELEVANT for field in changed):
+                _start_probe(endpoint)
+    except IntegrityError as exc:
+        raise ValidationError({"name": [f"An endpoint named {endpoint.name!r} already exists."]}) from exc
+    # Field names only: the values may include the key.
+    logger.info("endpoint %s updated: %s", endpoint.name, ", ".join(changed))
+    return endpoint
+
+
+def delete_endpoint(*, endpoint: Endpoint) -> None:
+    """Remove an endpoint with its probe history (and, by cascade, its stage records and policy)."""
+    name = endpoint.name
+    with transaction.atomic():
+        endpoint.delete()
+    logger.info("endpoint %s deleted", name)
+
+
+def reprobe_endpoint(*, endpoint: Endpoint) -> Probe:
+    """Queue a fresh probe of an endpoint now."""
+    with transaction.atomic():
+        probe = _start_probe(endpoint)
+    logger.info("endpoint %s: re-probe %s queued", endpoint.name, probe.pk)
+    return probe

@@ -1,0 +1,139 @@
+"""Fleet pages. Thin: read through fleet.selectors, write through fleet.services."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleet import selectors, services
+from fleet.forms import EndpointForm
+from fleet.models import Endpoint
+
+PROBE_HISTORY_LENGTH = 20
+
+
+def _detail_context(endpoint: Endpoint) -> dict:
+    probes = list(selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
+    return {
+        "endpoint": endpoint,
+        "capability_rows": selectors.capability_rows(endpoint.capabilities),
+        "probes": probes,
+        "latest_probe": probes[0] if probes else None,
+        "pending": selectors.endpoint_is_pending(endpoint=endpoint),
+    }
+
+
+@login_required
+@require_GET
+def endpoint_list(request: HttpRequest) -> HttpResponse:
+    endpoints = selectors.endpoint_list(status=request.GET.get("status"), kind=request.GET.get("kind"))
+    context = {"endpoints": endpoints, "pending": selectors.any_endpoint_pending()}
+    return render(request, "fleet/endpoint_list.html", context)
+
+
+@login_required
+@require_GET
+def endpoint_rows(request: HttpRequest) -> HttpResponse:
+    """The fleet table's body alone, for the list page to poll while probes run."""
+    endpoints = selectors.endpoint_list(status=request.GET.get("status"), kind=request.GET.get("kind"))
+    context = {"endpoints": endpoints, "pending": selectors.any_endpoint_pending()}
+    return render(request, "fleet/_endpoint_rows.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def endpoint_create(request: HttpRequest) -> HttpResponse:
+    form = EndpointForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            endpoint = services.create_endpoint(**form.cleaned_data, created_by=request.user)
+        except ValidationError as exc:
+            form.apply_service_errors(exc)
+        else:
+            messages.success(request, f"Endpoint {endpoint.name} registered; probing it now.")
+            return redirect("fleet:endpoint-detail", pk=endpoint.pk)
+    return render(request, "fleet/endpoint_form.html", {"form": form, "endpoint": None})
+
+
+@login_required
+@require_GET
+def endpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(pk=pk)
+    return render(request, "fleet/endpoint_detail.html", _detail_context(endpoint))
+
+
+@login_required
+@require_GET
+def endpoint_status(request: HttpRequest, pk: int) -> HttpResponse:
+    """What the detail page polls: the status panel as HTML, or `?format=json` for scripts."""
+    endpoint = selectors.endpoint_get(pk=pk)
+    context = _detail_context(endpoint)
+    if request.GET.get("format") == "json":
+        latest = context["latest_probe"]
+        return JsonResponse(
+            {
+                "id": endpoint.pk,
+                "name": endpoint.name,
+                "status": endpoint.status,
+                "status_reason": endpoint.status_reason,
+                "served_model": endpoint.served_model,
+                "last_probed_at": endpoint.last_probed_at.isoformat() if endpoint.last_probed_at else None,
+                "capabilities": endpoint.capabilities,
+                "pending": context["pending"],
+                "latest_probe": None
+                if latest is None
+                else {
+                    "id": latest.pk,
+                    "status": latest.status,
+                    "outcome": latest.outcome,
+                    "reason": latest.reason,
+                    "duration_ms": latest.duration_ms,
+                },
+            }
+        )
+    return render(request, "fleet/_endpoint_status.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def endpoint_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(pk=pk)
+    initial = {f: getattr(endpoint, f) for f in ("name", "base_url", "kind", "node_class")}
+    form = EndpointForm(request.POST or None, initial=initial, endpoint=endpoint)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        data["api_key"] = data.get("api_key") or None  # blank keeps the stored key
+        try:
+            services.update_endpoint(endpoint=endpoint, **data)
+        except ValidationError as exc:
+            endpoint.refresh_from_db()
+            form.apply_service_errors(exc)
+        else:
+            messages.success(request, f"Endpoint {endpoint.name} saved.")
+            return redirect("fleet:endpoint-detail", pk=endpoint.pk)
+    return render(request, "fleet/endpoint_form.html", {"form": form, "endpoint": endpoint})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def endpoint_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(pk=pk)
+    if request.method == "POST":
+        name = endpoint.name
+        services.delete_endpoint(endpoint=endpoint)
+        messages.success(request, f"Endpoint {name} deleted.")
+        return redirect("fleet:endpoint-list")
+    return render(request, "fleet/endpoint_confirm_delete.html", {"endpoint": endpoint})
+
+
+@login_required
+@require_POST
+def endpoint_probe(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(pk=pk)
+    services.reprobe_endpoint(endpoint=endpoint)
+    messages.info(request, f"Re-probing {endpoint.name}.")
+    return redirect("fleet:endpoint-detail", pk=endpoint.pk)

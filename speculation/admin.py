@@ -1,0 +1,74 @@
+"""Admin for the speculation models: drafts are editable; policy history and stage records are facts."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from speculation.models import DraftModel, PolicyChange, SpeculationPolicy, StageRecord
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(DraftModel)
+class DraftModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "kind", "node_class", "tokenizer_fingerprint", "param_count", "vram_bytes", "created_at")
+    list_filter = ("kind", "node_class")
+    search_fields = ("name", "path", "target_name", "tokenizer_fingerprint")
+
+
+class PolicyChangeInline(admin.TabularInline):
+    model = PolicyChange
+    extra = 0
+    can_delete = False
+    fields = ("changed_at", "changed_by", "changes")
+    readonly_fields = fields
+    ordering = ("-changed_at",)
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(SpeculationPolicy)
+class SpeculationPolicyAdmin(ReadOnlyAdmin):
+    """Read-only: policy changes go through the speculation services, which keep the change history."""
+
+    list_display = ("endpoint", "mode", "mechanism", "draft", "k", "dynamic_k", "path", "updated_at")
+    list_filter = ("mode", "mechanism", "path")
+    list_select_related = ("endpoint", "draft")
+    inlines = [PolicyChangeInline]
+
+
+@admin.register(PolicyChange)
+class PolicyChangeAdmin(ReadOnlyAdmin):
+    list_display = ("policy", "changed_at", "changed_by")
+    list_select_related = ("policy__endpoint", "changed_by")
+
+
+@admin.register(StageRecord)
+class StageRecordAdmin(ReadOnlyAdmin):
+    list_display = (
+        "request_id",
+        "endpoint",
+        "created_at",
+        "mode",
+        "action",
+        "k",
+        "acceptance_rate",
+        "tok_s",
+        "multiplier",
+    )
+    list_filter = ("mode", "action", "endpoint")
+    search_fields = ("request_id", "reason")
+    date_hierarchy = "created_at"
+    list_select_related = ("endpoint",)
+    show_full_result_count = False  # counting 100k+ rows on every page view is slow
