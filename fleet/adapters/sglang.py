@@ -1,0 +1,139 @@
+"""SGLang: native routes for server info, tokenizing and scoring; the OpenAI routes for models and streaming.
+
+Shapes from SGLang's own API definitions (sgl-project/sglang, python/sglang/srt/entrypoints/http_server.py and
+openai/serving_tokenize.py):
+- GET /get_server_info (newer: /server_info) -> the server args (`speculative_algorithm`,
+  `speculative_num_steps`, `speculative_num_draft_tokens`, `speculative_eagle_topk`, `context_length`, ...),
+  the scheduler info (`max_req_input_len`, ...), `internal_states` and `version`.
+- POST /tokenize {"model","prompt","add_special_tokens"} -> {"tokens","count","max_model_len"};
+  POST /detokenize {"model","tokens"} -> {"text"}.
+- POST /generate {"input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
+  "sampling_params": {"max_new_tokens", "temperature"}} -> {"text", "meta_info": {"input_token_logprobs":
+  [[logprob, token_id, text], ...], "input_top_logprobs": [null | [[logprob, token_id, text], ...], ...], ...}}.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fleet.adapters.base import (
+    CANARY_TEXT,
+    FailureKind,
+    ProbeError,
+    ServerClient,
+    expect_dict,
+    expect_list,
+    expect_token_ids,
+    fingerprint,
+    shape_error,
+)
+from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
+
+SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
+
+
+class SglangAdapter(OpenAICompatibleAdapter):
+    kind: ClassVar[str] = "sglang"
+
+    def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
+        super().__init__(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
+        self._server_info: dict[str, Any] | None = None
+
+    def _get_server_info(self, client: ServerClient) -> dict[str, Any]:
+        if self._server_info is None:
+            last: ProbeError | None = None
+            for path in SERVER_INFO_PATHS:
+                try:
+                    self._server_info = expect_dict(client.get_json(path), path)
+                    break
+                except ProbeError as exc:
+                    if exc.kind is not FailureKind.NOT_FOUND:
+                        raise
+                    last = exc
+            else:
+                raise last or ProbeError(FailureKind.NOT_FOUND, "no server info route")
+        return self._server_info
+
+    def discover_version(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        info = self._get_server_info(client)
+        if isinstance(info.get("version"), str):
+            caps["server_version"] = info["version"]
+        if caps["max_context"] is None:
+            for key in ("context_length", "max_req_input_len"):
+                if isinstance(info.get(key), int) and info[key] > 0:
+                    caps["max_context"] = info[key]
+                    break
+
+    def discover_native_speculation(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        info = self._get_server_info(client)
+        if "speculative_algorithm" not in info:
+            raise shape_error("server info has no speculative_algorithm")
+        algorithm = info["speculative_algorithm"]
+        caps["native_speculation_source"] = "server_info"
+        caps["native_speculation"] = bool(algorithm)
+        if not algorithm:
+            return
+        caps["native_speculation_method"] = str(algorithm).lower()
+        steps = info.get("speculative_num_steps")
+        caps["native_speculation_k"] = steps if isinstance(steps, int) else None
+        caps["native_speculation_details"] = {
+            key: info.get(key)
+            for key in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+        }
+
+    def discover_tokenizer(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        body = expect_dict(
+            client.post_json(
+                "/tokenize", {"model": caps["served_model"], "prompt": CANARY_TEXT, "add_special_tokens": True}
+            ),
+            "/tokenize",
+        )
+        ids = expect_token_ids(body.get("tokens"), "/tokenize tokens")
+        caps["tokenize"] = True
+        caps["canary_token_ids"] = ids
+        caps["tokenizer_fingerprint"] = fingerprint(ids)
+
+    def discover_detokenize(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        ids = caps.get("canary_token_ids")
+        if not ids:
+            raise ProbeError(FailureKind.UNSUPPORTED, "skipped: no token ids to detokenize (tokenize failed)")
+        body = expect_dict(
+            client.post_json("/detokenize", {"model": caps["served_model"], "tokens": ids}), "/detokenize"
+        )
+        if not isinstance(body.get("text"), str):
+            raise shape_error("/detokenize has no text string")
+        caps["detokenize"] = True
+        caps["detokenize_roundtrip"] = CANARY_TEXT in body["text"]
+
+    def discover_token_id_prompts(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        ids = caps.get("canary_token_ids") or FALLBACK_TOKEN_IDS
+        body = self._generate(client, {"input_ids": ids}, max_new_tokens=1)
+        if not isinstance(body.get("text"), str):
+            raise shape_error("/generate has no text")
+        caps["token_id_prompts"] = True
+
+    def discover_prompt_scoring(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        self._largest_accepted(caps, "return_logprob", lambda n: self._score(client, caps, n))
+
+    def _score(self, client: ServerClient, caps: dict[str, Any], n: int) -> None:
+        ids = caps.get("canary_token_ids") or FALLBACK_TOKEN_IDS
+        body = self._generate(
+            client,
+            {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": n},
+            max_new_tokens=1,
+        )
+        meta = expect_dict(body.get("meta_info"), "/generate meta_info")
+        scored = expect_list(meta.get("input_token_logprobs"), "input_token_logprobs")
+        if len(scored) < 2:
+            raise shape_error("input_token_logprobs does not cover the prompt")
+        logprob, token_id = expect_list(scored[1], "an input token logprob")[:2]
+        if not isinstance(logprob, int | float) or not isinstance(token_id, int):
+            raise shape_error("input_token_logprobs entries must be [logprob, token_id, ...]")
+        top = expect_list(meta.get("input_top_logprobs"), "input_top_logprobs")
+        candidates = [t for t in top if isinstance(t, list)]
+        if not candidates or len(candidates[0]) < n:
+            raise shape_error(f"asked for {n} top logprobs per prompt token, got fewer")
+
+    def _generate(self, client: ServerClient, fields: dict[str, Any], *, max_new_tokens: int) -> dict[str, Any]:
+        body = {**fields, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+        return expect_dict(client.post_json("/generate", body), "/generate")
