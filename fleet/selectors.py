@@ -16,25 +16,32 @@ PENDING_ENDPOINT_STATUSES = (EndpointStatus.NEW, EndpointStatus.PROBING)
 
 # How capability keys read on the page; unknown keys fall back to their name with spaces.
 CAPABILITY_LABELS = {
-    "served_models": "Served models",
-    "model": "Served model",
+    "served_model": "Served model",
+    "models": "Served models",
     "max_context": "Max context (tokens)",
-    "max_model_len": "Max context (tokens)",
+    "server_kind": "Server kind (detected)",
+    "server_version": "Server version",
     "tokenize": "Tokenize",
     "detokenize": "Detokenize",
+    "detokenize_roundtrip": "Detokenize round-trips the canary",
     "token_id_prompts": "Token-id prompts",
     "prompt_scoring": "Prompt scoring",
     "prompt_scoring_method": "Prompt scoring method",
-    "max_logprobs": "Largest logprobs count",
+    "max_logprobs": "Largest logprobs count accepted",
     "tokenizer_fingerprint": "Tokenizer fingerprint",
+    "canary_token_ids": "Canary token ids",
+    "canary_version": "Canary version",
     "native_speculation": "Native speculative decoding",
     "native_speculation_method": "Native speculation method",
     "native_speculation_k": "Native speculation K",
-    "version": "Server version",
-    "server_version": "Server version",
+    "native_speculation_source": "Native speculation found via",
+    "native_speculation_details": "Native speculation details",
     "ttft_ms": "Time to first token (ms)",
     "tpot_ms": "Time per output token (ms)",
+    "latency_output_tokens": "Output tokens timed",
 }
+# Long values shown as a summary rather than in full.
+SUMMARISED_CAPABILITIES = {"canary_token_ids"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,12 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
+def _summarise(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return f"{len(value)} ids: {_format_value(list(value[:8]))}{' …' if len(value) > 8 else ''}"
+    return _format_value(value)
+
+
 def capability_rows(capabilities: dict[str, Any] | None) -> list[CapabilityRow]:
     """The capabilities found by a probe as labelled, readable rows: known keys first, in a fixed order."""
     capabilities = capabilities or {}
@@ -111,7 +124,7 @@ def capability_rows(capabilities: dict[str, Any] | None) -> list[CapabilityRow]:
         CapabilityRow(
             key=key,
             label=CAPABILITY_LABELS.get(key, key.replace("_", " ").capitalize()),
-            value=_format_value(capabilities[key]),
+            value=_summarise(capabilities[key]) if key in SUMMARISED_CAPABILITIES else _format_value(capabilities[key]),
         )
         for key in keys
     ]
