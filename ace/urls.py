@@ -11,6 +11,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),
     path("api/v1/", include("fleet.api.urls")),
+    path("api/v1/", include("speculation.api.urls")),
+    path("v1/", include("speculation.gateway.urls")),
+    path("dashboard/", include("speculation.urls")),
+    path("api/v1/", include("speculation.dashboard_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

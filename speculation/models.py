@@ -62,6 +62,8 @@ class SpeculationPolicy(models.Model):
     dynamic_k = models.BooleanField(default=False)
     shadow_sample_rate = models.FloatField(default=1.0)
     path = models.CharField(max_length=8, choices=VerificationPath.choices, default=VerificationPath.AUTO)
+    # For path local: the target's model directory on the node class, loaded by ACE's own GPU worker.
+    target_path = models.CharField(max_length=1000, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 

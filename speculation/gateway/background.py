@@ -1,0 +1,30 @@
+"""Fire-and-forget work after a response (enqueueing a measurement): never awaited by the request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_pending: set[asyncio.Task] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, Any], *, what: str) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _pending.add(task)
+
+    def _done(t: asyncio.Task) -> None:
+        _pending.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            logger.error("background %s failed: %r", what, t.exception())
+
+    task.add_done_callback(_done)
+
+
+async def drain(timeout: float = 5.0) -> None:
+    """Wait for the pending background work (tests and shutdown)."""
+    if _pending:
+        await asyncio.wait(list(_pending), timeout=timeout)

@@ -1,0 +1,88 @@
+"""Forward a request to its endpoint and send the answer back as it comes (bytes untouched by default).
+
+An optional Observer sees the response (to count tokens or capture token ids) and may rewrite it; off mode
+passes none, so its path is: build request, send, relay bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import httpx
+from django.http import HttpResponse, StreamingHttpResponse
+
+from speculation.gateway import upstream
+from speculation.gateway.call import Call
+from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+class Observer(Protocol):
+    def on_body(self, status: int, body: bytes) -> bytes:
+        """Non-streaming: see (and possibly rewrite) the whole body."""
+
+    def on_chunk(self, chunk: bytes) -> bytes:
+        """Streaming: see (and possibly rewrite) one raw chunk of the event stream."""
+
+    async def on_done(self, status: int, error: str = "") -> None:
+        """After the last byte went out (or the upstream failed: error says why)."""
+
+
+def _headers(call: Call) -> dict[str, str]:
+    return {**call.route.upstream_headers, "Content-Type": JSON}
+
+
+async def forward(call: Call, *, content: bytes | None = None, observer: Observer | None = None):
+    """Send `content` (default: the client's request) to the endpoint and relay the answer."""
+    http = upstream.client()
+    request = http.build_request(
+        "POST", call.url, content=content if content is not None else call.upstream_bytes(), headers=_headers(call)
+    )
+    try:
+        response = await http.send(request, stream=call.stream)
+    except httpx.HTTPError as exc:
+        logger.warning("request %s: endpoint %s unreachable: %s", call.request_id, call.route.name, exc)
+        if observer is not None:
+            await observer.on_done(502, f"endpoint unreachable: {type(exc).__name__}")
+        return error_response(
+            502,
+            f"endpoint {call.route.name} unreachable: {type(exc).__name__}",
+            code="upstream_unreachable",
+            request_id=call.request_id,
+        )
+    content_type = response.headers.get("content-type", JSON)
+    if not call.stream:
+        body = response.content
+        if observer is not None:
+            body = observer.on_body(response.status_code, body)
+            await observer.on_done(response.status_code)
+        reply = HttpResponse(body, status=response.status_code, content_type=content_type)
+        reply[REQUEST_ID_HEADER] = call.request_id
+        return reply
+    reply = StreamingHttpResponse(_relay(response, observer), status=response.status_code, content_type=content_type)
+    reply[REQUEST_ID_HEADER] = call.request_id
+    reply["Cache-Control"] = "no-cache"
+    return reply
+
+
+async def _relay(response: httpx.Response, observer: Observer | None) -> AsyncIterator[bytes]:
+    error = ""
+    try:
+        if observer is None:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        else:
+            async for chunk in response.aiter_raw():
+                yield observer.on_chunk(chunk)
+    except httpx.HTTPError as exc:
+        error = f"endpoint stream broke: {type(exc).__name__}"
+        logger.warning("stream from upstream broke: %s", exc)
+    finally:
+        await response.aclose()
+        if observer is not None:
+            await observer.on_done(response.status_code, error)

@@ -1,0 +1,21 @@
+"""One pooled httpx.AsyncClient per event loop for everything the gateway sends to model servers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+# Long generations stream for minutes; connecting must be quick.
+TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60.0)
+
+_clients: dict[int, httpx.AsyncClient] = {}
+
+
+def client() -> httpx.AsyncClient:
+    loop_id = id(asyncio.get_running_loop())
+    found = _clients.get(loop_id)
+    if found is None or found.is_closed:
+        found = _clients[loop_id] = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS, http2=False)
+    return found

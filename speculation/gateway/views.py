@@ -1,0 +1,107 @@
+"""The OpenAI-compatible views: async, so a streaming response holds no thread.
+
+Each request: authenticate (cached token), find the route (cached table, version-checked), then hand the
+call to its mode: off relays bytes, shadow relays and samples a measurement, prod speculates.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+
+from speculation.gateway import passthrough
+from speculation.gateway.auth import authenticate
+from speculation.gateway.call import Call, new_request_id
+from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
+from speculation.gateway.routes import route_cache
+from speculation.models import Mode
+
+
+async def _unauthorized(request: HttpRequest, request_id: str) -> HttpResponse | None:
+    if await authenticate(request.headers.get("Authorization", "")) is None:
+        return error_response(
+            401,
+            "A valid ACE API token is required (Authorization: Bearer <token>).",
+            code="invalid_api_key",
+            request_id=request_id,
+            kind="authentication_error",
+        )
+    return None
+
+
+async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
+    request_id = new_request_id()
+    if request.method != "POST":
+        return error_response(405, "Use POST.", code="method_not_allowed", request_id=request_id)
+    denied = await _unauthorized(request, request_id)
+    if denied is not None:
+        return denied
+    raw = request.body
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return error_response(400, "The body must be JSON.", code="invalid_json", request_id=request_id)
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return error_response(
+            400, "The body must be a JSON object naming a model.", code="invalid_request", request_id=request_id
+        )
+    route = await route_cache().lookup(body["model"])
+    if route is None:
+        return error_response(
+            404,
+            f"The model {body['model']!r} does not name a registered endpoint.",
+            code="model_not_found",
+            request_id=request_id,
+        )
+    call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id)
+    if route.mode == Mode.SHADOW:
+        from speculation.gateway import shadow
+
+        return await shadow.serve(call)
+    if route.mode == Mode.PROD:
+        from speculation.gateway import prod
+
+        return await prod.serve(call)
+    return await passthrough.forward(call)
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+    return await _serve(request, "chat")
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponseBase:
+    return await _serve(request, "completion")
+
+
+async def models(request: HttpRequest) -> HttpResponse:
+    request_id = new_request_id()
+    denied = await _unauthorized(request, request_id)
+    if denied is not None:
+        return denied
+    table = await route_cache().table()
+    created = int(time.time())
+    seen: set[int] = set()
+    data = []
+    for route in table.values():
+        if route.endpoint_id in seen:
+            continue
+        seen.add(route.endpoint_id)
+        data.append(
+            {
+                "id": route.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "ace",
+                "root": route.served_model or None,
+                "max_model_len": route.capabilities.get("max_context"),
+                "ace_mode": route.mode,
+            }
+        )
+    response = HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
+    response[REQUEST_ID_HEADER] = request_id
+    return response
