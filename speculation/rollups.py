@@ -327,3 +327,89 @@ def measured_acceptance(*, endpoint_id: int, since: datetime, until: datetime | 
         k=Avg("k"),
     )
     return {key: _round(value) if isinstance(value, float) else value for key, value in row.items()}
+
+
+# --- records table ------------------------------------------------------------------------------------
+
+RECORD_COLUMNS = (
+    "id",
+    "created_at",
+    "request_id",
+    "mode",
+    "action",
+    "reason",
+    "path",
+    "k",
+    "drafted_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "output_tokens",
+    "tok_s",
+    "baseline_tok_s",
+    "multiplier",
+    "latency_ms",
+)
+
+
+def stage_records(
+    *,
+    endpoint_id: int,
+    action: str | None = None,
+    mode: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+):
+    """Newest first, filtered, only the columns the table shows (paginate the result; it is lazy)."""
+    qs = StageRecord.objects.filter(endpoint_id=endpoint_id)
+    if action:
+        qs = qs.filter(action=action)
+    if mode:
+        qs = qs.filter(mode=mode)
+    if since:
+        qs = qs.filter(created_at__gte=since)
+    if until:
+        qs = qs.filter(created_at__lte=until)
+    return qs.only(*RECORD_COLUMNS).order_by("-created_at", "-id")
+
+
+# --- costs for the projection ---------------------------------------------------------------------------
+
+
+def measured_costs(*, endpoint: Any) -> dict:
+    """The cost ratios the projection needs, from measurements only, each with where it came from.
+
+    target step: the probe's time per output token (`tpot_ms`); draft step: the draft's measured step time
+    (`step_ms` in its config, written by calibration) -- an n-gram lookup costs no model step (c = 0);
+    v (verify K+1 tokens / one target step) is only known once measured (`verify_ratio` in the probe's
+    capabilities). Missing ones are None with the reason in `missing`.
+    """
+    caps = endpoint.capabilities or {}
+    target_ms = caps.get("tpot_ms")
+    policy = getattr(endpoint, "policy", None)
+    draft = policy.draft if policy is not None and policy.draft_id else None
+    mechanism = policy.mechanism if policy is not None else ""
+    missing: list[str] = []
+    c = None
+    draft_ms = None
+    if mechanism == "ngram":
+        c = 0.0
+        draft_ms = 0.0
+    elif draft is not None and (draft.config or {}).get("step_ms"):
+        draft_ms = float(draft.config["step_ms"])
+        if target_ms:
+            c = draft_ms / float(target_ms)
+    if c is None:
+        if not target_ms:
+            missing.append("the target's time per output token (probe the endpoint)")
+        if draft_ms is None:
+            missing.append("the draft's step time (calibrate the draft)")
+    v = caps.get("verify_ratio")
+    if v is None:
+        missing.append("the verification cost v (not measured; v = 1 is the GPU memory-bound value)")
+    return {
+        "target_step_ms": target_ms,
+        "draft_step_ms": draft_ms,
+        "c": None if c is None else round(c, 4),
+        "v": v,
+        "missing": missing,
+    }

@@ -1,0 +1,184 @@
+"""REST parity for the dashboard's charts: rollups as time series, fleet summary, shadow projection.
+
+    GET /api/v1/endpoints/{id}/timeseries/?metric=acceptance_rate&range=day
+    GET /api/v1/endpoints/{id}/distributions/?range=day     (per-position acceptance, accepted-length histogram)
+    GET /api/v1/endpoints/{id}/projection/?range=day[&c=&v=]
+    GET /api/v1/fleet-summary/
+
+Same functions as the pages (speculation.rollups, speculation.projection), so numbers never disagree.
+"""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from django.urls import path
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.models import Endpoint
+from speculation import rollups
+from speculation.projection import project
+
+app_name = "dashboard-api"
+
+RANGE_PARAM = OpenApiParameter("range", enum=list(rollups.RANGES), required=False, description="default day")
+
+
+class SeriesSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="mode, action, or speculative/baseline")
+    t = serializers.ListField(child=serializers.DateTimeField(), help_text="bucket starts (UTC)")
+    y = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    n = serializers.ListField(child=serializers.IntegerField(), help_text="records in each bucket")
+
+
+class ChangePointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    by = serializers.CharField()
+    changes = serializers.DictField()
+    summary = serializers.CharField()
+
+
+class TimeseriesSerializer(serializers.Serializer):
+    endpoint = serializers.IntegerField()
+    metric = serializers.ChoiceField(choices=list(rollups.METRICS))
+    label = serializers.CharField()
+    unit = serializers.CharField()
+    range = serializers.ChoiceField(choices=list(rollups.RANGES))
+    bucket_seconds = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    series = SeriesSerializer(many=True)
+    change_points = ChangePointSerializer(many=True)
+
+
+def _range(request: Request) -> rollups.TimeRange:
+    try:
+        return rollups.get_range(request.query_params.get("range"))
+    except ValueError as exc:
+        raise ValidationError({"range": [str(exc)]}) from exc
+
+
+class TimeseriesView(APIView):
+    @extend_schema(
+        summary="One rollup metric of an endpoint over time",
+        description=(
+            "Buckets: 1 min (hour), 10 min (day), 1 h (week). acceptance_rate = accepted/drafted draft tokens "
+            "(vLLM's draft acceptance rate, not alpha); alpha = per-position acceptance; mean_accepted_len = "
+            "E[N] with the bonus token; multiplier: shadow = projected, prod = measured. Policy changes in the "
+            "range come as change_points."
+        ),
+        parameters=[
+            OpenApiParameter("metric", enum=list(rollups.METRICS), required=True),
+            RANGE_PARAM,
+        ],
+        responses={200: TimeseriesSerializer},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        endpoint = get_object_or_404(Endpoint, pk=pk)
+        metric = request.query_params.get("metric", "")
+        if metric not in rollups.METRICS:
+            raise ValidationError({"metric": [f"choose one of {', '.join(rollups.METRICS)}"]})
+        data = rollups.timeseries(endpoint_id=endpoint.pk, metric=metric, range_name=_range(request).name)
+        return Response(data)
+
+
+class DistributionsView(APIView):
+    @extend_schema(
+        summary="Per-position acceptance and accepted-length histogram, per mode",
+        parameters=[RANGE_PARAM],
+        responses={
+            200: inline_serializer(
+                "Distributions",
+                {
+                    "range": serializers.CharField(),
+                    "per_position": serializers.DictField(child=serializers.ListField(allow_null=True)),
+                    "histogram": serializers.DictField(child=serializers.ListField()),
+                },
+            )
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        endpoint = get_object_or_404(Endpoint, pk=pk)
+        time_range = _range(request)
+        now = timezone.now()
+        since = time_range.since(now)
+        return Response(
+            {
+                "range": time_range.name,
+                "per_position": rollups.per_position_acceptance(endpoint_id=endpoint.pk, since=since, until=now),
+                "histogram": rollups.accepted_length_histogram(endpoint_id=endpoint.pk, since=since, until=now),
+            }
+        )
+
+
+class ProjectionView(APIView):
+    @extend_schema(
+        summary="What prod would give: measured shadow acceptance and costs, multiplier for K = 1..8",
+        description="S = E[N] / (v + K c), E[N] = (1 - alpha^(K+1)) / (1 - alpha). c and v override the "
+        "measured costs (the response says so with assumed=true).",
+        parameters=[
+            RANGE_PARAM,
+            OpenApiParameter("c", OpenApiTypes.FLOAT, required=False),
+            OpenApiParameter("v", OpenApiTypes.FLOAT, required=False),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+        time_range = _range(request)
+        measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
+        costs = rollups.measured_costs(endpoint=endpoint)
+        overrides = {}
+        for name in ("c", "v"):
+            if name in request.query_params:
+                try:
+                    overrides[name] = float(request.query_params[name])
+                except ValueError as exc:
+                    raise ValidationError({name: ["must be a number"]}) from exc
+                if overrides[name] < 0 or (name == "v" and overrides[name] == 0):
+                    raise ValidationError({name: ["must be positive"]})
+        c = overrides.get("c", costs["c"])
+        v = overrides.get("v", costs["v"] if costs["v"] is not None else 1.0)
+        alpha = measured["alpha"]
+        curve = []
+        if alpha is not None and c is not None:
+            curve = [
+                {"k": p.k, "expected_tokens": round(p.expected_tokens, 4), "multiplier": round(p.multiplier, 4), "best": p.best}
+                for p in project(alpha=min(1.0, alpha), c=c, v=v)
+            ]
+        return Response(
+            {
+                "range": time_range.name,
+                "measured": measured,
+                "costs": costs,
+                "c": c,
+                "v": v,
+                "assumed": bool(overrides) or costs["v"] is None,
+                "curve": curve,
+            }
+        )
+
+
+class FleetSummaryView(APIView):
+    @extend_schema(
+        summary="Per endpoint, last hour and last day: requests per action, acceptance, multipliers, tok/s",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        summary = rollups.fleet_summary()
+        names = dict(Endpoint.objects.filter(pk__in=summary).values_list("pk", "name"))
+        return Response([{"endpoint": pk, "name": names.get(pk, ""), **windows} for pk, windows in summary.items()])
+
+
+urlpatterns = [
+    path("endpoints/<int:pk>/timeseries/", TimeseriesView.as_view(), name="endpoint-timeseries"),
+    path("endpoints/<int:pk>/distributions/", DistributionsView.as_view(), name="endpoint-distributions"),
+    path("endpoints/<int:pk>/projection/", ProjectionView.as_view(), name="endpoint-projection"),
+    path("fleet-summary/", FleetSummaryView.as_view(), name="fleet-summary"),
+]

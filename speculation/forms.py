@@ -1,0 +1,60 @@
+"""Dashboard forms: policy settings, draft registration, stage record filters. Validation of substance
+lives in the services (speculation.services.*); these only parse input."""
+
+from __future__ import annotations
+
+from django import forms
+
+from speculation.models import Action, DraftKind, Mechanism, Mode, VerificationPath
+from speculation.rollups import RANGES
+from speculation.services.policies import K_MAX, K_MIN
+
+
+class PolicyForm(forms.Form):
+    mode = forms.ChoiceField(choices=Mode.choices, widget=forms.RadioSelect)
+    mechanism = forms.ChoiceField(choices=Mechanism.choices)
+    draft = forms.ChoiceField(required=False, help_text="A registered draft sharing the endpoint's tokenizer.")
+    k = forms.IntegerField(label="Lookahead K", min_value=K_MIN, max_value=K_MAX)
+    dynamic_k = forms.BooleanField(label="Dynamic K (adapt to acceptance and load)", required=False)
+    shadow_sample_rate = forms.FloatField(
+        min_value=0.0, max_value=1.0, help_text="Fraction of shadow traffic that is measured (0-1)."
+    )
+    path = forms.ChoiceField(label="Verification path", choices=VerificationPath.choices)
+    target_path = forms.CharField(
+        required=False, max_length=1000, help_text="Path local only: the target's model directory on the node."
+    )
+
+    def __init__(self, *args, draft_names: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["draft"].choices = [("", "— none —")] + [(name, name) for name in draft_names]
+
+    def apply_service_errors(self, exc) -> None:
+        """Put a service ValidationError ({field: [messages]}) on the matching fields."""
+        errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
+        for field, messages in errors.items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+
+
+class ModeForm(forms.Form):
+    mode = forms.ChoiceField(choices=Mode.choices)
+
+
+class DraftRegisterForm(forms.Form):
+    name = forms.SlugField(max_length=64)
+    kind = forms.ChoiceField(choices=DraftKind.choices)
+    path = forms.CharField(
+        required=False, max_length=1000, help_text="Local Hugging Face model directory (empty for n-gram)."
+    )
+    node_class = forms.SlugField(max_length=64, initial="cpu")
+    target_name = forms.CharField(
+        required=False, max_length=255, help_text="EAGLE heads: the target it was trained for."
+    )
+
+    apply_service_errors = PolicyForm.apply_service_errors
+
+
+class RecordFilterForm(forms.Form):
+    action = forms.ChoiceField(choices=[("", "any action")] + list(Action.choices), required=False)
+    mode = forms.ChoiceField(choices=[("", "any mode")] + list(Mode.choices), required=False)
+    range = forms.ChoiceField(choices=[(name, f"last {name}") for name in RANGES], required=False)

@@ -1,0 +1,285 @@
+"""Dashboard pages: fleet overview, endpoint speculation page, projection, draft registry.
+
+Thin: reads through speculation.rollups / speculation.options / fleet.selectors, writes through the policy
+and draft services. Chart data is embedded as JSON for the first paint and refreshed from the REST
+timeseries API by static/js/dashboard.js.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from fleet import selectors as fleet_selectors
+from fleet.models import Endpoint
+from speculation import options, rollups
+from speculation.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
+from speculation.models import DraftModel, SpeculationPolicy
+from speculation.projection import MAX_PROJECTED_K, project
+from speculation.services import drafts as draft_service
+from speculation.services import policies as policy_service
+
+RECORDS_PER_PAGE = 25
+PROBE_HISTORY_LENGTH = 20
+CHART_METRICS = ("acceptance_rate", "multiplier", "tok_s")
+
+
+def _time_range(request: HttpRequest) -> rollups.TimeRange:
+    try:
+        return rollups.get_range(request.GET.get("range"))
+    except ValueError:
+        return rollups.get_range(None)
+
+
+def _policy_of(endpoint: Endpoint) -> SpeculationPolicy:
+    """The stored policy, or the default (off) one unsaved: a page view never writes."""
+    try:
+        return endpoint.policy
+    except SpeculationPolicy.DoesNotExist:
+        return SpeculationPolicy(endpoint=endpoint)
+
+
+def _back(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return target
+    return default
+
+
+# --- fleet overview -----------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    endpoints = list(Endpoint.objects.select_related("policy__draft").order_by("name"))
+    summary = rollups.fleet_summary(endpoint_ids=[e.pk for e in endpoints])
+    rows = []
+    for endpoint in endpoints:
+        policy = _policy_of(endpoint)
+        empty = {"hour": {}, "day": {}}
+        rows.append(
+            {
+                "endpoint": endpoint,
+                "policy": policy,
+                "path": options.effective_path(policy=policy, endpoint=endpoint),
+                "modes": options.mode_options(policy=policy, endpoint=endpoint),
+                "stats": summary.get(endpoint.pk, empty),
+            }
+        )
+    bars = {
+        "names": [r["endpoint"].name for r in rows],
+        "baseline": [r["stats"]["day"].get("baseline_tok_s") for r in rows],
+        "speculative": [r["stats"]["day"].get("tok_s") for r in rows],
+        "multiplier": [r["stats"]["day"].get("multiplier") for r in rows],
+    }
+    context = {
+        "rows": rows,
+        "bars": bars,
+        "has_prod_data": any(v is not None for v in bars["speculative"]),
+        "has_records": bool(summary),
+    }
+    return render(request, "speculation/overview.html", context)
+
+
+@login_required
+@require_POST
+def endpoint_mode(request: HttpRequest, pk: int) -> HttpResponse:
+    """The overview's off / shadow / prod toggle."""
+    endpoint = get_object_or_404(Endpoint, pk=pk)
+    form = ModeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose off, shadow or prod.")
+    else:
+        try:
+            policy_service.update_policy(endpoint=endpoint, user=request.user, mode=form.cleaned_data["mode"])
+        except ValidationError as exc:
+            text = (
+                "; ".join(m for msgs in exc.message_dict.values() for m in msgs) if hasattr(exc, "error_dict") else exc
+            )
+            messages.error(request, f"{endpoint.name} stays as it was: {text}")
+        else:
+            messages.success(request, f"{endpoint.name} is now in {form.cleaned_data['mode']} mode.")
+    return redirect(_back(request, reverse("speculation:overview")))
+
+
+# --- endpoint page ------------------------------------------------------------------------------------
+
+
+def _policy_initial(policy: SpeculationPolicy) -> dict:
+    return {
+        "mode": policy.mode,
+        "mechanism": policy.mechanism,
+        "draft": policy.draft.name if policy.draft_id else "",
+        "k": policy.k,
+        "dynamic_k": policy.dynamic_k,
+        "shadow_sample_rate": policy.shadow_sample_rate,
+        "path": policy.path,
+        "target_path": policy.target_path,
+    }
+
+
+def _chart_data(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
+    now = timezone.now()
+    since = time_range.since(now)
+    data = {
+        m: rollups.timeseries(endpoint_id=endpoint.pk, metric=m, range_name=time_range.name, now=now)
+        for m in CHART_METRICS
+    }
+    data["per_position"] = rollups.per_position_acceptance(endpoint_id=endpoint.pk, since=since, until=now)
+    data["histogram"] = rollups.accepted_length_histogram(endpoint_id=endpoint.pk, since=since, until=now)
+    return data
+
+
+def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:
+    time_range = _time_range(request)
+    policy = _policy_of(endpoint)
+    drafts = list(DraftModel.objects.all())
+    if form is None:
+        form = PolicyForm(initial=_policy_initial(policy), draft_names=[d.name for d in drafts])
+    filters = RecordFilterForm(request.GET or None)
+    clean = filters.cleaned_data if filters.is_valid() else {}
+    record_range = rollups.get_range(clean.get("range") or time_range.name)
+    records = rollups.stage_records(
+        endpoint_id=endpoint.pk,
+        action=clean.get("action") or None,
+        mode=clean.get("mode") or None,
+        since=record_range.since(timezone.now()),
+    )
+    page = Paginator(records, RECORDS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
+    charts = _chart_data(endpoint, time_range)
+    return {
+        # what fleet/endpoint_detail.html needs (capabilities and probe history, with live probe progress)
+        "endpoint": endpoint,
+        "capability_rows": fleet_selectors.capability_rows(endpoint.capabilities),
+        "probes": probes,
+        "latest_probe": probes[0] if probes else None,
+        "pending": fleet_selectors.endpoint_is_pending(endpoint=endpoint),
+        # speculation
+        "policy": policy,
+        "form": form,
+        "path": options.effective_path(policy=policy, endpoint=endpoint),
+        "mode_options": options.mode_options(policy=policy, endpoint=endpoint),
+        "draft_options": options.draft_options(policy=policy, endpoint=endpoint, drafts=drafts),
+        "path_options": options.path_options(policy=policy, endpoint=endpoint),
+        "changes": list(policy.changes.select_related("changed_by")[:10]) if policy.pk else [],
+        "range": time_range,
+        "ranges": list(rollups.RANGES),
+        "charts": charts,
+        "has_chart_data": any(s["y"] for m in CHART_METRICS for s in charts[m]["series"]),
+        "filters": filters,
+        "page": page,
+        "page_query": query.urlencode(),
+        "timeseries_url": reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk]),
+    }
+
+
+@login_required
+@require_GET
+def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint))
+
+
+@login_required
+@require_POST
+def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
+    """The settings form: every field through the policy service (validated as a whole, change recorded)."""
+    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    form = PolicyForm(request.POST, draft_names=list(DraftModel.objects.values_list("name", flat=True)))
+    if form.is_valid():
+        fields = dict(form.cleaned_data)
+        fields["draft"] = fields["draft"] or None
+        try:
+            policy_service.update_policy(endpoint=endpoint, user=request.user, **fields)
+        except ValidationError as exc:
+            form.apply_service_errors(exc)
+        else:
+            messages.success(request, f"Speculation settings of {endpoint.name} saved.")
+            return redirect("speculation:endpoint", pk=endpoint.pk)
+    endpoint.refresh_from_db()
+    return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint, form), status=400)
+
+
+# --- projection ---------------------------------------------------------------------------------------
+
+
+def _float_param(request: HttpRequest, name: str) -> float | None:
+    try:
+        value = float(request.GET.get(name, ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+@login_required
+@require_GET
+def projection(request: HttpRequest, pk: int) -> HttpResponse:
+    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    time_range = _time_range(request)
+    measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
+    costs = rollups.measured_costs(endpoint=endpoint)
+    c = _float_param(request, "c")
+    v = _float_param(request, "v")
+    assumed = c is not None or v is not None
+    c = c if c is not None else costs.get("c")
+    v = v if v is not None else (costs.get("v") or 1.0)
+    alpha = measured.get("alpha")
+    curve = project(alpha=min(1.0, alpha), c=c, v=v) if alpha is not None and c is not None and v > 0 else []
+    context = {
+        "endpoint": endpoint,
+        "policy": _policy_of(endpoint),
+        "range": time_range,
+        "ranges": list(rollups.RANGES),
+        "measured": measured,
+        "costs": costs,
+        "c": c,
+        "v": v,
+        "assumed": assumed,
+        "curve": curve,
+        "best": next((p for p in curve if p.best), None),
+        "chart": {"k": [p.k for p in curve], "s": [round(p.multiplier, 4) for p in curve]},
+        "k_max": MAX_PROJECTED_K,
+    }
+    return render(request, "speculation/projection.html", context)
+
+
+# --- drafts -------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def draft_list(request: HttpRequest) -> HttpResponse:
+    form = DraftRegisterForm(request.POST or None, initial={"node_class": "cpu"})
+    if request.method == "POST" and form.is_valid():
+        try:
+            draft = draft_service.register_draft(**form.cleaned_data)
+        except ValidationError as exc:
+            form.apply_service_errors(exc)
+        else:
+            messages.success(request, f"Draft {draft.name} registered.")
+            return redirect("speculation:draft-list")
+    drafts = list(DraftModel.objects.all())
+    endpoints = list(Endpoint.objects.order_by("name"))
+    matrix = [
+        {
+            "draft": draft,
+            "cells": [(e, *options.draft_compatible(draft=draft, endpoint=e)) for e in endpoints],
+        }
+        for draft in drafts
+    ]
+    status = 400 if request.method == "POST" else 200
+    return render(
+        request, "speculation/drafts.html", {"form": form, "matrix": matrix, "endpoints": endpoints}, status=status
+    )

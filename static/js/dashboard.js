@@ -1,0 +1,108 @@
+/* Dashboard charts (plotly from static/vendor). Data comes embedded as JSON for the first paint; on the
+ * endpoint page the time series are then refreshed from the REST timeseries API every REFRESH_MS, so points
+ * appear while traffic flows. Each chart element keeps Plotly's `.data`, which tests read. */
+(function () {
+  "use strict";
+  var REFRESH_MS = 5000;
+  var CONFIG = { displaylogo: false, responsive: true };
+  var COLORS = { shadow: "#b54708", prod: "#067647", speculative: "#2457c5", baseline: "#98a2b3" };
+
+  function json(id) {
+    var el = document.getElementById(id);
+    return el ? JSON.parse(el.textContent) : null;
+  }
+
+  function layout(title, ytitle, extra) {
+    var base = { title: { text: title, font: { size: 14 } }, margin: { l: 50, r: 10, t: 40, b: 40 },
+      yaxis: { title: { text: ytitle }, rangemode: "tozero" }, legend: { orientation: "h", y: -0.2 }, height: 300 };
+    return Object.assign(base, extra || {});
+  }
+
+  function lines(ts) {
+    return ts.series.map(function (s) {
+      return { x: s.t, y: s.y, name: s.name, type: "scatter", mode: "lines+markers",
+        line: { color: COLORS[s.name] }, customdata: s.n, hovertemplate: "%{y} (%{customdata} records)<extra>" + s.name + "</extra>" };
+    });
+  }
+
+  function changeMarks(ts) {
+    var shapes = [], notes = [];
+    (ts.change_points || []).forEach(function (p) {
+      shapes.push({ type: "line", xref: "x", yref: "paper", x0: p.at, x1: p.at, y0: 0, y1: 1, line: { dash: "dot", color: "#6b7585" } });
+      notes.push({ x: p.at, y: 1, xref: "x", yref: "paper", text: p.summary, showarrow: false, textangle: -90,
+        xanchor: "right", yanchor: "top", font: { size: 10, color: "#6b7585" } });
+    });
+    return { shapes: shapes, annotations: notes };
+  }
+
+  function drawSeries(id, ts, ytitle, withMarks) {
+    var el = document.getElementById(id);
+    if (!el || !ts) return;
+    var extra = withMarks ? changeMarks(ts) : {};
+    extra.xaxis = { type: "date", range: [ts.since, ts.until] };
+    Plotly.react(el, lines(ts), layout(ts.label, ytitle, extra), CONFIG);
+  }
+
+  function drawBars(id, perMode, title, xtitle, xs) {
+    var el = document.getElementById(id);
+    if (!el || !perMode) return;
+    var traces = Object.keys(perMode).map(function (mode) {
+      var ys = perMode[mode];
+      return { x: xs(ys), y: ys, name: mode, type: "bar", marker: { color: COLORS[mode] } };
+    });
+    Plotly.react(el, traces, layout(title, "", { barmode: "group", xaxis: { title: { text: xtitle }, dtick: 1 } }), CONFIG);
+  }
+
+  function drawEndpoint(data) {
+    drawSeries("chart-acceptance", data.acceptance_rate, "accepted / drafted", true);
+    drawSeries("chart-multiplier", data.multiplier, "× plain tok/s", true);
+    drawSeries("chart-toks", data.tok_s, "tok/s", false);
+    if (data.per_position) {
+      drawBars("chart-positions", data.per_position, "Acceptance by draft position", "position",
+        function (ys) { return ys.map(function (_, i) { return i + 1; }); });
+    }
+    if (data.histogram) {
+      drawBars("chart-histogram", data.histogram, "Accepted draft tokens per verification step", "accepted",
+        function (ys) { return ys.map(function (_, i) { return i; }); });
+    }
+  }
+
+  function refresh(box, data) {
+    var url = box.dataset.timeseriesUrl, range = box.dataset.range;
+    var metrics = ["acceptance_rate", "multiplier", "tok_s"];
+    Promise.all(metrics.map(function (m) {
+      return fetch(url + "?metric=" + m + "&range=" + range, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); });
+    })).then(function (results) {
+      metrics.forEach(function (m, i) { data[m] = results[i]; });
+      drawEndpoint(data);
+      var empty = document.getElementById("charts-empty");
+      if (empty && results[0].series.length) empty.hidden = true;
+      setTimeout(function () { refresh(box, data); }, REFRESH_MS);
+    }).catch(function (err) {
+      if (window.console) console.warn("chart refresh stopped:", err);
+    });
+  }
+
+  var endpointData = json("chart-data");
+  if (endpointData) {
+    drawEndpoint(endpointData);
+    var box = document.getElementById("charts");
+    if (box && box.dataset.timeseriesUrl) setTimeout(function () { refresh(box, endpointData); }, REFRESH_MS);
+  }
+
+  var bars = json("bars-data");
+  if (bars) {
+    Plotly.react("chart-bars", [
+      { x: bars.names, y: bars.baseline, name: "baseline tok/s", type: "bar", marker: { color: COLORS.baseline } },
+      { x: bars.names, y: bars.speculative, name: "speculative tok/s", type: "bar", marker: { color: COLORS.speculative },
+        text: bars.multiplier.map(function (m) { return m == null ? "" : m.toFixed(2) + "×"; }), textposition: "outside" }
+    ], layout("", "tok/s", { barmode: "group" }), CONFIG);
+  }
+
+  var proj = json("projection-data");
+  if (proj) {
+    Plotly.react("chart-projection", [{ x: proj.k, y: proj.s, type: "scatter", mode: "lines+markers", name: "S(K)" }],
+      layout("", "× plain tok/s", { xaxis: { title: { text: "K" }, dtick: 1 } }), CONFIG);
+  }
+})();

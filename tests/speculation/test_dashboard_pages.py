@@ -1,0 +1,277 @@
+"""Dashboard pages: login, empty states, the mode toggle and settings form through the policy service,
+reasons for unavailable options, chart data and the records table, the REST timeseries."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet.models import Endpoint, EndpointStatus
+from speculation.models import Action, DraftKind, DraftModel, Mode, PolicyChange, SpeculationPolicy, StageRecord
+
+pytestmark = pytest.mark.django_db
+
+FP = "f" * 64
+
+
+@pytest.fixture
+def user():
+    return get_user_model().objects.create_user("ops", password="pw-for-tests-only")
+
+
+@pytest.fixture
+def client_in(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def endpoint() -> Endpoint:
+    return Endpoint.objects.create(
+        name="llama",
+        base_url="http://127.0.0.1:9/",
+        status=EndpointStatus.READY,
+        capabilities={
+            "tokenizer_fingerprint": FP,
+            "token_id_prompts": True,
+            "prompt_scoring_method": "prompt_logprobs",
+            "tpot_ms": 20.0,
+        },
+    )
+
+
+def add_records(endpoint: Endpoint, n: int, *, mode: str = Mode.SHADOW, minutes_ago: int = 5, **fields) -> None:
+    action = Action.WOULD_SPECULATE if mode == Mode.SHADOW else Action.SPECULATED
+    defaults = {"drafted_tokens": 10, "accepted_tokens": 7, "k": 5, "alpha": 0.7, "multiplier": 1.8}
+    StageRecord.objects.bulk_create(
+        [
+            StageRecord(endpoint=endpoint, request_id=f"{mode}-{i}", mode=mode, action=action, **(defaults | fields))
+            for i in range(n)
+        ]
+    )
+    StageRecord.objects.filter(endpoint=endpoint, mode=mode).update(
+        created_at=timezone.now() - timedelta(minutes=minutes_ago)
+    )
+
+
+def test_pages_need_login(client, endpoint):
+    for url in (
+        reverse("speculation:overview"),
+        reverse("speculation:endpoint", args=[endpoint.pk]),
+        reverse("speculation:projection", args=[endpoint.pk]),
+        reverse("speculation:draft-list"),
+    ):
+        response = client.get(url)
+        assert response.status_code == 302 and "/login/" in response["Location"], url
+    assert client.get(
+        reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk]) + "?metric=alpha"
+    ).status_code in (401, 403)
+
+
+def test_overview_without_endpoints_says_register_one(client_in):
+    body = client_in.get(reverse("speculation:overview")).content.decode()
+    assert "No endpoint yet" in body and reverse("fleet:endpoint-create") in body
+
+
+def test_overview_shows_acceptance_multiplier_and_why_prod_is_unavailable(client_in, endpoint):
+    # given: shadow measurements, the default n-gram policy, and an endpoint that cannot go prod yet
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
+    add_records(endpoint, 4)
+    other = Endpoint.objects.create(name="fresh", base_url="http://127.0.0.1:9/", status=EndpointStatus.NEW)
+
+    body = client_in.get(reverse("speculation:overview")).content.decode()
+
+    assert "No stage records in the last day" not in body
+    assert "70%" in body  # 7 / 10 accepted
+    assert "<i>1.80×</i>" in body  # projected (shadow) multiplier, in italics
+    assert f"prod needs a ready endpoint; {other.name} is new" in body
+    assert 'id="bars-empty"' in body  # no prod traffic yet
+
+
+def test_mode_toggle_switches_through_the_policy_service_and_records_who(client_in, endpoint, user):
+    response = client_in.post(reverse("speculation:endpoint-mode", args=[endpoint.pk]), {"mode": "shadow"})
+
+    assert response.status_code == 302
+    policy = SpeculationPolicy.objects.get(endpoint=endpoint)
+    assert policy.mode == Mode.SHADOW
+    change = PolicyChange.objects.get(policy=policy)
+    assert change.changes == {"mode": ["off", "shadow"]} and change.changed_by == user
+
+
+def test_mode_toggle_refusal_keeps_the_mode_and_says_why(client_in, endpoint):
+    endpoint.status = EndpointStatus.UNREACHABLE
+    endpoint.save()
+
+    response = client_in.post(reverse("speculation:endpoint-mode", args=[endpoint.pk]), {"mode": "prod"}, follow=True)
+
+    assert "stays as it was: prod needs a ready endpoint" in response.content.decode()
+    assert not SpeculationPolicy.objects.filter(endpoint=endpoint, mode=Mode.PROD).exists()
+
+
+def test_mode_toggle_ignores_an_offsite_next(client_in, endpoint):
+    response = client_in.post(
+        reverse("speculation:endpoint-mode", args=[endpoint.pk]), {"mode": "shadow", "next": "https://evil.example/"}
+    )
+    assert response["Location"] == reverse("speculation:overview")
+
+
+def test_endpoint_page_embeds_chart_data_and_paginates_records(client_in, endpoint):
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
+    add_records(endpoint, 30, per_position_acceptance=[2, 1], target_passes=2, accepted_length_hist=[0, 1, 1])
+
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+
+    assert response.status_code == 200
+    charts = response.context["charts"]
+    (shadow,) = charts["acceptance_rate"]["series"]
+    assert shadow["name"] == "shadow" and shadow["y"] == [0.7] and shadow["n"] == [30]
+    assert charts["per_position"]["shadow"][:2] == [1.0, 0.5]
+    assert charts["histogram"]["shadow"] == [0, 30, 30]
+    body = response.content.decode()
+    assert 'id="chart-data"' in body and "vendor/plotly.min.js" in body
+    assert "page 1 of 2 (30 records)" in body
+    assert "capabilit" in body.lower()  # the fleet detail part (probe results) is on the same page
+
+
+def test_records_filter_by_action(client_in, endpoint):
+    add_records(endpoint, 3)
+    StageRecord.objects.create(
+        endpoint=endpoint, request_id="skip-1", mode=Mode.PROD, action=Action.SKIPPED, reason="n > 1"
+    )
+
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"action": "skipped"})
+
+    rows = list(response.context["page"].object_list)
+    assert [r.request_id for r in rows] == ["skip-1"]
+    assert "n &gt; 1" in response.content.decode()
+
+
+def test_endpoint_page_says_why_a_draft_does_not_fit(client_in, endpoint):
+    DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
+    DraftModel.objects.create(name="same-vocab", kind=DraftKind.DRAFT_MODEL, path="/y", tokenizer_fingerprint=FP)
+
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+
+    options = {o.value: o for o in response.context["draft_options"]}
+    assert options["same-vocab"].available
+    assert not options["other-vocab"].available and "does not match" in options["other-vocab"].reason
+    assert 'data-unavailable-draft="other-vocab"' in response.content.decode()
+
+
+def test_settings_form_saves_through_the_service(client_in, endpoint):
+    DraftModel.objects.create(name="same-vocab", kind=DraftKind.DRAFT_MODEL, path="/y", tokenizer_fingerprint=FP)
+    form = {
+        "mode": "prod",
+        "mechanism": "draft_model",
+        "draft": "same-vocab",
+        "k": 4,
+        "shadow_sample_rate": 0.5,
+        "path": "remote",
+        "target_path": "",
+    }
+
+    response = client_in.post(reverse("speculation:endpoint-policy", args=[endpoint.pk]), form)
+
+    assert response.status_code == 302
+    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
+    assert (policy.mode, policy.draft.name, policy.k, policy.path) == ("prod", "same-vocab", 4, "remote")
+
+
+def test_settings_form_shows_the_service_refusal_on_the_field(client_in, endpoint):
+    DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
+    form = {
+        "mode": "prod",
+        "mechanism": "draft_model",
+        "draft": "other-vocab",
+        "k": 5,
+        "shadow_sample_rate": 1,
+        "path": "auto",
+    }
+
+    response = client_in.post(reverse("speculation:endpoint-policy", args=[endpoint.pk]), form)
+
+    assert response.status_code == 400
+    assert "does not match" in " ".join(response.context["form"].errors["draft"])
+    assert not SpeculationPolicy.objects.filter(endpoint=endpoint, mode="prod").exists()
+
+
+def test_projection_marks_the_best_k_from_measured_alpha_and_costs(client_in, endpoint):
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)  # n-gram: c = 0
+    add_records(endpoint, 5, alpha=0.7)
+
+    response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]), {"v": "1.5"})
+
+    curve = response.context["curve"]
+    assert [p.k for p in curve] == list(range(1, 9))
+    assert response.context["best"].k == 8  # c = 0: the longest K always wins
+    assert response.context["assumed"] is True
+    assert 'id="best-k">8<' in response.content.decode()
+
+
+def test_projection_without_shadow_data_says_what_to_do(client_in, endpoint):
+    body = client_in.get(reverse("speculation:projection", args=[endpoint.pk])).content.decode()
+    assert "No shadow measurements" in body and "<b>shadow</b>" in body
+
+
+def test_drafts_page_shows_compatibility_per_endpoint(client_in, endpoint):
+    DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
+    DraftModel.objects.create(name="lookup", kind=DraftKind.NGRAM)
+
+    response = client_in.get(reverse("speculation:draft-list"))
+
+    cells = {row["draft"].name: row["cells"][0][1] for row in response.context["matrix"]}
+    assert cells == {"lookup": True, "other-vocab": False}
+
+
+def test_registering_a_draft_from_a_missing_path_says_why(client_in):
+    response = client_in.post(
+        reverse("speculation:draft-list"),
+        {"name": "d1", "kind": "draft_model", "path": "/nowhere", "node_class": "cpu"},
+    )
+    assert response.status_code == 400
+    assert "is not a directory" in " ".join(response.context["form"].errors["path"])
+
+
+def test_registering_an_ngram_draft(client_in):
+    response = client_in.post(
+        reverse("speculation:draft-list"), {"name": "lookup", "kind": "ngram", "node_class": "cpu"}
+    )
+    assert response.status_code == 302
+    assert DraftModel.objects.filter(name="lookup", kind="ngram").exists()
+
+
+def test_timeseries_api_matches_the_page_and_validates(client_in, endpoint):
+    add_records(endpoint, 3, mode=Mode.PROD, tok_s=30.0, baseline_tok_s=10.0, multiplier=3.0)
+    url = reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk])
+
+    data = client_in.get(url, {"metric": "multiplier", "range": "hour"}).json()
+    bad_metric = client_in.get(url, {"metric": "nope"})
+    bad_range = client_in.get(url, {"metric": "alpha", "range": "year"})
+
+    assert [(s["name"], s["y"], s["n"]) for s in data["series"]] == [("prod", [3.0], [3])]
+    assert data["bucket_seconds"] == 60
+    assert bad_metric.status_code == 400 and "acceptance_rate" in json.dumps(bad_metric.json())
+    assert bad_range.status_code == 400
+
+
+def test_fleet_summary_and_distributions_api(client_in, endpoint):
+    add_records(
+        endpoint, 2, mode=Mode.PROD, tok_s=30.0, baseline_tok_s=10.0, multiplier=3.0, accepted_length_hist=[1, 2]
+    )
+
+    summary = client_in.get(reverse("dashboard-api:fleet-summary")).json()
+    dist = client_in.get(reverse("dashboard-api:endpoint-distributions", args=[endpoint.pk])).json()
+
+    assert summary[0]["name"] == "llama" and summary[0]["hour"]["multiplier"] == 3.0
+    assert dist["histogram"] == {"prod": [2, 4]}
+
+
+def test_timeseries_api_is_in_the_openapi_schema(client_in):
+    schema = client_in.get(reverse("schema"), {"format": "json"}).json()
+    assert "/api/v1/endpoints/{id}/timeseries/" in schema["paths"]
+    assert "/api/v1/endpoints/{id}/projection/" in schema["paths"]
