@@ -15,8 +15,6 @@ urlpatterns = [
     path("v1/", include("speculation.gateway.urls")),
     path("dashboard/", include("speculation.urls")),
     path("api/v1/", include("speculation.dashboard_api")),
-    path("dashboard/", include("speculation.urls")),
-    path("api/v1/", include("speculation.dashboard_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
