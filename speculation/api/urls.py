@@ -1,1 +1,16 @@
-urlpatterns: list = []
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from speculation.api import views
+
+app_name = "speculation-api"
+
+router = SimpleRouter()
+router.register("drafts", views.DraftViewSet, basename="draft")
+router.register("stage-records", views.StageRecordViewSet, basename="stage-record")
+
+urlpatterns = [
+    path("endpoints/<int:pk>/policy/", views.PolicyView.as_view(), name="policy"),
+    path("endpoints/<int:pk>/policy/changes/", views.PolicyChangesView.as_view(), name="policy-changes"),
+    *router.urls,
+]

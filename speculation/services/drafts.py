@@ -13,7 +13,6 @@ from django.db import IntegrityError, transaction
 
 from speculation.models import DraftKind, DraftModel
 from speculation.services.fingerprint import tokenizer_fingerprint_of_dir
-from speculation.services.version import bump_routing_version
 
 logger = logging.getLogger(__name__)
 
@@ -102,4 +101,3 @@ def delete_draft(*, draft: DraftModel) -> None:
         names = ", ".join(p.endpoint.name for p in draft.speculationpolicy_set.select_related("endpoint"))
         raise ValidationError({"draft": [f"draft {draft.name!r} is used by the policy of {names}"]})
     draft.delete()
-    transaction.on_commit(bump_routing_version)

@@ -20,7 +20,6 @@ from speculation.models import (
     VerificationPath,
 )
 from speculation.services import capabilities
-from speculation.services.version import bump_routing_version
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -163,6 +162,5 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
         policy.updated_by = actor
         policy.save()
         PolicyChange.objects.create(policy=policy, changed_by=actor, changes=changes)
-        transaction.on_commit(bump_routing_version)
     logger.info("policy of %s changed by %s: %s", endpoint.name, actor or "system", changes)
     return policy

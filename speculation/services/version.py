@@ -27,4 +27,4 @@ def bump_routing_version() -> None:
         finally:
             client.close()
     except redis.RedisError as exc:
-        logger.warning("routing version not bumped (redis unavailable: %s); gateways catch up by TTL", exc)
+        logger.info("routing version not bumped (redis unavailable: %s); gateways catch up by TTL", exc)

@@ -1,0 +1,106 @@
+"""REST shapes of the speculation stage: policies (with history), drafts, stage records."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from speculation.models import DraftKind, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
+
+
+class PolicySerializer(serializers.ModelSerializer):
+    endpoint = serializers.IntegerField(source="endpoint_id", read_only=True)
+    endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
+    draft = serializers.SlugRelatedField(
+        slug_field="name", queryset=DraftModel.objects.all(), allow_null=True, required=False
+    )
+    resolved_path = serializers.SerializerMethodField(help_text="The verification path prod uses now.")
+    updated_by = serializers.CharField(source="updated_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = SpeculationPolicy
+        fields = [
+            "endpoint",
+            "endpoint_name",
+            "mode",
+            "mechanism",
+            "draft",
+            "k",
+            "dynamic_k",
+            "shadow_sample_rate",
+            "path",
+            "target_path",
+            "resolved_path",
+            "updated_at",
+            "updated_by",
+        ]
+        read_only_fields = ["updated_at"]
+
+    def get_resolved_path(self, policy: SpeculationPolicy) -> str:
+        from speculation.services.policies import resolve_path
+
+        return resolve_path(policy=policy, endpoint=policy.endpoint)
+
+
+class PolicyChangeSerializer(serializers.ModelSerializer):
+    changed_by = serializers.CharField(source="changed_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = PolicyChange
+        fields = ["id", "changed_at", "changed_by", "changes"]
+
+
+class DraftSerializer(serializers.ModelSerializer):
+    kind = serializers.ChoiceField(choices=DraftKind.choices)
+
+    class Meta:
+        model = DraftModel
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "path",
+            "node_class",
+            "target_name",
+            "tokenizer_fingerprint",
+            "vocab_size",
+            "param_count",
+            "vram_bytes",
+            "config",
+            "created_at",
+        ]
+        read_only_fields = ["tokenizer_fingerprint", "vocab_size", "param_count", "vram_bytes", "config", "created_at"]
+        # Uniqueness is checked by the service (one message, no race).
+        extra_kwargs = {"name": {"validators": []}}
+
+
+class StageRecordSerializer(serializers.ModelSerializer):
+    endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
+
+    class Meta:
+        model = StageRecord
+        fields = [
+            "id",
+            "endpoint",
+            "endpoint_name",
+            "request_id",
+            "created_at",
+            "mode",
+            "action",
+            "reason",
+            "path",
+            "mechanism",
+            "k",
+            "drafted_tokens",
+            "accepted_tokens",
+            "target_passes",
+            "per_position_acceptance",
+            "accepted_length_hist",
+            "acceptance_rate",
+            "alpha",
+            "mean_accepted_len",
+            "output_tokens",
+            "tok_s",
+            "baseline_tok_s",
+            "multiplier",
+            "latency_ms",
+        ]

@@ -1,0 +1,117 @@
+"""Fixtures of the speculation stage tests: API clients, a tiny model directory, ACE served by uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ace import processes
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username="operator", password="pw-for-tests-only")
+
+
+@pytest.fixture
+def token(user) -> str:
+    from rest_framework.authtoken.models import Token
+
+    return Token.objects.create(user=user).key
+
+
+@pytest.fixture
+def api(token):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with its own small BPE tokenizer: a draft directory for registry tests."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers.processors import TemplateProcessing
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    tok.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        out
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def database_url() -> str:
+    from django.db import connection
+
+    params = connection.settings_dict
+    if params["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{params['NAME']}"
+    auth = params["USER"] + (f":{params['PASSWORD']}" if params.get("PASSWORD") else "")
+    return f"postgresql://{auth}@{params['HOST']}:{params['PORT'] or 5432}/{params['NAME']}"
+
+
+def start_ace(*, redis_url: str, log_dir: Path, name: str = "ace-uvicorn") -> processes.ManagedProcess:
+    """ACE itself under uvicorn (ASGI), on the session's test database."""
+    port = processes.free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_url,
+        "DJANGO_SETTINGS_MODULE": "ace.settings",
+        "ACE_CELERY_EAGER": "false",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "ace.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    proc = processes.spawn(name, argv, log_path=log_dir / f"{name}.log", env=env, cwd=processes.REPO_ROOT)
+    proc.url = f"http://127.0.0.1:{port}"
+    processes.wait_until(proc, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=30, what="uvicorn")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def ace_server(django_db_setup, redis_server, artifacts_dir: Path) -> Iterator[processes.ManagedProcess]:
+    proc = start_ace(redis_url=redis_server.url, log_dir=artifacts_dir)
+    try:
+        yield proc
+    finally:
+        proc.stop()
