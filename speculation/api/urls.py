@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from speculation.api import views
+from speculation.api.native_flags import NativeFlagsView
 
 app_name = "speculation-api"
 
@@ -12,5 +13,6 @@ router.register("stage-records", views.StageRecordViewSet, basename="stage-recor
 urlpatterns = [
     path("endpoints/<int:pk>/policy/", views.PolicyView.as_view(), name="policy"),
     path("endpoints/<int:pk>/policy/changes/", views.PolicyChangesView.as_view(), name="policy-changes"),
+    path("endpoints/<int:pk>/native-flags/", NativeFlagsView.as_view(), name="native-flags"),
     *router.urls,
 ]

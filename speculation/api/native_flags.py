@@ -1,0 +1,74 @@
+"""GET /api/v1/endpoints/{id}/native-flags/?draft=<id or name>&k=<K>: the server launch flags for a draft."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.models import Endpoint
+from speculation import native_flags
+from speculation.models import DraftModel
+
+_RESPONSE = inline_serializer(
+    "NativeFlags",
+    fields={
+        "server_kind": serializers.CharField(),
+        "draft_kind": serializers.CharField(),
+        "draft": serializers.CharField(allow_null=True),
+        "k": serializers.IntegerField(),
+        "args": serializers.ListField(child=serializers.CharField()),
+        "command_line": serializers.CharField(),
+        "speculative_config": serializers.DictField(allow_null=True),
+        "notes": serializers.ListField(child=serializers.CharField()),
+    },
+)
+
+
+def _draft_from(value: str | None) -> DraftModel | None:
+    if not value:
+        return None
+    lookup = {"pk": int(value)} if value.isdigit() else {"name": value}
+    draft = DraftModel.objects.filter(**lookup).first()
+    if draft is None:
+        raise NotFound({"draft": [f"no draft {value!r}"]})
+    return draft
+
+
+def _k_from(value: str | None) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValidationError({"k": ["must be an integer"]}) from exc
+
+
+class NativeFlagsView(APIView):
+    """Exact vLLM / SGLang launch flags that make the endpoint's server run the draft itself.
+
+    The draft and K default to the endpoint's policy; without a draft the flags are n-gram prompt lookup.
+    """
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("draft", str, description="draft id or name (default: the policy's draft)"),
+            OpenApiParameter("k", int, description="lookahead K, 1..16 (default: the policy's K)"),
+        ],
+        responses=_RESPONSE,
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        endpoint = get_object_or_404(Endpoint, pk=pk)
+        draft = _draft_from(request.query_params.get("draft"))
+        k = _k_from(request.query_params.get("k"))
+        try:
+            flags = native_flags.flags_for_endpoint(endpoint=endpoint, draft=draft, k=k)
+        except native_flags.NativeFlagsError as exc:
+            raise ValidationError({"detail": [str(exc)]}) from exc
+        body = flags.as_dict()
+        body["draft"] = draft.name if draft is not None else None
+        return Response(body)

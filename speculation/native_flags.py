@@ -1,0 +1,145 @@
+"""Launch flags that make an endpoint's own server (vLLM or SGLang) run a registered draft itself.
+
+ACE's "native" verification path leaves drafting to the server. This module answers the operator's
+question "what do I add to my server's command line to run this draft?" exactly, per server kind:
+
+- vLLM: one `--speculative-config` JSON (`vllm/config/speculative.py`, `SpeculativeConfig`): `method`
+  ("draft_model", "eagle" or "ngram"), `model` (the draft's directory), `num_speculative_tokens` (K), and
+  `prompt_lookup_max` / `prompt_lookup_min` for n-gram.
+- SGLang (`python/sglang/srt/server_args.py`): `--speculative-algorithm` (STANDALONE for a separate draft
+  model, EAGLE for an EAGLE head, NGRAM for prompt lookup), `--speculative-draft-model-path`,
+  `--speculative-num-steps` (K), `--speculative-eagle-topk` (1: a chain, as ACE drafts) and
+  `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root).
+
+An EAGLE head saved by ACE uses vLLM's EAGLE-1 Llama layout (`fc` over [embedding, feature] and one
+decoder layer whose input norm is the identity; the target's embedding and LM head are shared), so the
+same directory is what `method: "eagle"` loads.
+
+The builders are pure functions of (server kind, draft kind, path, K); `flags_for_endpoint` reads the
+endpoint's policy for the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from speculation.models import DraftKind
+
+DEFAULT_K = 5
+MAX_K = 16
+# vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
+NGRAM_LOOKUP_MAX = 3
+NGRAM_LOOKUP_MIN = 1
+
+_VLLM_METHOD = {DraftKind.DRAFT_MODEL: "draft_model", DraftKind.EAGLE_HEAD: "eagle", DraftKind.NGRAM: "ngram"}
+_SGLANG_ALGORITHM = {DraftKind.DRAFT_MODEL: "STANDALONE", DraftKind.EAGLE_HEAD: "EAGLE", DraftKind.NGRAM: "NGRAM"}
+
+
+class NativeFlagsError(ValueError):
+    """The server kind cannot run this draft natively, or the request is malformed."""
+
+
+@dataclass(frozen=True)
+class NativeFlags:
+    server_kind: str
+    draft_kind: str
+    k: int
+    args: list[str]
+    notes: list[str] = field(default_factory=list)
+    # vLLM only: the --speculative-config value as a dict (what the launcher and the tests pass on).
+    speculative_config: dict | None = None
+
+    @property
+    def command_line(self) -> str:
+        """The flags as one shell-safe string to append to the server's launch command."""
+        return shlex.join(self.args)
+
+    def as_dict(self) -> dict:
+        return {
+            "server_kind": self.server_kind,
+            "draft_kind": self.draft_kind,
+            "k": self.k,
+            "args": list(self.args),
+            "command_line": self.command_line,
+            "speculative_config": self.speculative_config,
+            "notes": list(self.notes),
+        }
+
+
+def _check(draft_kind: str, draft_path: str, k: int) -> None:
+    if draft_kind not in DraftKind.values:
+        raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
+    if not 1 <= k <= MAX_K:
+        raise NativeFlagsError(f"K must be between 1 and {MAX_K}, got {k}")
+    if draft_kind != DraftKind.NGRAM and not draft_path:
+        raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
+
+
+def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
+    _check(draft_kind, draft_path, k)
+    config: dict = {"method": _VLLM_METHOD[draft_kind], "num_speculative_tokens": k}
+    notes = []
+    if draft_kind == DraftKind.NGRAM:
+        config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
+    else:
+        config["model"] = draft_path
+        notes.append("model is the draft's path on the server's machine: copy the directory there if it differs.")
+    if draft_kind == DraftKind.EAGLE_HEAD:
+        notes.append("The head shares the target's embedding and LM head: serve it with the target it was trained for.")
+    args = ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return NativeFlags("vllm", draft_kind, k, args, notes, speculative_config=config)
+
+
+def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
+    _check(draft_kind, draft_path, k)
+    args = ["--speculative-algorithm", _SGLANG_ALGORITHM[draft_kind]]
+    notes = []
+    if draft_kind == DraftKind.NGRAM:
+        args += ["--speculative-num-draft-tokens", str(k + 1)]
+        notes.append("SGLang's NGRAM algorithm runs on CUDA only.")
+    else:
+        args += ["--speculative-draft-model-path", draft_path]
+        # A chain of K drafts (top-k 1): K draft steps, K + 1 tokens verified (the root plus the drafts).
+        args += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        args += ["--speculative-num-draft-tokens", str(k + 1)]
+        notes.append("--speculative-draft-model-path is the draft's path on the server's machine.")
+    if draft_kind == DraftKind.EAGLE_HEAD:
+        notes.append("Raise --speculative-eagle-topk (and num-draft-tokens) to let SGLang draft an EAGLE-2 tree.")
+    return NativeFlags("sglang", draft_kind, k, args, notes)
+
+
+_BUILDERS = {"vllm": vllm_flags, "sglang": sglang_flags}
+
+
+def native_flags(*, server_kind: str, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
+    """The exact launch flags for one server kind; NativeFlagsError when that kind has none."""
+    builder = _BUILDERS.get(server_kind)
+    if builder is None:
+        raise NativeFlagsError(
+            f"a {server_kind!r} server has no speculative-decoding launch flags ACE knows: "
+            "use the remote or local verification path instead"
+        )
+    return builder(draft_kind=draft_kind, draft_path=draft_path, k=k)
+
+
+def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeFlags:
+    """Flags for an endpoint: the draft and K default to the endpoint's policy (n-gram when it has no draft)."""
+    policy = _policy_of(endpoint)
+    if draft is None and policy is not None:
+        draft = policy.draft
+    if k is None:
+        k = policy.k if policy is not None else DEFAULT_K
+    if draft is None:
+        mechanism = policy.mechanism if policy is not None else DraftKind.NGRAM
+        if mechanism != DraftKind.NGRAM:
+            raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
+        return native_flags(server_kind=endpoint.kind, draft_kind=DraftKind.NGRAM, k=k)
+    return native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k)
+
+
+def _policy_of(endpoint):
+    from speculation.models import SpeculationPolicy
+
+    return SpeculationPolicy.objects.filter(endpoint=endpoint).select_related("draft").first()

@@ -1,0 +1,60 @@
+"""The flags ACE produces start a real vLLM (CPU build) that speculates with the registered draft."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ace import processes
+from fleet.models import Endpoint
+from speculation.native_flags import flags_for_endpoint
+from speculation.services.drafts import register_draft
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db]
+
+SERVED_NAME = "ace-demo-target"
+_COUNTER = re.compile(r"^vllm:spec_decode_num_drafts_total(?:\{[^}]*\})?\s+([0-9.eE+]+)$", re.MULTILINE)
+
+
+def spec_drafts_total(base_url: str) -> float:
+    """Sum of vllm:spec_decode_num_drafts_total over its label sets (absent when vLLM does not speculate)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(float(value) for value in _COUNTER.findall(text))
+
+
+def start_vllm_with(flags, *, target_dir: Path, log_dir: Path) -> processes.ManagedProcess:
+    # The fleet launcher takes the --speculative-config value as a dict and writes it back as JSON.
+    assert flags.args[0] == "--speculative-config"
+    config = json.loads(flags.args[1])
+    return processes.start_vllm(
+        model_dir=target_dir, served_model_name=SERVED_NAME, log_dir=log_dir, speculative_config=config
+    )
+
+
+def test_demo_draft_flags_start_a_vllm_that_speculates(demo_pair, artifacts_dir):
+    # given: the demo draft registered, and an endpoint running vLLM
+    draft = register_draft(name="demo-draft", kind="draft_model", path=str(demo_pair.draft_dir))
+    endpoint = Endpoint.objects.create(name="local-vllm", base_url="http://127.0.0.1:1", kind="vllm")
+    flags = flags_for_endpoint(endpoint=endpoint, draft=draft, k=3)
+    assert flags.speculative_config["method"] == "draft_model"
+
+    # when: vLLM starts with exactly those flags and serves one greedy request
+    proc = start_vllm_with(flags, target_dir=demo_pair.target_dir, log_dir=artifacts_dir)
+    try:
+        response = httpx.post(
+            f"{proc.url}/v1/completions",
+            json={"model": SERVED_NAME, "prompt": "def parse_args(argv):\n    ", "max_tokens": 48, "temperature": 0},
+            timeout=120,
+        )
+        response.raise_for_status()
+        drafts = spec_drafts_total(proc.url)
+    finally:
+        proc.stop()
+
+    # then: the server drafted with the registered draft
+    assert response.json()["choices"][0]["text"]
+    assert drafts > 0, "vLLM reported no speculative drafts"
