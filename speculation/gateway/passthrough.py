@@ -83,6 +83,8 @@ async def _relay(response: httpx.Response, observer: Observer | None) -> AsyncIt
         error = f"endpoint stream broke: {type(exc).__name__}"
         logger.warning("stream from upstream broke: %s", exc)
     finally:
-        await response.aclose()
+        # The observer first: when the client disconnects the task is cancelled, and an await here may not
+        # come back; observers only spawn their writes.
         if observer is not None:
             await observer.on_done(response.status_code, error)
+        await response.aclose()

@@ -1,0 +1,37 @@
+"""The Redis channel that carries a prod request's tokens from the GPU worker back to the gateway.
+
+One Redis list per request id. The worker RPUSHes JSON messages as tokens are committed; the gateway BLPOPs
+them. Messages:
+    {"type": "started"}                                   the worker took the request
+    {"type": "tokens", "ids": [...], "text": "..."}       tokens committed by one verification step
+    {"type": "done", "finish_reason": "stop"|"length", "stats": {...}}
+    {"type": "error", "reason": "..."}                    the speculative path failed (the gateway falls back)
+Lists expire after EXPIRE_S so an abandoned request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+EXPIRE_S = 300
+
+
+def key(request_id: str) -> str:
+    return f"ace:prod:{request_id}"
+
+
+class WorkerChannel:
+    """The worker's end (synchronous redis-py)."""
+
+    def __init__(self, client: redis.Redis, request_id: str) -> None:
+        self.client = client
+        self.key = key(request_id)
+
+    def send(self, message: dict[str, Any]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(self.key, json.dumps(message))
+        pipe.expire(self.key, EXPIRE_S)
+        pipe.execute()

@@ -1,0 +1,178 @@
+"""Native path: the server speculates itself. ACE passes the request through and records the acceptance the
+server reports: per-request `metrics.speculative_decoding` where vLLM gives it, else the deltas of vLLM's
+spec-decode counters in /metrics over the request's lifetime (which include any concurrent request's
+drafts: exact for one request at a time, a share of the server's acceptance under concurrency)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import defaultdict
+
+import httpx
+
+from speculation.gateway import background, passthrough, upstream
+from speculation.gateway.call import Call
+from speculation.gateway.recording import output_tokens_of
+from speculation.gateway.sse import EventSplitter, payload_of
+from speculation.models import Action
+from speculation.services.records import keep_record
+
+logger = logging.getLogger(__name__)
+
+_LINE = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+def parse_spec_counters(text: str) -> dict[str, float]:
+    """Sum vLLM's spec-decode counters over engines; per-position counters keyed "...per_pos:<i>"."""
+    totals: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        match = _LINE.match(line.strip())
+        if not match or line.endswith("_created"):
+            continue
+        name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+        if name.endswith("_created"):
+            continue
+        position = _POSITION.search(labels)
+        if position:
+            name = f"{name}:{position.group(1)}"
+        totals[name] += value
+    return dict(totals)
+
+
+async def scrape(call: Call) -> dict[str, float] | None:
+    try:
+        response = await upstream.client().get(call.route.base_url + "/metrics", headers=call.route.upstream_headers)
+    except httpx.HTTPError as exc:
+        logger.warning("request %s: /metrics unreachable: %s", call.request_id, exc)
+        return None
+    return parse_spec_counters(response.text) if response.status_code == 200 else None
+
+
+def stats_from_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    drafts = delta("vllm:spec_decode_num_drafts")
+    drafted = delta("vllm:spec_decode_num_draft_tokens")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    positions = sorted(
+        int(name.rsplit(":", 1)[1])
+        for name in after
+        if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos:")
+    )
+    per_position = [
+        delta(f"vllm:spec_decode_num_accepted_tokens_per_pos:{i}") / drafts if drafts else 0.0 for i in positions
+    ]
+    return {
+        "target_passes": int(drafts),
+        "drafted_tokens": int(drafted),
+        "accepted_tokens": int(accepted),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_len": 1.0 + accepted / drafts if drafts else None,
+        "per_position_acceptance": per_position,
+        "k": len(positions) or None,
+    }
+
+
+def stats_from_request_metrics(spec: dict) -> dict:
+    drafts = spec.get("num_drafts") or 0
+    drafted = spec.get("num_draft_tokens") or 0
+    accepted = spec.get("num_accepted_tokens") or 0
+    per_pos = spec.get("num_accepted_tokens_per_pos") or []
+    return {
+        "target_passes": drafts,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_len": 1.0 + accepted / drafts if drafts else None,
+        "per_position_acceptance": [n / drafts for n in per_pos] if drafts else [],
+    }
+
+
+class NativeRecorder:
+    def __init__(self, call: Call, before: dict[str, float] | None) -> None:
+        self.call = call
+        self.before = before
+        self.output_tokens: int | None = None
+        self.request_metrics: dict | None = None
+        self.splitter = EventSplitter()
+
+    def _take(self, payload: dict) -> None:
+        tokens = output_tokens_of(payload)
+        if tokens is not None:
+            self.output_tokens = tokens
+        metrics = payload.get("metrics")
+        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+            self.request_metrics = metrics["speculative_decoding"]
+
+    def on_body(self, status: int, body: bytes) -> bytes:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body
+        if isinstance(payload, dict):
+            self._take(payload)
+        return body
+
+    def on_chunk(self, chunk: bytes) -> bytes:
+        for raw in self.splitter.feed(chunk):
+            payload = payload_of(raw)
+            if payload is not None:
+                self._take(payload)
+        return chunk
+
+    async def on_done(self, status: int, error: str = "") -> None:
+        # Spawned: the counters are read after the response, even if the client has already gone.
+        background.spawn(self._finish(status, error, self.call.elapsed_ms()), what="native record")
+
+    async def _finish(self, status: int, error: str, latency_ms: float) -> None:
+        route = self.call.route
+        common = {
+            "path": route.path,
+            "mechanism": route.mechanism,
+            "latency_ms": latency_ms,
+            "output_tokens": self.output_tokens or 0,
+        }
+        if status != 200 or error:
+            keep_record(
+                endpoint_id=route.endpoint_id,
+                request_id=self.call.request_id,
+                mode=route.mode,
+                action=Action.FELL_BACK,
+                reason=error or f"HTTP {status} from the server",
+                **common,
+            )
+            return
+        if self.request_metrics is not None:
+            stats, source = stats_from_request_metrics(self.request_metrics), "per-request metrics"
+        else:
+            after = await scrape(self.call)
+            if self.before is None or after is None:
+                keep_record(
+                    endpoint_id=route.endpoint_id,
+                    request_id=self.call.request_id,
+                    mode=route.mode,
+                    action=Action.SPECULATED,
+                    reason="the server reported no acceptance (no /metrics)",
+                    **common,
+                )
+                return
+            stats, source = stats_from_deltas(self.before, after), "/metrics counter deltas"
+        tokens = self.output_tokens or 0
+        keep_record(
+            endpoint_id=route.endpoint_id,
+            request_id=self.call.request_id,
+            mode=route.mode,
+            action=Action.SPECULATED,
+            reason=f"native; acceptance from {source}",
+            tok_s=tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None,
+            **{**stats, **common, "k": stats.get("k") or route.capabilities.get("native_speculation_k")},
+        )
+
+
+async def serve(call: Call):
+    before = await scrape(call)
+    return await passthrough.forward(call, observer=NativeRecorder(call, before))

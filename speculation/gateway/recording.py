@@ -1,0 +1,68 @@
+"""An observer for requests the stage sends plain (skipped, fell back): counts tokens, writes the record."""
+
+from __future__ import annotations
+
+import json
+
+from speculation.gateway.call import Call
+from speculation.gateway.sse import EventSplitter, payload_of
+from speculation.services.records import keep_record
+
+
+def output_tokens_of(payload: dict) -> int | None:
+    usage = payload.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return usage["completion_tokens"]
+    return None
+
+
+class PlainRecorder:
+    def __init__(self, call: Call, *, action: str, reason: str, extra: dict | None = None) -> None:
+        self.call = call
+        self.action = action
+        self.reason = reason
+        self.extra = extra or {}
+        self.output_tokens: int | None = None
+        self.chunks = 0
+        self.splitter = EventSplitter()
+
+    def on_body(self, status: int, body: bytes) -> bytes:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body
+        if isinstance(payload, dict):
+            self.output_tokens = output_tokens_of(payload)
+        return body
+
+    def on_chunk(self, chunk: bytes) -> bytes:
+        for raw in self.splitter.feed(chunk):
+            payload = payload_of(raw)
+            if payload is None:
+                continue
+            found = output_tokens_of(payload)
+            if found is not None:
+                self.output_tokens = found
+            elif payload.get("choices"):
+                self.chunks += 1
+        return chunk
+
+    async def on_done(self, status: int, error: str = "") -> None:
+        latency_ms = self.call.elapsed_ms()
+        tokens = self.output_tokens if self.output_tokens is not None else self.chunks
+        reason = self.reason
+        if status != 200 or error:
+            reason = f"{reason}; plain request failed too: {error or f'HTTP {status}'}"
+        keep_record(
+            endpoint_id=self.call.route.endpoint_id,
+            request_id=self.call.request_id,
+            mode=self.call.route.mode,
+            action=self.action,
+            reason=reason,
+            path=self.call.route.path,
+            mechanism=self.call.route.mechanism,
+            output_tokens=tokens,
+            tok_s=tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None,
+            latency_ms=latency_ms,
+            **self.extra,
+        )

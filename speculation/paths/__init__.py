@@ -1,0 +1,10 @@
+"""Verification paths for prod, behind one small interface.
+
+A path turns (prompt token ids, max new tokens, K) into committed token batches, one batch per target
+verification, and keeps SpecRunStats. `native` needs no worker (the gateway passes the request through, see
+speculation.gateway.native); `remote` and `local` run in the GPU worker (speculation.tasks).
+"""
+
+from speculation.paths.base import CommittedBatch, SpecPath, SpecRunStats
+
+__all__ = ["CommittedBatch", "SpecPath", "SpecRunStats"]

@@ -1,0 +1,67 @@
+"""What a GPU worker process keeps loaded: models and tokenizers by directory (loaded once, LRU-bounded)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAX_LOADED = 4
+
+
+@dataclass(frozen=True)
+class Loaded:
+    directory: str
+    model: Any
+    tokenizer: Any
+    eos_ids: frozenset[int]
+
+
+_loaded: OrderedDict[str, Loaded] = OrderedDict()
+_tokenizers: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def tokenizer(directory: str) -> Any:
+    from transformers import AutoTokenizer
+
+    with _lock:
+        found = _tokenizers.get(directory)
+        if found is None:
+            found = _tokenizers[directory] = AutoTokenizer.from_pretrained(directory)
+        return found
+
+
+def model(directory: str) -> Loaded:
+    """The causal LM in `directory` (float32, eval mode) with its tokenizer; loaded on first use."""
+    from speculation.paths.drafting import load_model
+    from speculation.paths.text import eos_token_ids
+
+    with _lock:
+        found = _loaded.get(directory)
+        if found is not None:
+            _loaded.move_to_end(directory)
+            return found
+    if not (Path(directory) / "config.json").is_file():
+        raise FileNotFoundError(f"{directory} holds no config.json")
+    logger.info("loading %s", directory)
+    tok = tokenizer(directory)
+    loaded = Loaded(
+        directory=directory, model=load_model(directory), tokenizer=tok, eos_ids=eos_token_ids(directory, tok)
+    )
+    with _lock:
+        _loaded[directory] = loaded
+        while len(_loaded) > MAX_LOADED:
+            _loaded.popitem(last=False)
+    return loaded
+
+
+def forget(directory: str) -> None:
+    with _lock:
+        _loaded.pop(directory, None)
+        _tokenizers.pop(directory, None)

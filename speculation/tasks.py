@@ -1,0 +1,37 @@
+"""Celery tasks of the speculation stage, on the endpoint's GPU node queue. Thin: they call services.
+
+Models are loaded once per worker process and kept (speculation.paths.resources).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from ace.celery import gpu_queue
+
+
+@shared_task(name="speculation.tasks.prod_generate_task", acks_late=False, ignore_result=True)
+def prod_generate_task(job: dict[str, Any]) -> None:
+    # acks_late off: a prod request redelivered after a worker crash would generate into a channel the gateway
+    # already gave up on (it fell back).
+    from speculation.services.generation import run_prod_generation
+
+    run_prod_generation(job)
+
+
+@shared_task(name="speculation.tasks.shadow_measure_task", acks_late=True, ignore_result=True)
+def shadow_measure_task(**kwargs: Any) -> None:
+    from speculation.services.shadow import measure_shadow
+
+    measure_shadow(**kwargs)
+
+
+def enqueue_prod(*, job: dict[str, Any], node_class: str, expires_s: float) -> None:
+    """Queue a prod request; it expires if no worker takes it in time (the gateway has fallen back then)."""
+    prod_generate_task.apply_async(args=[job], queue=gpu_queue(node_class), expires=expires_s, retry=False)
+
+
+def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
+    shadow_measure_task.apply_async(kwargs=kwargs, queue=gpu_queue(node_class), retry=False)
