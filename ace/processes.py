@@ -188,7 +188,7 @@ def start_vllm(
         str(python),
         *("-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)),
         *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"),
-        *("--max-model-len", str(max_model_len), "--enforce-eager", "--disable-log-stats"),
+        *("--max-model-len", str(max_model_len), "--enforce-eager"),
     ]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
