@@ -149,7 +149,12 @@ class ProjectionView(APIView):
         curve = []
         if alpha is not None and c is not None:
             curve = [
-                {"k": p.k, "expected_tokens": round(p.expected_tokens, 4), "multiplier": round(p.multiplier, 4), "best": p.best}
+                {
+                    "k": p.k,
+                    "expected_tokens": round(p.expected_tokens, 4),
+                    "multiplier": round(p.multiplier, 4),
+                    "best": p.best,
+                }
                 for p in project(alpha=min(1.0, alpha), c=c, v=v)
             ]
         return Response(

@@ -1,36 +1,28 @@
 """Chart data for the dashboard and the timeseries API: pure reads, aggregated in the database.
 
-Every function here issues a handful of aggregate queries (GROUP BY time bucket / mode / endpoint) and
-only touches the few aggregated rows in Python, never the stage records themselves, so the cost stays
-flat in the number of records on the Python side (see `manage.py bench_dashboard`).
-
-Time buckets are fixed-width epoch buckets computed by the database (`EpochBucket`): on SQLite Django's
-TruncMinute/TruncHour call back into Python once per row, which is too slow for 100k rows.
-Per-position acceptance and the accepted-length histogram are JSON lists; they are summed index by index
-with JSON extraction in SQL (`json ->> '$[i]'` on SQLite, `->> i` on PostgreSQL), so no extra table.
+Everything is computed from sums: speculation.rollup_store adds per-minute StageRollup rows (summed once by
+the database) to aggregates of the newest raw records, so a page over 100k records reads a few thousand
+pre-summed rows at most and never loops over records in Python (see `manage.py bench_dashboard`).
 
 Metric names (ANCHORS section 1): `acceptance_rate` is accepted / drafted draft tokens (vLLM's "draft
 acceptance rate"), `alpha` is the per-position acceptance probability, `mean_accepted_len` is tokens
-per verification step with the bonus token (E[N], EAGLE's tau).
+per verification step with the bonus token (E[N], EAGLE's tau). Per-position acceptance is accepted
+draft tokens at position i over verification steps (records' per-position lists hold counts).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import NotSupportedError
-from django.db.models import Avg, Count, F, FloatField, Func, IntegerField, Q, Sum
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, NullIf
 from django.utils import timezone
 
 from speculation.models import Action, PolicyChange, StageRecord
+from speculation.rollup_store import MAX_K, SPECULATIVE_ACTIONS, ratio, sums
 
-# Per-position acceptance and histograms are read up to this lookahead (the projection's K range too).
-MAX_K = 8
-SPECULATIVE_ACTIONS = (Action.WOULD_SPECULATE, Action.SPECULATED)
+__all__ = ["MAX_K", "SPECULATIVE_ACTIONS"]
 
 
 @dataclass(frozen=True)
@@ -59,43 +51,8 @@ def get_range(name: str | None) -> TimeRange:
     return RANGES[key]
 
 
-class EpochBucket(Func):
-    """Start (epoch seconds, UTC) of the fixed-width bucket a datetime falls in, computed by the database."""
-
-    output_field = IntegerField()
-
-    def __init__(self, expression: Any, *, seconds: int) -> None:
-        if not isinstance(seconds, int) or seconds <= 0:
-            raise ValueError("bucket width must be a positive int")
-        self.seconds = seconds
-        super().__init__(expression)
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list]:
-        # '%%%%s' survives Func's template formatting and Django's %-param escaping as strftime's '%s'.
-        template = f"((CAST(strftime('%%%%s', %(expressions)s) AS INTEGER) / {self.seconds}) * {self.seconds})"
-        return self.as_sql(compiler, connection, template=template, **extra)
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list]:
-        template = f"(FLOOR(EXTRACT(EPOCH FROM %(expressions)s) / {self.seconds}) * {self.seconds})::bigint"
-        return self.as_sql(compiler, connection, template=template, **extra)
-
-    def as_sql(self, compiler: Any, connection: Any, template: str | None = None, **extra: Any) -> tuple[str, list]:
-        if template is None:
-            raise NotSupportedError(f"EpochBucket is not implemented for {connection.vendor}")
-        return super().as_sql(compiler, connection, template=template, **extra)
-
-
-def _ratio(numerator: Any, denominator: Any) -> Any:
-    """numerator / denominator as a float in SQL; NULL when the denominator is 0 or NULL."""
-    return Cast(numerator, FloatField()) / NullIf(Cast(denominator, FloatField()), 0.0)
-
-
 def _iso(epoch_s: int) -> str:
     return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat()
-
-
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
 
 
 # --- time series ------------------------------------------------------------------------------------
@@ -103,49 +60,54 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 @dataclass(frozen=True)
 class Metric:
-    """One chartable metric: which records count, how to split them into series, what each series plots."""
+    """One chartable metric: which records count, how they split into series, and each series' value as
+    numerator / denominator column sums (denominator None: the numerator itself)."""
 
     label: str
     unit: str
-    where: Q
+    actions: tuple[str, ...] | None
     split_by: str | None  # "mode", "action" or None (one series per entry of `values`)
-    values: dict[str, Any]  # series suffix -> aggregate expression
+    values: dict[str, tuple[str, str | None]]
+    count: str  # the column that says how many records a point stands for
 
 
-_spec = Q(action__in=SPECULATIVE_ACTIONS, drafted_tokens__gt=0)
 METRICS: dict[str, Metric] = {
     "acceptance_rate": Metric(
         "Draft acceptance rate (accepted / drafted tokens)",
         "ratio",
-        _spec,
+        SPECULATIVE_ACTIONS,
         "mode",
-        {"": _ratio(Sum("accepted_tokens"), Sum("drafted_tokens"))},
+        {"": ("accepted", "drafted")},
+        "n_spec",
     ),
     "alpha": Metric(
-        "Per-position acceptance alpha", "ratio", _spec & Q(alpha__isnull=False), "mode", {"": Avg("alpha")}
+        "Per-position acceptance alpha", "ratio", SPECULATIVE_ACTIONS, "mode", {"": ("alpha_sum", "alpha_n")}, "alpha_n"
     ),
     "mean_accepted_len": Metric(
         "Tokens per verification step (E[N], bonus included)",
         "tokens",
-        _spec & Q(mean_accepted_len__isnull=False),
+        SPECULATIVE_ACTIONS,
         "mode",
-        {"": Avg("mean_accepted_len")},
+        {"": ("mal_sum", "mal_n")},
+        "mal_n",
     ),
     "tok_s": Metric(
         "Output tok/s (prod) vs baseline tok/s",
         "tok/s",
-        Q(action=Action.SPECULATED, tok_s__isnull=False),
+        (Action.SPECULATED,),
         None,
-        {"speculative": Avg("tok_s"), "baseline": Avg("baseline_tok_s")},
+        {"speculative": ("tok_s_sum", "tok_s_n"), "baseline": ("base_sum", "base_n")},
+        "tok_s_n",
     ),
     "multiplier": Metric(
         "tok/s multiplier (shadow: projected, prod: measured)",
         "x",
-        Q(action__in=SPECULATIVE_ACTIONS, multiplier__isnull=False),
+        SPECULATIVE_ACTIONS,
         "mode",
-        {"": Avg("multiplier")},
+        {"": ("mult_sum", "mult_n")},
+        "mult_n",
     ),
-    "requests": Metric("Requests seen by the stage", "requests", Q(), "action", {"": Count("id")}),
+    "requests": Metric("Requests seen by the stage", "requests", None, "action", {"": ("n", None)}, "n"),
 }
 
 
@@ -158,23 +120,26 @@ def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, 
     time_range = get_range(range_name)
     now = now or timezone.now()
     since = time_range.since(now)
-    group = ["bucket"] + ([spec.split_by] if spec.split_by else [])
-    aggregates = {f"v{i}": expr for i, expr in enumerate(spec.values.values())}
-    rows = (
-        StageRecord.objects.filter(spec.where, endpoint_id=endpoint_id, created_at__gte=since, created_at__lte=now)
-        .annotate(bucket=EpochBucket(F("created_at"), seconds=time_range.bucket_s))
-        .values(*group)
-        .annotate(n=Count("id"), **aggregates)
-        .order_by(*group)
+    totals = sums(
+        since=since,
+        until=now,
+        group=[spec.split_by] if spec.split_by else [],
+        bucket_s=time_range.bucket_s,
+        endpoint_ids=[endpoint_id],
+        actions=spec.actions,
     )
     series: dict[str, dict] = {}
-    for row in rows:  # one row per (bucket, series): at most a few hundred
-        for i, suffix in enumerate(spec.values):
-            name = "-".join(part for part in (row.get(spec.split_by) if spec.split_by else "", suffix) if part)
+    for key in sorted(totals):  # (bucket[, split]) -> sums: one per chart point
+        row = totals[key]
+        if not row[spec.count]:
+            continue
+        for suffix, (numerator, denominator) in spec.values.items():
+            name = "-".join(part for part in (key[1] if spec.split_by else "", suffix) if part)
+            value = row[numerator] if denominator is None else ratio(row[numerator], row[denominator])
             entry = series.setdefault(name, {"name": name or metric, "t": [], "y": [], "n": []})
-            entry["t"].append(_iso(row["bucket"]))
-            entry["y"].append(_round(row[f"v{i}"]))
-            entry["n"].append(row["n"])
+            entry["t"].append(_iso(key[0]))
+            entry["y"].append(None if value is None else round(float(value), 4))
+            entry["n"].append(int(row[spec.count]))
     return {
         "endpoint": endpoint_id,
         "metric": metric,
@@ -220,47 +185,44 @@ def _pair(value: Any) -> str:
 # --- distributions ------------------------------------------------------------------------------------
 
 
-def _json_index(field: str, index: int) -> Any:
-    return Cast(KT(f"{field}__{index}"), FloatField())
-
-
 def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
-    """Per mode: acceptance at draft positions 1..MAX_K, i.e. the sum over records of accepted draft tokens
-    at position i divided by the sum of verification steps that drafted position i (records' per-position
-    lists hold counts). Positions no record drafted are None."""
-    until = until or timezone.now()
-    aggregates = {f"a{i}": Sum(_json_index("per_position_acceptance", i)) for i in range(MAX_K)}
-    rows = (
-        StageRecord.objects.filter(_spec, endpoint_id=endpoint_id, created_at__gte=since, created_at__lte=until)
-        .values("mode")
-        .annotate(steps=Sum("target_passes"), **aggregates)
-        .order_by("mode")
+    """Per mode: acceptance at draft positions 1..MAX_K = accepted draft tokens at position i summed over
+    records / verification steps summed over records. Positions no record reached are None."""
+    totals = sums(
+        since=since,
+        until=until or timezone.now(),
+        group=["mode"],
+        endpoint_ids=[endpoint_id],
+        actions=SPECULATIVE_ACTIONS,
     )
     result: dict[str, list] = {}
-    for row in rows:
-        steps = row["steps"] or 0
-        result[row["mode"]] = [
-            None if row[f"a{i}"] is None or not steps else _round(row[f"a{i}"] / steps) for i in range(MAX_K)
-        ]
+    for (mode,), row in sorted(totals.items()):
+        if not row["n_spec"]:
+            continue
+        # positions drafted: up to the mean K, or further where a position was accepted
+        reached = [i for i in range(1, MAX_K + 1) if row[f"p{i}"]]
+        depth = max(math.ceil(row["k_sum"] / row["k_n"]) if row["k_n"] else 1, max(reached, default=0))
+        result[mode] = [ratio(row[f"p{i}"], row["passes"]) if i <= depth else None for i in range(1, MAX_K + 1)]
     return result
 
 
 def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
     """Per mode: how many verification steps accepted 0, 1, ..., MAX_K draft tokens (summed lists)."""
-    until = until or timezone.now()
-    aggregates = {f"h{i}": Sum(_json_index("accepted_length_hist", i)) for i in range(MAX_K + 1)}
-    rows = (
-        StageRecord.objects.filter(_spec, endpoint_id=endpoint_id, created_at__gte=since, created_at__lte=until)
-        .values("mode")
-        .annotate(**aggregates)
-        .order_by("mode")
+    totals = sums(
+        since=since,
+        until=until or timezone.now(),
+        group=["mode"],
+        endpoint_ids=[endpoint_id],
+        actions=SPECULATIVE_ACTIONS,
     )
     result: dict[str, list] = {}
-    for row in rows:
-        counts = [int(row[f"h{i}"] or 0) for i in range(MAX_K + 1)]
+    for (mode,), row in sorted(totals.items()):
+        if not row["n_spec"]:
+            continue
+        counts = [int(row[f"h{i}"]) for i in range(MAX_K + 1)]
         while counts and counts[-1] == 0:
             counts.pop()
-        result[row["mode"]] = counts
+        result[mode] = counts
     return result
 
 
@@ -269,64 +231,60 @@ def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datet
 SUMMARY_WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 
 
-def _window_aggregates(prefix: str, window: Q) -> dict[str, Any]:
-    spec = window & _spec
-    prod = window & Q(action=Action.SPECULATED)
-    shadow = window & Q(action=Action.WOULD_SPECULATE)
+def _window_summary(by_action: dict[str, dict[str, float]]) -> dict[str, Any]:
+    def total(column: str, actions: tuple[str, ...] | None = None) -> float:
+        return sum(row[column] for action, row in by_action.items() if actions is None or action in actions)
+
+    prod, shadow = (Action.SPECULATED,), (Action.WOULD_SPECULATE,)
     return {
-        f"{prefix}requests": Count("id", filter=window),
-        f"{prefix}speculated": Count("id", filter=prod),
-        f"{prefix}shadowed": Count("id", filter=shadow),
-        f"{prefix}skipped": Count("id", filter=window & Q(action=Action.SKIPPED)),
-        f"{prefix}fell_back": Count("id", filter=window & Q(action=Action.FELL_BACK)),
-        f"{prefix}acceptance_rate": _ratio(Sum("accepted_tokens", filter=spec), Sum("drafted_tokens", filter=spec)),
-        f"{prefix}alpha": Avg("alpha", filter=spec),
-        f"{prefix}multiplier": Avg("multiplier", filter=prod),
-        f"{prefix}projected_multiplier": Avg("multiplier", filter=shadow),
-        f"{prefix}tok_s": Avg("tok_s", filter=prod),
-        f"{prefix}baseline_tok_s": Avg("baseline_tok_s", filter=prod),
+        "requests": int(total("n")),
+        "speculated": int(total("n", prod)),
+        "shadowed": int(total("n", shadow)),
+        "skipped": int(total("n", (Action.SKIPPED,))),
+        "fell_back": int(total("n", (Action.FELL_BACK,))),
+        "acceptance_rate": ratio(total("accepted", SPECULATIVE_ACTIONS), total("drafted", SPECULATIVE_ACTIONS)),
+        "alpha": ratio(total("alpha_sum", SPECULATIVE_ACTIONS), total("alpha_n", SPECULATIVE_ACTIONS)),
+        "multiplier": ratio(total("mult_sum", prod), total("mult_n", prod)),
+        "projected_multiplier": ratio(total("mult_sum", shadow), total("mult_n", shadow)),
+        "tok_s": ratio(total("tok_s_sum", prod), total("tok_s_n", prod)),
+        "baseline_tok_s": ratio(total("base_sum", prod), total("base_n", prod)),
     }
 
 
 def fleet_summary(*, endpoint_ids: list[int] | None = None, now: datetime | None = None) -> dict[int, dict]:
     """For each endpoint with records in the last day: {"hour": {...}, "day": {...}} with request counts
     per action, acceptance rate, alpha, measured (prod) and projected (shadow) multiplier, tok/s and
-    baseline tok/s. One grouped query for the whole fleet."""
+    baseline tok/s."""
     now = now or timezone.now()
-    aggregates: dict[str, Any] = {}
+    per_endpoint: dict[int, dict[str, dict]] = {}
     for name, span in SUMMARY_WINDOWS.items():
-        aggregates |= _window_aggregates(f"{name}__", Q(created_at__gte=now - span))
-    qs = StageRecord.objects.filter(created_at__gte=now - max(SUMMARY_WINDOWS.values()), created_at__lte=now)
-    if endpoint_ids is not None:
-        qs = qs.filter(endpoint_id__in=endpoint_ids)
-    summary: dict[int, dict] = {}
-    for row in qs.values("endpoint_id").annotate(**aggregates).order_by("endpoint_id"):
-        per_window: dict[str, dict] = {name: {} for name in SUMMARY_WINDOWS}
-        for key, value in row.items():
-            if "__" in key:
-                window, field = key.split("__", 1)
-                per_window[window][field] = _round(value) if isinstance(value, float) else value
-        summary[row["endpoint_id"]] = per_window
-    return summary
+        totals = sums(since=now - span, until=now, group=["endpoint_id", "action"], endpoint_ids=endpoint_ids)
+        for (endpoint_id, action), row in totals.items():
+            per_endpoint.setdefault(endpoint_id, {w: {} for w in SUMMARY_WINDOWS})[name][action] = row
+    return {
+        endpoint_id: {name: _window_summary(by_action) for name, by_action in windows.items()}
+        for endpoint_id, windows in sorted(per_endpoint.items())
+    }
 
 
 def measured_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict:
     """What shadow measured over a window: records, drafted/accepted tokens, acceptance rate, mean alpha,
-    mean E[N], mean projected multiplier and the K the measurements used."""
-    until = until or timezone.now()
-    row = StageRecord.objects.filter(
-        _spec, action=Action.WOULD_SPECULATE, endpoint_id=endpoint_id, created_at__gte=since, created_at__lte=until
-    ).aggregate(
-        records=Count("id"),
-        drafted=Sum("drafted_tokens"),
-        accepted=Sum("accepted_tokens"),
-        acceptance_rate=_ratio(Sum("accepted_tokens"), Sum("drafted_tokens")),
-        alpha=Avg("alpha"),
-        mean_accepted_len=Avg("mean_accepted_len"),
-        projected_multiplier=Avg("multiplier"),
-        k=Avg("k"),
+    mean E[N], mean projected multiplier and the mean K the measurements used."""
+    totals = sums(
+        since=since, until=until or timezone.now(), endpoint_ids=[endpoint_id], actions=(Action.WOULD_SPECULATE,)
     )
-    return {key: _round(value) if isinstance(value, float) else value for key, value in row.items()}
+    row = totals.get((), {})
+    get = row.get
+    return {
+        "records": int(get("n_spec", 0)),
+        "drafted": int(get("drafted", 0)),
+        "accepted": int(get("accepted", 0)),
+        "acceptance_rate": ratio(get("accepted", 0), get("drafted", 0)),
+        "alpha": ratio(get("alpha_sum", 0), get("alpha_n", 0)),
+        "mean_accepted_len": ratio(get("mal_sum", 0), get("mal_n", 0)),
+        "projected_multiplier": ratio(get("mult_sum", 0), get("mult_n", 0)),
+        "k": ratio(get("k_sum", 0), get("k_n", 0)),
+    }
 
 
 # --- records table ------------------------------------------------------------------------------------
