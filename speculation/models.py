@@ -133,8 +133,8 @@ class StageRollup(models.Model):
     """Stage records summed per endpoint, minute, mode and action (speculation.rollups keeps it filled).
 
     Only sums and counts, so buckets add up to any coarser bucket; the charts read these rows plus the raw
-    records of the last minutes that are not rolled up yet. Per-position and histogram lists are summed
-    index by index into p1..p8 and h0..h8.
+    records of the last minutes that are not rolled up yet. p1..p8: per-position acceptance rate times
+    target passes, summed (the passes-weighted rate is p_i / passes); h0..h8: accepted-length histogram.
     """
 
     endpoint = models.ForeignKey(Endpoint, related_name="stage_rollups", on_delete=models.CASCADE)
@@ -158,14 +158,14 @@ class StageRollup(models.Model):
     tok_s_n = models.PositiveIntegerField(default=0)
     base_sum = models.FloatField(default=0.0)
     base_n = models.PositiveIntegerField(default=0)
-    p1 = models.BigIntegerField(default=0)
-    p2 = models.BigIntegerField(default=0)
-    p3 = models.BigIntegerField(default=0)
-    p4 = models.BigIntegerField(default=0)
-    p5 = models.BigIntegerField(default=0)
-    p6 = models.BigIntegerField(default=0)
-    p7 = models.BigIntegerField(default=0)
-    p8 = models.BigIntegerField(default=0)
+    p1 = models.FloatField(default=0.0)
+    p2 = models.FloatField(default=0.0)
+    p3 = models.FloatField(default=0.0)
+    p4 = models.FloatField(default=0.0)
+    p5 = models.FloatField(default=0.0)
+    p6 = models.FloatField(default=0.0)
+    p7 = models.FloatField(default=0.0)
+    p8 = models.FloatField(default=0.0)
     h0 = models.BigIntegerField(default=0)
     h1 = models.BigIntegerField(default=0)
     h2 = models.BigIntegerField(default=0)

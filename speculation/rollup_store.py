@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import NotSupportedError, transaction
-from django.db.models import Count, FloatField, Func, IntegerField, Q, Sum
+from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -88,8 +88,8 @@ def _raw_columns() -> dict[str, Any]:
         "base_sum": Sum("baseline_tok_s"),
         "base_n": Count("baseline_tok_s"),
     }
-    for i in range(MAX_K):
-        columns[f"p{i + 1}"] = Sum(_json_index("per_position_acceptance", i), filter=SPEC)
+    for i in range(MAX_K):  # records hold per-position rates; weight each by the record's verification steps
+        columns[f"p{i + 1}"] = Sum(_json_index("per_position_acceptance", i) * F("target_passes"), filter=SPEC)
     for i in range(MAX_K + 1):
         columns[f"h{i}"] = Sum(_json_index("accepted_length_hist", i), filter=SPEC)
     return columns
@@ -97,7 +97,7 @@ def _raw_columns() -> dict[str, Any]:
 
 RAW_COLUMNS = _raw_columns()
 COLUMNS = tuple(RAW_COLUMNS)
-_INT_COLUMNS = {c for c in COLUMNS if not c.endswith("_sum") or c == "k_sum"}
+_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith("_sum") and c != "k_sum"} | {f"p{i + 1}" for i in range(MAX_K)}
 
 
 def _floor(moment: datetime, seconds: int = ROLLUP_SECONDS) -> datetime:
@@ -156,7 +156,7 @@ def refresh_rollups(*, now: datetime | None = None) -> int:
 def _value(column: str, value: Any) -> Any:
     if value is None:
         return 0
-    return int(round(value)) if column in _INT_COLUMNS else float(value)
+    return float(value) if column in _FLOAT_COLUMNS else int(round(value))
 
 
 def rebuild_rollups() -> int:

@@ -6,8 +6,9 @@ pre-summed rows at most and never loops over records in Python (see `manage.py b
 
 Metric names (ANCHORS section 1): `acceptance_rate` is accepted / drafted draft tokens (vLLM's "draft
 acceptance rate"), `alpha` is the per-position acceptance probability, `mean_accepted_len` is tokens
-per verification step with the bonus token (E[N], EAGLE's tau). Per-position acceptance is accepted
-draft tokens at position i over verification steps (records' per-position lists hold counts).
+per verification step with the bonus token (E[N], EAGLE's tau). Per-position acceptance: each record
+holds the rate at which draft position i was accepted; records are pooled weighted by their verification
+steps (target_passes).
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def _pair(value: Any) -> str:
 
 
 def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
-    """Per mode: acceptance at draft positions 1..MAX_K = accepted draft tokens at position i summed over
-    records / verification steps summed over records. Positions no record reached are None."""
+    """Per mode: acceptance rate at draft positions 1..MAX_K, the records' per-position rates weighted by
+    their verification steps (sum of rate_i * passes / sum of passes). Positions beyond K are None."""
     totals = sums(
         since=since,
         until=until or timezone.now(),

@@ -122,7 +122,7 @@ def test_mode_toggle_ignores_an_offsite_next(client_in, endpoint):
 
 def test_endpoint_page_embeds_chart_data_and_paginates_records(client_in, endpoint):
     SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
-    add_records(endpoint, 30, per_position_acceptance=[2, 1], target_passes=2, accepted_length_hist=[0, 1, 1])
+    add_records(endpoint, 30, per_position_acceptance=[1.0, 0.5], target_passes=2, accepted_length_hist=[0, 1, 1])
 
     response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
 

@@ -34,7 +34,7 @@ def records_at(endpoint: Endpoint, ages: list[timedelta]) -> None:
             k=5,
             alpha=0.1 * (i % 10),
             multiplier=1.0 + i / 100,
-            per_position_acceptance=[i % 3, 1],
+            per_position_acceptance=[(i % 3) / 3, 1.0],
             accepted_length_hist=[1, i % 4],
         )
         StageRecord.objects.filter(pk=record.pk).update(created_at=now - age)
@@ -80,7 +80,9 @@ def test_json_lists_are_summed_into_columns(endpoint):
     rollup_store.refresh_rollups()
 
     (row,) = StageRollup.objects.all()
-    assert (row.n, row.p1, row.p2, row.p3, row.h0, row.h1, row.h2) == (3, 0 + 1 + 2, 3, 0, 3, 0 + 1 + 2, 0)
+    assert (row.n, row.h0, row.h1, row.h2) == (3, 3, 0 + 1 + 2, 0)
+    # rates (0, 1/3, 2/3) and (1, 1, 1) times 3 passes each
+    assert (row.p1, row.p2, row.p3) == (pytest.approx(3.0), pytest.approx(9.0), 0.0)
     assert (row.drafted, row.accepted, row.passes) == (33, 3, 9)
 
 

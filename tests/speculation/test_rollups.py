@@ -127,12 +127,12 @@ def test_policy_changes_in_range_are_change_points_oldest_first(endpoint):
     assert [p["summary"] for p in data["change_points"]] == ["mode: off -> shadow", "k: 5 -> 4, mode: shadow -> prod"]
 
 
-def test_per_position_acceptance_sums_counts_over_steps(endpoint):
+def test_per_position_acceptance_pools_record_rates_weighted_by_steps(endpoint):
     at = NOW - timedelta(minutes=5)
-    # 4 steps accepting position 1 three times, position 2 once; 6 steps: 6, 3, 3
-    shadow(endpoint, at, drafted=12, accepted=4, k=3, target_passes=4, per_position_acceptance=[3, 1, 0])
-    shadow(endpoint, at, drafted=18, accepted=12, k=3, target_passes=6, per_position_acceptance=[6, 3, 3])
-    prod(endpoint, at, drafted=4, accepted=2, k=2, target_passes=2, per_position_acceptance=[2, 0])
+    # per-record rates: 4 steps accepting position 1 three times, position 2 once; 6 steps: 6, 3, 3 times
+    shadow(endpoint, at, drafted=12, accepted=4, k=3, target_passes=4, per_position_acceptance=[0.75, 0.25, 0.0])
+    shadow(endpoint, at, drafted=18, accepted=12, k=3, target_passes=6, per_position_acceptance=[1.0, 0.5, 0.5])
+    prod(endpoint, at, drafted=4, accepted=2, k=2, target_passes=2, per_position_acceptance=[1.0, 0.0])
 
     data = rollups.per_position_acceptance(endpoint_id=endpoint.pk, since=NOW - timedelta(hours=1), until=NOW)
 

@@ -89,7 +89,7 @@ def _record(endpoint: Endpoint, i: int, now: Any, rng: random.Random) -> StageRe
         drafted_tokens=passes * k,
         accepted_tokens=accepted,
         target_passes=passes,
-        per_position_acceptance=per_pos,
+        per_position_acceptance=[count / passes for count in per_pos],
         accepted_length_hist=hist,
         acceptance_rate=accepted / (passes * k),
         alpha=0.7,
