@@ -174,6 +174,7 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (a background job)
     try:
         return launcher.run()
     except KeyboardInterrupt:
