@@ -13,6 +13,7 @@ Every test session gets its own SQLite test database file, so engineers and CI r
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,7 +210,8 @@ def http_stub():
                     self.send_header(key, value)
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (timeouts)
+                    self.wfile.write(body)
 
             do_GET = do_POST = _handle  # noqa: N815 - http.server's naming
 

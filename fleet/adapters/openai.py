@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 # Token ids used to test token-id prompts when the server cannot tokenize the canary for us: small ids exist in
 # every vocabulary.
 FALLBACK_TOKEN_IDS = [10, 11, 12, 13, 14, 15, 16, 17]
+# A slow server must not hold a worker for minutes: optional steps stop once this many timeouts have passed.
+PROBE_BUDGET_TIMEOUTS = 4
 
 
 def empty_capabilities(kind: str) -> dict[str, Any]:
@@ -87,7 +89,12 @@ class OpenAICompatibleAdapter:
                 if not run_step("models", self.discover_models, client, report.capabilities, report):
                     report.fatal = _as_error(report.errors[-1])
                     return report
+                deadline = time.monotonic() + PROBE_BUDGET_TIMEOUTS * self.timeout_s
                 for name, step in self.optional_steps():
+                    if time.monotonic() > deadline:
+                        message = f"skipped: the probe's time budget ({PROBE_BUDGET_TIMEOUTS} x timeout) is spent"
+                        report.errors.append(ProbeError(FailureKind.TIMEOUT, message).as_record(name))
+                        continue
                     run_step(name, step, client, report.capabilities, report)
         except Exception as exc:  # never crash the worker: record it and keep the trace in the log
             logger.exception("probe of %s failed unexpectedly", self.base_url)
