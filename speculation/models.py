@@ -129,6 +129,7 @@ class StageRecord(models.Model):
     def __str__(self) -> str:
         return f"{self.request_id}: {self.mode}/{self.action}"
 
+
 class StageRollup(models.Model):
     """Stage records summed per endpoint, minute, mode and action (speculation.rollups keeps it filled).
 
@@ -188,3 +189,52 @@ class RollupState(models.Model):
 
     name = models.CharField(max_length=32, unique=True)
     rolled_until = models.DateTimeField(null=True, blank=True)
+
+
+class TrainingStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class TrainingRun(models.Model):
+    """One EAGLE head training run: its inputs, progress (polled by the dashboard) and the head it registered.
+
+    `log` holds one entry per finished epoch: {"epoch", "loss", "feature_loss", "token_loss", "alpha",
+    "mean_accepted_len", "seconds"}; the run resumes from the checkpoint in `out_dir` after a crash.
+    """
+
+    name = models.SlugField(max_length=64)
+    target_dir = models.CharField(max_length=1000)
+    target_name = models.CharField(max_length=255, blank=True, default="")
+    out_dir = models.CharField(max_length=1000)
+    prompts = models.CharField(max_length=1000, blank=True, default="", help_text="spec_bench or a prompt file")
+    node_class = models.SlugField(max_length=64, default="cpu")
+    seed = models.IntegerField(default=0)
+    epochs = models.PositiveIntegerField(default=4)
+    config = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=8, choices=TrainingStatus.choices, default=TrainingStatus.QUEUED)
+    stage = models.CharField(max_length=32, blank=True, default="")
+    epoch = models.PositiveIntegerField(default=0)
+    loss = models.FloatField(null=True, blank=True)
+    # Greedy acceptance of the head on held-out prompts: alpha per position and tokens per verification step.
+    alpha = models.FloatField(null=True, blank=True)
+    mean_accepted_len = models.FloatField(null=True, blank=True)
+    log = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True, default="")
+    draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"training {self.name}: {self.status} epoch {self.epoch}/{self.epochs}"
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.epoch / self.epochs) if self.epochs else 0.0

@@ -1,0 +1,109 @@
+"""Collect the target's features: its greedy continuation of each prompt and its last hidden state everywhere.
+
+Training on the target's own continuations (not on fixed text) shows the head the sequences it will draft
+for at inference time. Features are the final-norm output of the target's last layer, which is what its LM
+head reads (and what vLLM hands an EAGLE head).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from speculation.eagle.prompts import Prompt
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Sequences:
+    """Token ids [T] and features [T, H] per sequence; tokens[:prompt_len] is the prompt."""
+
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    features: list[torch.Tensor] = field(default_factory=list)
+    prompt_lens: list[int] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(t.numel() for t in self.tokens)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.__dict__, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sequences:
+        return cls(**torch.load(path, weights_only=True))
+
+
+def load_target(target_dir: Path, device: str = "cpu"):
+    """The target as a transformers Llama in float32, with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).to(device).eval()
+    return model, tokenizer
+
+
+def target_weights(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding [V, H] and LM head [V, H] (the head reuses both, never trains them)."""
+    return model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+
+
+@torch.no_grad()
+def collect(
+    model,
+    tokenizer,
+    prompts: list[Prompt],
+    *,
+    max_prompt_tokens: int = 64,
+    new_tokens: int = 64,
+    batch_size: int = 16,
+    progress=None,
+) -> Sequences:
+    """Greedy-continue each prompt with the target (batched, left padded), then record its features."""
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = tokenizer.eos_token_id
+    out = Sequences()
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"][-max_prompt_tokens:] for p in chunk]
+        width = max(len(ids) for ids in encoded)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, seq in enumerate(encoded):  # left padding: every prompt ends at the same column
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        generated = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )[:, width:].cpu()
+        sequences = []
+        for row, seq in enumerate(encoded):
+            continuation = generated[row].tolist()
+            if eos_id in continuation:
+                continuation = continuation[: continuation.index(eos_id) + 1]
+            sequences.append(torch.tensor(seq + continuation, dtype=torch.long))
+        for prompt, seq, prompt_ids in zip(chunk, sequences, encoded, strict=True):
+            hidden = model.model(input_ids=seq[None].to(device)).last_hidden_state[0].cpu()  # [T, H]
+            out.tokens.append(seq)
+            out.features.append(hidden)
+            out.prompt_lens.append(len(prompt_ids))
+            out.categories.append(prompt.category)
+        if progress is not None:
+            progress(min(start + batch_size, len(prompts)), len(prompts))
+    logger.info("collected %d sequences, %d tokens", len(out), out.total_tokens)
+    return out

@@ -1,0 +1,143 @@
+"""The EAGLE training pipeline, free of Django: prompts -> target features -> trained head -> saved directory.
+
+Work files (collected features, the per-epoch checkpoint) live in `<out>/_work/`, so running the same
+pipeline again with the same out directory resumes where it stopped. The head itself is written to
+`<out>/` (config.json + model.safetensors + the target's tokenizer files), servable by vLLM as an EAGLE head.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from speculation.eagle.collect import Sequences, collect, load_target, target_weights
+from speculation.eagle.prompts import read_prompts, split_prompts
+from speculation.eagle.train import EpochReport, TrainSettings, train_head
+from speculation.engine.eagle import EagleConfig, EagleHead, param_count
+
+logger = logging.getLogger(__name__)
+
+WORK = "_work"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    prompts: str = "spec_bench"
+    max_prompts: int = 0  # 0: all
+    held_out: float = 0.15
+    max_prompt_tokens: int = 64
+    new_tokens: int = 64
+    intermediate_size: int = 0  # 0: the target's
+    train: TrainSettings = field(default_factory=TrainSettings)
+
+    def collect_key(self) -> dict:
+        keys = ("prompts", "max_prompts", "held_out", "max_prompt_tokens", "new_tokens")
+        return {**{k: getattr(self, k) for k in keys}, "seed": self.train.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PipelineSettings:
+        data = dict(data)
+        train = TrainSettings(**data.pop("train", {}))
+        return cls(train=train, **data)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PipelineResult:
+    head_dir: Path
+    reports: list[EpochReport]
+    param_count: int
+    train_sequences: int
+    held_out_sequences: int
+    train_tokens: int
+
+
+class Progress:
+    """Callbacks the pipeline reports through (the CLI prints, the Celery task writes the TrainingRun row)."""
+
+    def stage(self, name: str, detail: str = "") -> None:  # noqa: B027 - optional hook
+        pass
+
+    def epoch(self, report: EpochReport) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def _collected(
+    model, tokenizer, settings: PipelineSettings, work: Path, progress: Progress
+) -> tuple[Sequences, Sequences]:
+    """Collect features once; a restart with the same settings reuses the saved ones."""
+    key_file, train_file, test_file = work / "collect.json", work / "train.pt", work / "held_out.pt"
+    key = settings.collect_key()
+    if key_file.is_file() and json.loads(key_file.read_text()) == key and train_file.is_file() and test_file.is_file():
+        progress.stage("collect", "reusing collected features")
+        return Sequences.load(train_file), Sequences.load(test_file)
+    prompts = read_prompts(settings.prompts)
+    if settings.max_prompts:
+        prompts = prompts[: settings.max_prompts]
+    train_prompts, test_prompts = split_prompts(prompts, held_out=settings.held_out, seed=settings.train.seed)
+    progress.stage("collect", f"{len(train_prompts)} training and {len(test_prompts)} held-out prompts")
+
+    def report(done: int, total: int) -> None:
+        progress.stage("collect", f"{done}/{total} prompts")
+
+    options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens}
+    train = collect(model, tokenizer, train_prompts, progress=report, **options)
+    test = collect(model, tokenizer, test_prompts, progress=report, **options)
+    train.save(train_file)
+    test.save(test_file)
+    key_file.write_text(json.dumps(key))
+    return train, test
+
+
+def run_pipeline(
+    *, target_dir: Path, out_dir: Path, settings: PipelineSettings, target_name: str = "", progress: Progress
+) -> PipelineResult:
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    work = out_dir / WORK
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.train.seed)
+    progress.stage("load", f"target {target_dir}")
+    model, tokenizer = load_target(target_dir)
+    embed, lm_head = target_weights(model)
+    train, held_out = _collected(model, tokenizer, settings, work, progress)
+    config = EagleConfig.for_target(
+        target_dir, target_name=target_name, intermediate_size=settings.intermediate_size or None
+    )
+    head = EagleHead(config)
+    progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens")
+    reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work, on_epoch=progress.epoch)
+    progress.stage("save", str(out_dir))
+    last = reports[-1]
+    head.save(
+        out_dir,
+        extra={
+            "trained": {
+                "epochs": last.epochs,
+                "seed": settings.train.seed,
+                "alpha": last.alpha,
+                "mean_accepted_len": last.mean_accepted_len,
+                "eval_k": settings.train.eval_k,
+                "train_tokens": train.total_tokens,
+                "prompts": settings.prompts,
+            }
+        },
+    )
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copyfile(target_dir / name, out_dir / name)
+    return PipelineResult(
+        head_dir=out_dir,
+        reports=reports,
+        param_count=param_count(head),
+        train_sequences=len(train),
+        held_out_sequences=len(held_out),
+        train_tokens=train.total_tokens,
+    )

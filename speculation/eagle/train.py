@@ -1,0 +1,194 @@
+"""Train an EAGLE head on collected target features: feature regression + token cross-entropy (EAGLE-1).
+
+Loss per position i (EAGLE paper, section 4): SmoothL1(g_{i+1}, f_{i+1}) + w_token * CE(p_{i+1}, q_{i+1}),
+where p is the target's distribution LM_head(f_{i+1}) and q = LM_head(g_{i+1}) the head's. Input features get
+small uniform noise, as in the paper, so the head tolerates its own prediction errors when drafting.
+
+Deterministic with a seed (every random draw goes through a generator seeded from (seed, epoch)) and
+resumable: a checkpoint is written atomically after each epoch and a restart continues from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from speculation.eagle.collect import Sequences
+from speculation.eagle.evaluate import replay
+from speculation.engine.eagle import EagleHead, init_weights
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int = 4
+    lr: float = 2e-3
+    batch_size: int = 8
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    noise: float = 0.1  # uniform noise amplitude on input features, relative to their RMS
+    grad_clip: float = 0.5
+    warmup_steps: int = 20
+    eval_k: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    epoch: int
+    epochs: int
+    loss: float
+    feature_loss: float
+    token_loss: float
+    alpha: float
+    mean_accepted_len: float
+    acceptance_rate: float
+    seconds: float
+    categories: dict
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("loss", "feature_loss", "token_loss", "seconds"):
+            out[key] = round(out[key], 5)
+        return out
+
+
+class TrainingInterrupted(RuntimeError):
+    """Raised by a progress callback to stop after a checkpoint (tests simulate a crash with it)."""
+
+
+def _batches(data: Sequences, order: list[int], batch_size: int):
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = max(data.tokens[r].numel() for r in rows)
+        hidden = data.features[rows[0]].shape[-1]
+        tokens = torch.zeros((len(rows), width), dtype=torch.long)
+        features = torch.zeros((len(rows), width, hidden))
+        valid = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            n = data.tokens[r].numel()
+            tokens[i, :n] = data.tokens[r]
+            features[i, :n] = data.features[r]
+            valid[i, : n - 1] = True
+        yield tokens, features, valid
+
+
+def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: TrainSettings, generator=None):
+    """(total, feature, token) losses of one batch; tokens [B, T], features [B, T, H], valid [B, T-1]."""
+    inputs = features[:, :-1]  # f_i
+    if generator is not None and settings.noise > 0:
+        scale = settings.noise * inputs.pow(2).mean().sqrt()
+        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * scale
+    target = features[:, 1:]  # f_{i+1}
+    predicted = head(inputs, F.embedding(tokens[:, 1:], embed))  # g_{i+1}  [B, T-1, H]
+    count = valid.sum().clamp(min=1)
+    feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * valid).sum() / count
+    with torch.no_grad():
+        p = F.softmax(target @ lm_head.T, dim=-1)  # [B, T-1, V]
+    log_q = F.log_softmax(predicted @ lm_head.T, dim=-1)
+    token_loss = (-(p * log_q).sum(-1) * valid).sum() / count
+    return settings.feature_weight * feature_loss + settings.token_weight * token_loss, feature_loss, token_loss
+
+
+def _schedule(settings: TrainSettings, total_steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < settings.warmup_steps:
+            return (step + 1) / settings.warmup_steps
+        progress = (step - settings.warmup_steps) / max(1, total_steps - settings.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def train_head(
+    head: EagleHead,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    train: Sequences,
+    held_out: Sequences,
+    settings: TrainSettings,
+    *,
+    work_dir: Path,
+    on_epoch: Callable[[EpochReport], None] | None = None,
+) -> list[EpochReport]:
+    """Train (or resume training) the head; returns the report of every epoch, resumed ones included."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(settings, steps_per_epoch * settings.epochs))
+    reports: list[EpochReport] = []
+    first_epoch = 1
+    checkpoint = work_dir / CHECKPOINT
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["settings"] != asdict(settings):
+            raise ValueError(f"{checkpoint} was written with other settings: {state['settings']}; use a new --out")
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        reports = [EpochReport(**r) for r in state["reports"]]
+        first_epoch = state["epoch"] + 1
+        logger.info("resuming from %s after epoch %d", checkpoint, state["epoch"])
+    else:
+        init_weights(head, torch.Generator().manual_seed(settings.seed))
+    for epoch in range(first_epoch, settings.epochs + 1):
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(settings.seed * 1000 + epoch)
+        order = torch.randperm(len(train), generator=generator).tolist()
+        head.train()
+        sums = torch.zeros(3)
+        for tokens, features, valid in _batches(train, order, settings.batch_size):
+            loss, feature_loss, token_loss = losses(head, embed, lm_head, tokens, features, valid, settings, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            sums += torch.tensor([loss.item(), feature_loss.item(), token_loss.item()])
+        means = (sums / steps_per_epoch).tolist()
+        pooled, by_category = replay(head, embed, lm_head, held_out, k=settings.eval_k)
+        report = EpochReport(
+            epoch=epoch,
+            epochs=settings.epochs,
+            loss=means[0],
+            feature_loss=means[1],
+            token_loss=means[2],
+            alpha=round(pooled.alpha, 4),
+            mean_accepted_len=round(pooled.mean_accepted_len, 4),
+            acceptance_rate=round(pooled.acceptance_rate, 4),
+            seconds=time.perf_counter() - started,
+            categories={name: stats.as_dict() for name, stats in sorted(by_category.items())},
+        )
+        reports.append(report)
+        _save_checkpoint(checkpoint, head, optimizer, scheduler, epoch, reports, settings)
+        logger.info("epoch %d/%d loss %.4f alpha %.3f tau %.3f", epoch, settings.epochs, report.loss,
+                    report.alpha, report.mean_accepted_len)  # fmt: skip
+        if on_epoch is not None:
+            on_epoch(report)
+    return reports
+
+
+def _save_checkpoint(path: Path, head, optimizer, scheduler, epoch: int, reports, settings: TrainSettings) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "epoch": epoch,
+            "head": head.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "reports": [asdict(r) for r in reports],
+            "settings": asdict(settings),
+        },
+        tmp,
+    )
+    tmp.replace(path)

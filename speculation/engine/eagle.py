@@ -1,0 +1,468 @@
+"""EAGLE-1 draft head (Li et al., 2024, arXiv 2401.15077): drafting in the target's feature space.
+
+The head reads, at each position i, the target's last hidden feature f_i (after the final norm) and the
+embedding of the next token x_{i+1}, and predicts the next feature f_{i+1}:
+
+    g_{i+1} = layer(fc([embed(x_{i+1}), f_i]))          # one Llama decoder layer, input norm = identity
+
+The target's own LM head turns g_{i+1} into draft logits for x_{i+2}. Drafting K tokens is K steps of the
+head in feature space, each feeding its own predicted feature back in. The weights follow vLLM's EAGLE-1
+Llama layout (`fc.weight`, `layers.0.*`, no embedding and no LM head: both are the target's), so the saved
+directory also runs natively in vLLM with `method: "eagle"`.
+
+Saved as a small Hugging Face-style directory: config.json (a one-layer Llama config plus `ace_eagle`,
+naming the target it was trained for and that target's fingerprint) and model.safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from speculation.engine.errors import SpecDecodeError, VocabMismatchError
+from speculation.engine.model import Block, KVCache, ModelArgs, Transformer, rope_tables
+from speculation.engine.proposers import Proposal
+from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# The fingerprint reads the target's config and a fixed sample of its weight bytes: constant time for any size.
+_FINGERPRINT_SAMPLES = 16
+_FINGERPRINT_CHUNK = 1 << 16
+
+
+class EagleHeadError(SpecDecodeError):
+    """An EAGLE head directory is malformed, or was trained for another target."""
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    target_name: str = ""
+    target_fingerprint: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def model_args(self) -> ModelArgs:
+        return ModelArgs(
+            vocab_size=self.vocab_size,
+            dim=self.hidden_size,
+            n_layers=1,
+            n_heads=self.num_attention_heads,
+            n_kv_heads=self.num_key_value_heads,
+            intermediate_size=self.intermediate_size,
+            max_positions=self.max_position_embeddings,
+            norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+        )
+
+    @classmethod
+    def for_target(cls, target_dir: Path, *, target_name: str = "", intermediate_size: int | None = None):
+        """A head shaped for the target in target_dir (HF Llama config.json)."""
+        config = json.loads((Path(target_dir) / CONFIG_FILE).read_text())
+        heads = config["num_attention_heads"]
+        return cls(
+            hidden_size=config["hidden_size"],
+            intermediate_size=intermediate_size or config["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-5),
+            rope_theta=config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            target_name=target_name or Path(target_dir).resolve().name,
+            target_fingerprint=target_fingerprint(target_dir),
+        )
+
+
+def target_fingerprint(target_dir: Path) -> str:
+    """sha256 over the target's shape config, its safetensors headers and a fixed sample of its weight bytes."""
+    target_dir = Path(target_dir)
+    config = json.loads((target_dir / CONFIG_FILE).read_text())
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings")  # fmt: skip
+    digest = hashlib.sha256(json.dumps({k: config.get(k) for k in keys}, sort_keys=True).encode())
+    files = sorted(target_dir.glob("*.safetensors"))
+    if not files:
+        raise EagleHeadError(f"{target_dir} holds no *.safetensors weights")
+    for file in files:
+        size = file.stat().st_size
+        with file.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            digest.update(fh.read(header_len))
+            for i in range(_FINGERPRINT_SAMPLES):
+                fh.seek(8 + header_len + (size - 8 - header_len) * i // _FINGERPRINT_SAMPLES)
+                digest.update(fh.read(_FINGERPRINT_CHUNK))
+    return digest.hexdigest()[:32]
+
+
+# --- the head --------------------------------------------------------------------------------------------------
+
+
+class _NoCache(nn.Module):
+    """Stands in for the KV cache while training: the whole (batched) sequence attends to itself."""
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+
+# Our layer names -> vLLM's EAGLE-1 Llama names; fused tensors split in order.
+_FUSED = {
+    "layers.0.attention.wqkv.weight": ("q_proj", "k_proj", "v_proj"),
+    "layers.0.feed_forward.w13.weight": ("gate_proj", "up_proj"),
+}
+_RENAMED = {
+    "fc.weight": "fc.weight",
+    "layers.0.attention.wo.weight": "layers.0.self_attn.o_proj.weight",
+    "layers.0.feed_forward.w2.weight": "layers.0.mlp.down_proj.weight",
+    "layers.0.ffn_norm.weight": "layers.0.post_attention_layernorm.weight",
+}
+
+
+def _hf_name(fused: str, part: str) -> str:
+    return f"layers.0.{'self_attn' if part.endswith(('q_proj', 'k_proj', 'v_proj')) else 'mlp'}.{part}.weight"
+
+
+class EagleHead(nn.Module):
+    """fc over [embedding, feature] and one engine decoder Block (its input norm the identity)."""
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.args = config.model_args()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        block = Block(self.args)
+        block.attention_norm = nn.Identity()
+        self.layers = nn.ModuleList([block])
+        cos, sin = rope_tables(self.args, torch.device("cpu"))
+        self.register_buffer("rope_cos", cos, persistent=False)  # [max_positions, D]
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.kv_cache: KVCache | None = None
+        self._no_cache = _NoCache()
+
+    def setup_cache(self, max_len: int) -> None:
+        param = self.fc.weight
+        a = self.args
+        self.kv_cache = KVCache(a.n_kv_heads, max_len, a.head_dim, param.dtype, param.device)
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, T, H]: target features f_i (or the head's own predictions)
+        embeds: torch.Tensor,  # [B, T, H]: embeddings of x_{i+1}
+        start: int = 0,
+        use_cache: bool = False,
+    ) -> torch.Tensor:  # [B, T, H]: predicted f_{i+1}
+        t = features.shape[1]
+        block = self.layers[0]
+        if use_cache:
+            if self.kv_cache is None:
+                raise EagleHeadError("call setup_cache() before drafting")
+            block.attention.cache = self.kv_cache
+        else:
+            block.attention.cache, start = self._no_cache, 0
+        mask = None
+        if t > 1:  # position start + i sees every cached position and the new ones up to itself
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=features.device).tril(diagonal=start)
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        return block(x, start, cos.to(x.dtype), sin.to(x.dtype), mask)
+
+    # --- save / load ---------------------------------------------------------------------------------------
+
+    def save(self, directory: Path, *, extra: dict | None = None) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        c = self.config
+        hf_config = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size,
+            "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "ace_eagle": {"format": FORMAT_VERSION, **asdict(c), **(extra or {})},
+        }
+        (directory / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        tensors = to_hf_tensors(self.state_dict())
+        save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        return directory
+
+    @classmethod
+    def load(cls, directory: Path, *, target_dir: Path | None = None, device: str | torch.device = "cpu") -> EagleHead:
+        """Load a head; with target_dir, refuse (EagleHeadError) a head trained for another target."""
+        config = read_head_config(directory)
+        if target_dir is not None:
+            check_target(config, target_dir)
+        head = cls(config)
+        try:
+            head.load_state_dict(from_hf_tensors(load_file(str(Path(directory) / WEIGHTS_FILE))))
+        except (RuntimeError, OSError, KeyError) as exc:
+            raise EagleHeadError(f"cannot load the head's weights from {directory}: {exc}") from exc
+        return head.to(device).eval()
+
+
+def to_hf_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our fused layer tensors -> vLLM's EAGLE-1 names (q/k/v and gate/up split)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach().to("cpu", torch.float32).contiguous()
+        if name in _FUSED:
+            parts = _FUSED[name]
+            sizes = _split_sizes(name, tensor, len(parts))
+            for part, piece in zip(parts, tensor.split(sizes), strict=True):
+                out[_hf_name(name, part)] = piece.contiguous()
+        else:
+            out[_RENAMED[name]] = tensor
+    return out
+
+
+def _split_sizes(name: str, tensor: torch.Tensor, n: int) -> list[int]:
+    if n == 2:
+        return [tensor.shape[0] // 2] * 2
+    kv = (tensor.shape[0] - tensor.shape[1]) // 2  # wqkv: [H + 2 * kv_dim, H]
+    return [tensor.shape[1], kv, kv]
+
+
+def from_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {ours: tensors[hf] for ours, hf in _RENAMED.items()}
+    for ours, parts in _FUSED.items():
+        out[ours] = torch.cat([tensors[_hf_name(ours, part)] for part in parts])
+    return out
+
+
+def read_head_config(directory: Path) -> EagleConfig:
+    path = Path(directory) / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text())["ace_eagle"]
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise EagleHeadError(f"{directory} is not an ACE EAGLE head directory (no ace_eagle in config.json)") from exc
+    if meta.get("format") != FORMAT_VERSION:
+        raise EagleHeadError(f"{directory}: head format {meta.get('format')} is not {FORMAT_VERSION}")
+    fields = EagleConfig.__dataclass_fields__
+    return EagleConfig(**{k: v for k, v in meta.items() if k in fields})
+
+
+def check_target(config: EagleConfig, target_dir: Path) -> None:
+    found = target_fingerprint(target_dir)
+    if found != config.target_fingerprint:
+        raise EagleHeadError(
+            f"this EAGLE head was trained for target {config.target_name!r} (fingerprint "
+            f"{config.target_fingerprint}), not for the target in {target_dir} (fingerprint {found}): "
+            "train a head for this target"
+        )
+
+
+def param_count(head: EagleHead) -> int:
+    return sum(p.numel() for p in head.parameters())
+
+
+def init_weights(head: EagleHead, generator: torch.Generator, std: float = 0.02) -> None:
+    """Seeded initialisation (normal(0, std), norms at 1); fc starts as [0, I] so the first g is close to f."""
+    h = head.config.hidden_size
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        head.fc.weight[:, h:] += torch.eye(h)
+        block = head.layers[0]
+        block.attention.wo.weight.mul_(1 / math.sqrt(2))
+        block.feed_forward.w2.weight.mul_(1 / math.sqrt(2))
+
+
+# --- drafting --------------------------------------------------------------------------------------------------
+
+
+class EagleDrafter:
+    """The head's drafting state for one sequence, fed with the target's true features as they arrive.
+
+    Position i of the head holds the pair (f_i, x_{i+1}). `observe` queues true pairs; `draft` feeds them
+    (one batched call), then runs K - 1 more single steps on its own predicted features. Speculative cache
+    entries past the true length are simply overwritten by the next `draft` (the cache is indexed by
+    position, so rolling back is moving `true_length`).
+    """
+
+    def __init__(self, head: EagleHead, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, max_len: int):
+        self.head = head
+        self.embed_weight = embed_weight  # [V, H], the target's
+        self.lm_head_weight = lm_head_weight  # [V, H], the target's
+        head.setup_cache(max_len)
+        self.max_len = max_len
+        self.true_length = 0  # cache positions holding true (target) pairs
+        self._features: list[torch.Tensor] = []
+        self._tokens: list[torch.Tensor] = []
+
+    def reset(self) -> None:
+        self.true_length = 0
+        self._features.clear()
+        self._tokens.clear()
+
+    @property
+    def has_new(self) -> bool:
+        """Whether true pairs are queued (drafting starts from the newest one)."""
+        return bool(self._tokens)
+
+    @property
+    def observed_length(self) -> int:
+        """Positions whose true pair is in the cache or queued."""
+        return self.true_length + sum(t.numel() for t in self._tokens)
+
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Queue true pairs (f_i, x_{i+1}) for the next positions: features [n, H], next_tokens [n]."""
+        if features.shape[0] != next_tokens.numel():
+            raise EagleHeadError(f"{features.shape[0]} features but {next_tokens.numel()} next tokens")
+        if features.shape[0]:
+            self._features.append(features)
+            self._tokens.append(next_tokens.reshape(-1))
+
+    def truncate(self, length: int) -> None:
+        """Forget true pairs from position `length` on."""
+        if length >= self.observed_length:
+            return
+        if length >= self.true_length:
+            keep = length - self.true_length
+            features, tokens = torch.cat(self._features), torch.cat(self._tokens)
+            self._features, self._tokens = [features[:keep]], [tokens[:keep]]
+        else:
+            self._features.clear()
+            self._tokens.clear()
+            self.true_length = length
+
+    @torch.no_grad()
+    def draft(self, k: int, choose) -> tuple[torch.Tensor, torch.Tensor]:
+        """K draft tokens [K] and their logits [K, V]; `choose(logits [V]) -> token []` picks each one."""
+        if not self._tokens:
+            raise EagleHeadError("the head has no new target feature to draft from")
+        if self.observed_length + k - 1 > self.max_len:
+            raise EagleHeadError(f"drafting past the head's cache of {self.max_len} positions")
+        features = torch.cat(self._features)[None]  # [1, n, H]
+        tokens = torch.cat(self._tokens)  # [n]
+        self._features.clear()
+        self._tokens.clear()
+        start = self.true_length
+        g = self.head(features, F.embedding(tokens, self.embed_weight)[None], start, use_cache=True)
+        self.true_length = start + tokens.numel()
+        g = g[:, -1:]  # [1, 1, H]
+        drafted, all_logits = [], []
+        for step in range(k):
+            logits = g[0, 0] @ self.lm_head_weight.T  # [V]
+            token = choose(logits)
+            drafted.append(token)
+            all_logits.append(logits)
+            if step + 1 < k:
+                embed = F.embedding(token.view(1, 1), self.embed_weight)
+                g = self.head(g, embed, self.true_length + step, use_cache=True)
+        return torch.stack(drafted), torch.stack(all_logits)
+
+
+def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+# --- the proposer ----------------------------------------------------------------------------------------------
+
+
+class EagleProposer:
+    """Drafts with an EAGLE head from the target's features; plugs into the engine's decode loop unchanged.
+
+    The loop keeps the target one token behind the committed sequence, so after a verification the target's
+    features for the last committed token and the accepted drafts (hidden[: num_accepted + 1]) are true
+    features; they pair with the committed tokens that follow them. The prompt's features come from the
+    prefill when the loop passes them through `observe_target` before the first proposal; otherwise the
+    proposer recomputes them once (one extra target pass over the prompt, same KV values rewritten).
+    """
+
+    wants_hidden = True
+
+    def __init__(self, head: EagleHead, target_model: Transformer, *, max_len: int | None = None):
+        config = head.config
+        if config.vocab_size != target_model.vocab_size:
+            raise VocabMismatchError(
+                f"the head's vocabulary ({config.vocab_size}) differs from the target's ({target_model.vocab_size})"
+            )
+        if config.hidden_size != target_model.args.dim:
+            raise EagleHeadError(
+                f"the head reads features of size {config.hidden_size}; the target's are {target_model.args.dim}"
+            )
+        self.head = head.eval()
+        self.target_model = target_model
+        self.device = target_model.output.weight.device
+        self.drafter = EagleDrafter(
+            head, target_model.tok_embeddings.weight, target_model.output.weight, max_len or target_model.max_len
+        )
+        self._pending: list[Tensor] = []  # true features whose next token is (or will be) committed
+
+    @classmethod
+    def from_dir(cls, head_dir: Path, target_model: Transformer, *, target_dir: Path) -> EagleProposer:
+        """Load a saved head for this target; EagleHeadError when it was trained for another one."""
+        head = EagleHead.load(head_dir, target_dir=target_dir, device=target_model.output.weight.device)
+        return cls(head.to(target_model.output.weight.dtype), target_model)
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.drafter.reset()
+        self._pending.clear()
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        self._pending.append(hidden[: num_accepted + 1])
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        pass  # the drafter drops its speculative entries itself at the next proposal
+
+    @torch.inference_mode()
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        if not self._pending and self.drafter.observed_length == 0 and len(committed) > 1:
+            prompt = torch.tensor(committed[:-1], device=self.device)
+            self._pending.append(self.target_model(prompt, 0, return_hidden=True).hidden)
+        if self._pending:
+            features = torch.cat(self._pending)  # [n, H]
+            self._pending.clear()
+            start = self.drafter.observed_length
+            next_tokens = committed[start + 1 : start + 1 + features.shape[0]]
+            if len(next_tokens) != features.shape[0]:
+                raise EagleHeadError("target features and committed tokens are out of step")
+            self.drafter.observe(features, torch.tensor(next_tokens, device=self.device))
+        k = min(k, self.drafter.max_len - self.drafter.observed_length)
+        if k <= 0 or self.drafter.observed_length < len(committed) - 1 or not self.drafter.has_new:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
+        if params.greedy:
+            tokens, _ = self.drafter.draft(k, greedy_choice)
+            return Proposal(tokens=tokens, q=None)
+        qs: list[Tensor] = []
+
+        def choose(logits: Tensor) -> Tensor:
+            q = probs_from_logits(logits, params)
+            qs.append(q)
+            return sample(q, generator)
+
+        tokens, _ = self.drafter.draft(k, choose)
+        return Proposal(tokens=tokens, q=torch.stack(qs))
