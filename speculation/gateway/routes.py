@@ -22,8 +22,9 @@ from speculation.services.version import ROUTING_VERSION_KEY
 
 logger = logging.getLogger(__name__)
 
-MAX_AGE_S = 30.0
+MAX_AGE_S = 5.0
 NO_REDIS_TTL_S = 0.25
+MISS_REBUILD_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,12 @@ class RouteCache:
             return self._table
 
     async def lookup(self, model: str) -> Route | None:
-        return (await self.table()).get(model)
+        route = (await self.table()).get(model)
+        if route is None and time.monotonic() - self._built_at > MISS_REBUILD_S:
+            # An unknown name may be an endpoint registered a moment ago (its version bump not seen yet).
+            self._version = None
+            route = (await self.table()).get(model)
+        return route
 
 
 _caches: dict[int, RouteCache] = {}

@@ -104,6 +104,7 @@ def run_prod_generation(job: dict[str, Any]) -> None:
                 max_tokens=job["max_tokens"],
             ),
         )
+        channel.send({"type": "ready"})  # loaded and calibrated: from here the gateway's step timeout applies
         text = IncrementalText(tok)
         stats = SpecRunStats(k=job["k"])
         finished = False

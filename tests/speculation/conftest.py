@@ -79,10 +79,13 @@ def database_url() -> str:
     return f"postgresql://{auth}@{params['HOST']}:{params['PORT'] or 5432}/{params['NAME']}"
 
 
-def start_ace(*, redis_url: str, log_dir: Path, name: str = "ace-uvicorn") -> processes.ManagedProcess:
+def start_ace(
+    *, redis_url: str, log_dir: Path, name: str = "ace-uvicorn", extra_env: dict[str, str] | None = None
+) -> processes.ManagedProcess:
     """ACE itself under uvicorn (ASGI), on the session's test database."""
     port = processes.free_port()
     env = {
+        **(extra_env or {}),
         **os.environ,
         "DATABASE_URL": database_url(),
         "REDIS_URL": redis_url,
@@ -115,3 +118,35 @@ def ace_server(django_db_setup, redis_server, artifacts_dir: Path) -> Iterator[p
         yield proc
     finally:
         proc.stop()
+
+
+# --- registering endpoints the way the product does ---------------------------------------------------------------
+
+_probed: dict[str, tuple[str, str, dict]] = {}
+
+
+def register_probed_endpoint(*, name: str, base_url: str, node_class: str = "cpu"):
+    """An endpoint with what a real probe of base_url found (the probe runs once per server per session)."""
+    from fleet.models import Endpoint, Probe
+    from fleet.probing import run_probe
+    from speculation.services.version import bump_routing_version
+
+    endpoint = Endpoint.objects.create(name=name, base_url=base_url, node_class=node_class)
+    if base_url not in _probed:
+        probe = run_probe(Probe.objects.create(endpoint=endpoint).pk)
+        endpoint.refresh_from_db()
+        assert endpoint.status == "ready", probe.reason
+        _probed[base_url] = (endpoint.status, endpoint.served_model, endpoint.capabilities)
+    status, served_model, capabilities = _probed[base_url]
+    Endpoint.objects.filter(pk=endpoint.pk).update(status=status, served_model=served_model, capabilities=capabilities)
+    endpoint.refresh_from_db()
+    bump_routing_version()
+    return endpoint
+
+
+@pytest.fixture
+def gateway_client(ace_server, token):
+    """The official openai client pointed at ACE."""
+    import openai
+
+    return openai.OpenAI(base_url=ace_server.url + "/v1", api_key=token, max_retries=0, timeout=120)

@@ -1,0 +1,1 @@
+"""Benchmarks of the speculative_decoding stage (bench_gateway)."""

@@ -1,0 +1,150 @@
+"""Everything bench_gateway needs, started for one run and stopped after: a throw-away SQLite database, Redis,
+the real vLLM serving the demo target, a Celery worker on gpu.cpu, and ACE under uvicorn (ASGI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ace import processes
+
+SETUP = """
+import json, sys
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from fleet.models import Endpoint, Probe
+from fleet.probing import run_probe
+from speculation.services.drafts import register_draft
+spec = json.loads(sys.argv[-1])
+user = User.objects.create_user(username="bench", password=None)
+out = {"token": Token.objects.create(user=user).key, "endpoints": {}}
+for name, url in spec["endpoints"].items():
+    endpoint = Endpoint.objects.create(name=name, base_url=url, node_class="cpu")
+    probe = run_probe(Probe.objects.create(endpoint=endpoint).pk)
+    out["endpoints"][name] = {"id": endpoint.pk, "status": probe.outcome, "reason": probe.reason}
+register_draft(name="demo-draft", kind="draft_model", path=spec["draft_dir"])
+print("SETUP" + json.dumps(out))
+"""
+
+
+@dataclass
+class BenchStack:
+    target_dir: Path
+    draft_dir: Path
+    with_native: bool = False
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ace-bench-")))
+    env: dict[str, str] = field(default_factory=dict)
+    token: str = ""
+    ace_url: str = ""
+    vllm_url: str = ""
+    ngram_url: str = ""
+    model: str = "ace-demo-target"
+    endpoints: dict[str, dict] = field(default_factory=dict)
+    _stack: ExitStack = field(default_factory=ExitStack)
+
+    def _manage(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=processes.REPO_ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode:
+            raise RuntimeError(f"manage.py {args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        return done.stdout
+
+    def start(self) -> BenchStack:
+        redis_proc = processes.start_redis(workdir=self.log_dir / "redis", log_dir=self.log_dir)
+        self._stack.callback(redis_proc.stop)
+        self.env = {
+            "DATABASE_URL": f"sqlite:///{self.log_dir / 'bench.sqlite3'}",
+            "REDIS_URL": redis_proc.url,
+            "DJANGO_SETTINGS_MODULE": "ace.settings",
+            "ACE_CELERY_EAGER": "false",
+            "ACE_LOG_LEVEL": "WARNING",
+        }
+        vllm = processes.start_vllm(model_dir=self.target_dir, served_model_name=self.model, log_dir=self.log_dir)
+        self._stack.callback(vllm.stop)
+        self.vllm_url = vllm.url
+        endpoints = {"demo": self.vllm_url}
+        if self.with_native:
+            ngram = processes.start_vllm(
+                model_dir=self.target_dir,
+                served_model_name=self.model,
+                log_dir=self.log_dir,
+                speculative_config=processes.NGRAM_SPECULATIVE_CONFIG,
+                dev_mode=True,
+            )
+            self._stack.callback(ngram.stop)
+            self.ngram_url = ngram.url
+            endpoints["demo-ngram"] = self.ngram_url
+        self._manage("migrate", "-v", "0")
+        out = self._manage("shell", "-c", SETUP, json.dumps({"endpoints": endpoints, "draft_dir": str(self.draft_dir)}))
+        setup = json.loads(out.split("SETUP", 1)[1])
+        self.token = setup["token"]
+        self.endpoints = setup["endpoints"]
+        worker = processes.start_celery_worker(env=self.env, log_dir=self.log_dir, queues="control,gpu.cpu")
+        self._stack.callback(worker.stop)
+        port = processes.free_port()
+        ace = processes.spawn(
+            "ace-bench",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "ace.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            log_path=self.log_dir / "ace.log",
+            env=self.env,
+        )
+        self._stack.callback(ace.stop)
+        self.ace_url = f"http://127.0.0.1:{port}"
+        processes.wait_until(ace, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=60, what="listening")
+        return self
+
+    def stop(self) -> None:
+        self._stack.close()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def set_policy(self, endpoint: str, **fields) -> dict:
+        pk = self.endpoints[endpoint]["id"]
+        response = httpx.patch(
+            f"{self.ace_url}/api/v1/endpoints/{pk}/policy/",
+            json=fields,
+            headers={"Authorization": f"Token {self.token}"},
+            timeout=30,
+        )
+        if response.status_code != 200:
+            raise RuntimeError(f"policy {fields} refused: {response.text}")
+        return response.json()
+
+    def records(self, endpoint: str, **filters) -> list[dict]:
+        params = {"endpoint": self.endpoints[endpoint]["id"], "limit": 1000, **filters}
+        response = httpx.get(
+            f"{self.ace_url}/api/v1/stage-records/",
+            params=params,
+            headers={"Authorization": f"Token {self.token}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()["results"]

@@ -1,0 +1,198 @@
+"""python manage.py bench_gateway [--quick] [--json PATH]
+
+One run, one process, against the real vLLM serving the demo target (every process started here and stopped
+at the end): direct to vLLM vs through ACE in off mode (added latency p50/p99, throughput ratio at 1, 8, 32
+concurrent streams), then shadow and prod on the same greedy requests (tok/s multiplier per path, whether
+prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from speculation.benchmarking.load import load_prompts, paired_latencies, quantile, run_concurrent
+from speculation.benchmarking.stack import BenchStack
+
+logger = logging.getLogger(__name__)
+
+DATASET = Path(settings.BASE_DIR).parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
+K = 3
+
+
+def _tok_s(results) -> float:
+    latency = sum(r.latency_s for r in results)
+    return sum(r.tokens for r in results) / latency if latency else 0.0
+
+
+class Command(BaseCommand):
+    help = "Benchmark the gateway: off-mode overhead and throughput vs direct, prod multiplier per path."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--quick", action="store_true", help="fewer requests (under 3 minutes on 2 CPU cores)")
+        parser.add_argument("--json", dest="json_path", help="write the results there as JSON")
+        parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl")
+        parser.add_argument("--no-native", action="store_true", help="skip the native path (a second vLLM)")
+
+    def handle(self, *args, quick: bool, json_path: str | None, dataset: str, no_native: bool, **options) -> None:
+        from speculation.demo import ensure_demo_pair
+
+        started = time.perf_counter()
+        pair = ensure_demo_pair()
+        plan = {
+            "overhead_n": 40 if quick else 200,
+            "throughput_requests": {1: 4, 8: 16, 32: 32} if quick else {1: 8, 8: 32, 32: 64},
+            "throughput_max_tokens": 16 if quick else 32,
+            "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
+            "prod_max_tokens": 32 if quick else 64,
+        }
+        prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
+        stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
+        self.stderr.write(f"starting redis, vLLM{' x2' if not no_native else ''}, worker, ACE (logs {stack.log_dir})")
+        stack.start()
+        try:
+            results = self._run(stack, prompts, plan)
+        finally:
+            stack.stop()
+        results["meta"] = {
+            "quick": quick,
+            "plan": {k: str(v) for k, v in plan.items()},
+            "prompts": len(prompts),
+            "k": K,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "wall_s": round(time.perf_counter() - started, 1),
+        }
+        text = json.dumps(results, indent=2)
+        self.stdout.write(text)
+        if json_path:
+            Path(json_path).write_text(text + "\n")
+
+    def _run(self, stack: BenchStack, prompts: list[str], plan: dict) -> dict:
+        out: dict = {}
+        headers = stack.headers
+        # 1. off-mode overhead, sequential, interleaved, max_tokens 1
+        direct, ace = asyncio.run(
+            paired_latencies(
+                stack.vllm_url,
+                stack.ace_url,
+                model=stack.model,
+                ace_model="demo",
+                prompt=prompts[0],
+                n=plan["overhead_n"],
+                headers=headers,
+            )
+        )
+        out["direct_latency_ms_p50"] = round(quantile(direct, 0.5) * 1000, 3)
+        out["ace_off_latency_ms_p50"] = round(quantile(ace, 0.5) * 1000, 3)
+        out["overhead_ms_p50"] = round((quantile(ace, 0.5) - quantile(direct, 0.5)) * 1000, 3)
+        out["overhead_ms_p99"] = round((quantile(ace, 0.99) - quantile(direct, 0.99)) * 1000, 3)
+        self.stderr.write(f"overhead p50 {out['overhead_ms_p50']} ms, p99 {out['overhead_ms_p99']} ms")
+        # 2. throughput at 1, 8, 32 concurrent streams
+        out["throughput_ratio"] = {}
+        out["throughput_tok_s"] = {}
+        for concurrency, count in plan["throughput_requests"].items():
+            batch = [prompts[i % len(prompts)] for i in range(count)]
+            kwargs = dict(prompts=batch, max_tokens=plan["throughput_max_tokens"], concurrency=concurrency)
+            wall_d, res_d = asyncio.run(run_concurrent(stack.vllm_url, model=stack.model, headers={}, **kwargs))
+            wall_a, res_a = asyncio.run(run_concurrent(stack.ace_url, model="demo", headers=headers, **kwargs))
+            direct_tps = sum(r.tokens for r in res_d) / wall_d
+            ace_tps = sum(r.tokens for r in res_a) / wall_a
+            out["throughput_tok_s"][str(concurrency)] = {"direct": round(direct_tps, 2), "ace_off": round(ace_tps, 2)}
+            out["throughput_ratio"][str(concurrency)] = round(ace_tps / direct_tps, 4)
+            self.stderr.write(f"throughput at {concurrency}: ratio {out['throughput_ratio'][str(concurrency)]}")
+        # 3. off reference outputs (greedy), then shadow, then prod per path, same requests
+        run = dict(prompts=prompts, max_tokens=plan["prod_max_tokens"], concurrency=1, headers=headers)
+        _, off = asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
+        off_tps = _tok_s(off)
+        stack.set_policy(
+            "demo", mode="shadow", mechanism="draft_model", draft="demo-draft", k=K, shadow_sample_rate=1.0
+        )
+        _, shadow = asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
+        shadow_records = self._wait_records(stack, "demo", "shadow", len(prompts))
+        out["shadow_identical_to_off"] = [r.token_ids for r in shadow] == [r.token_ids for r in off]
+        out["prod_multiplier"] = {}
+        out["prod_greedy_identical"] = {}
+        out["prod_tok_s"] = {"off": round(off_tps, 2)}
+        prod_records: dict[str, list[dict]] = {}
+        for path, extra in (
+            ("remote", {"path": "remote"}),
+            ("local", {"path": "local", "target_path": str(stack.target_dir)}),
+        ):
+            stack.set_policy("demo", mode="prod", **extra)
+            _, prod = asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
+            records = self._wait_records(stack, "demo", "prod", len(prompts) * (1 + len(prod_records)))
+            prod_records[path] = [r for r in records if r["path"] == path]
+            tps = _tok_s(prod)
+            out["prod_tok_s"][path] = round(tps, 2)
+            out["prod_multiplier"][path] = round(tps / off_tps, 4)
+            out["prod_greedy_identical"][path] = [r.token_ids for r in prod] == [r.token_ids for r in off]
+            actions = {r["action"] for r in prod_records[path]}
+            out.setdefault("prod_actions", {})[path] = sorted(actions)
+            self.stderr.write(
+                f"prod {path}: x{out['prod_multiplier'][path]}, identical "
+                f"{out['prod_greedy_identical'][path]}, actions {sorted(actions)}"
+            )
+        stack.set_policy("demo", mode="off")
+        out.update(self._alphas(shadow_records, prod_records["remote"]))
+        if stack.ngram_url:
+            out["prod_multiplier"]["native"], out["native"] = self._native(stack, run, off_tps)
+        return out
+
+    def _native(self, stack: BenchStack, run: dict, off_tps: float) -> tuple[float, dict]:
+        stack.set_policy("demo-ngram", mode="prod", mechanism="ngram", k=K)
+        _, prod = asyncio.run(run_concurrent(stack.ace_url, model="demo-ngram", **run))
+        records = self._wait_records(stack, "demo-ngram", "prod", len(prod))
+        drafted = sum(r["drafted_tokens"] for r in records)
+        accepted = sum(r["accepted_tokens"] for r in records)
+        tps = _tok_s(prod)
+        info = {
+            "tok_s": round(tps, 2),
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "paths": sorted({r["path"] for r in records}),
+            "actions": sorted({r["action"] for r in records}),
+        }
+        return round(tps / off_tps, 4), info
+
+    @staticmethod
+    def _alphas(shadow: list[dict], prod: list[dict]) -> dict:
+        def agg(records: list[dict]) -> tuple[float | None, float | None]:
+            drafted = sum(r["drafted_tokens"] for r in records)
+            accepted = sum(r["accepted_tokens"] for r in records)
+            alphas = [r["alpha"] for r in records if r["alpha"] is not None]
+            return (
+                round(sum(alphas) / len(alphas), 6) if alphas else None,
+                round(accepted / drafted, 6) if drafted else None,
+            )
+
+        s_alpha, s_rate = agg(shadow)
+        p_alpha, p_rate = agg(prod)
+        key = ("drafted_tokens", "accepted_tokens", "target_passes")
+        same = len(shadow) == len(prod) and all(
+            tuple(a[k] for k in key) == tuple(b[k] for k in key)
+            for a, b in zip(sorted(shadow, key=lambda r: r["id"]), sorted(prod, key=lambda r: r["id"]), strict=True)
+        )
+        return {
+            "shadow_alpha": s_alpha,
+            "prod_alpha": p_alpha,
+            "shadow_acceptance_rate": s_rate,
+            "prod_acceptance_rate": p_rate,
+            "shadow_equals_prod_per_request": same,
+        }
+
+    @staticmethod
+    def _wait_records(stack: BenchStack, endpoint: str, mode: str, count: int, timeout_s: float = 300) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = stack.records(endpoint, mode=mode)
+            if len(records) >= count or time.monotonic() > deadline:
+                return records
+            time.sleep(0.5)

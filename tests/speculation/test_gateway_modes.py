@@ -1,0 +1,212 @@
+"""The openai client through ACE in each mode, against the real vLLM, a real worker and real Redis.
+
+Exactness claims pinned here (no tolerance: these are equalities):
+- off: the bytes are the endpoint's own (ids and timestamps aside); no stage record.
+- shadow: the response is identical to off; the greedy replay's drafted/accepted/passes equal what prod then
+  actually does on the same requests with the same draft and K.
+- prod (remote and local paths): greedy output token-identical to off.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from speculation.models import StageRecord
+from speculation.services.drafts import register_draft
+from speculation.services.policies import update_policy
+from tests.speculation.conftest import register_probed_endpoint
+
+pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n\ndef main():",
+    "class Stack:\n    def __init__(self):",
+]
+MAX_TOKENS = 24
+K = 3
+
+
+@pytest.fixture
+def endpoint(vllm_server, demo_pair):
+    return register_probed_endpoint(name="demo", base_url=vllm_server.base_url)
+
+
+@pytest.fixture
+def draft(demo_pair):
+    return register_draft(name="demo-draft", kind="draft_model", path=str(demo_pair.draft_dir))
+
+
+def _normalise(raw: bytes) -> bytes:
+    return re.sub(rb'"(id|created)":("[^"]*"|\d+)', b'"\\1":_', raw)
+
+
+def _direct(vllm_server, path: str, body: dict) -> bytes:
+    return httpx.post(vllm_server.base_url + path, json={**body, "model": vllm_server.model}, timeout=120).content
+
+
+def _through_ace(ace_server, token: str, path: str, body: dict, model: str) -> httpx.Response:
+    return httpx.post(
+        ace_server.url + path, json={**body, "model": model}, headers={"Authorization": f"Bearer {token}"}, timeout=120
+    )
+
+
+def _chat_tokens(client, model: str, prompt: str, *, stream: bool) -> tuple[list[int], str]:
+    kwargs = dict(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    if not stream:
+        reply = client.chat.completions.create(**kwargs)
+        return reply.choices[0].model_extra["token_ids"], reply.choices[0].message.content
+    ids: list[int] = []
+    text = ""
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
+        if chunk.choices:
+            ids += chunk.choices[0].model_extra.get("token_ids") or []
+            text += chunk.choices[0].delta.content or ""
+    return ids, text
+
+
+def _completion_tokens(client, model: str, prompt: str) -> tuple[list[int], str]:
+    reply = client.completions.create(
+        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True}
+    )
+    return reply.choices[0].model_extra["token_ids"], reply.choices[0].text
+
+
+def _records(endpoint, *, count: int, timeout_s: float = 90.0, **filters) -> list[StageRecord]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = list(StageRecord.objects.filter(endpoint=endpoint, **filters).order_by("id"))
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"expected {count} records {filters}, found {len(found)}")
+
+
+def test_off_mode_relays_the_endpoints_bytes_and_records_nothing(
+    ace_server, token, vllm_server, endpoint, gateway_client
+):
+    body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 8, "temperature": 0}
+    for stream in (False, True):
+        through = _through_ace(ace_server, token, "/v1/chat/completions", {**body, "stream": stream}, endpoint.name)
+        assert through.status_code == 200
+        assert re.fullmatch(r"[0-9a-f]{32}", through.headers["X-ACE-Request-Id"])
+        direct = _direct(vllm_server, "/v1/chat/completions", {**body, "stream": stream})
+        assert _normalise(through.content) == _normalise(direct)
+    ids, _ = _chat_tokens(gateway_client, endpoint.name, PROMPTS[0], stream=True)
+    assert len(ids) == MAX_TOKENS
+    assert [m.id for m in gateway_client.models.list()] == ["demo"]
+    assert not StageRecord.objects.exists()
+
+
+def test_shadow_changes_nothing_and_its_replay_equals_what_prod_then_accepts(
+    ace_server, token, vllm_server, endpoint, draft, celery_worker, gateway_client
+):
+    # given: off-mode outputs for the prompts
+    off = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=False) for p in PROMPTS}
+    # when: shadow measures every request
+    update_policy(endpoint=endpoint, mode="shadow", mechanism="draft_model", draft=draft, k=K, shadow_sample_rate=1.0)
+    for prompt in PROMPTS:
+        assert _chat_tokens(gateway_client, endpoint.name, prompt, stream=True) == off[prompt]
+    raw_body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": MAX_TOKENS, "temperature": 0}
+    shadow_raw = _through_ace(ace_server, token, "/v1/chat/completions", raw_body, endpoint.name).content
+    assert _normalise(shadow_raw) == _normalise(_direct(vllm_server, "/v1/chat/completions", raw_body))
+    shadow = _records(endpoint, count=len(PROMPTS) + 1, mode="shadow")
+    assert {r.action for r in shadow} == {"would_speculate"}
+    # then: prod on the same requests, same draft and K, gives the same tokens and the same acceptance
+    update_policy(endpoint=endpoint, mode="prod")
+    for prompt in PROMPTS:
+        assert _chat_tokens(gateway_client, endpoint.name, prompt, stream=False) == off[prompt]
+    prod = _records(endpoint, count=len(PROMPTS), mode="prod")
+    for replayed, actual in zip(shadow[: len(PROMPTS)], prod, strict=True):
+        assert actual.action == "speculated", actual.reason
+        assert actual.path == "remote"
+        got = (actual.drafted_tokens, actual.accepted_tokens, actual.target_passes, actual.per_position_acceptance)
+        want = (
+            replayed.drafted_tokens,
+            replayed.accepted_tokens,
+            replayed.target_passes,
+            replayed.per_position_acceptance,
+        )
+        assert got == want
+        assert actual.acceptance_rate == replayed.acceptance_rate
+    assert sum(r.accepted_tokens for r in prod) > 0  # the draft is distilled: something must be accepted
+    assert all(r.baseline_tok_s and r.multiplier for r in prod)
+
+
+def test_prod_remote_streams_the_same_tokens_as_off(endpoint, draft, celery_worker, gateway_client):
+    off = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=True) for p in PROMPTS[:2]}
+    off_completion = _completion_tokens(gateway_client, endpoint.name, PROMPTS[2])
+    update_policy(endpoint=endpoint, mode="prod", mechanism="draft_model", draft=draft, k=K)
+    for prompt in PROMPTS[:2]:
+        assert _chat_tokens(gateway_client, endpoint.name, prompt, stream=True) == off[prompt]
+    assert _completion_tokens(gateway_client, endpoint.name, PROMPTS[2]) == off_completion
+    records = _records(endpoint, count=3, mode="prod")
+    assert [r.action for r in records] == ["speculated"] * 3
+    assert all(r.output_tokens == len(off[PROMPTS[0]][0]) or r.output_tokens <= MAX_TOKENS for r in records)
+
+
+def test_prod_local_path_gives_the_same_tokens_as_off(endpoint, draft, demo_pair, celery_worker, gateway_client):
+    off = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=False) for p in PROMPTS[:2]}
+    update_policy(
+        endpoint=endpoint,
+        mode="prod",
+        mechanism="draft_model",
+        draft=draft,
+        k=K,
+        path="local",
+        target_path=str(demo_pair.target_dir),
+    )
+    for prompt in PROMPTS[:2]:
+        assert _chat_tokens(gateway_client, endpoint.name, prompt, stream=True) == off[prompt]
+    records = _records(endpoint, count=2, mode="prod")
+    assert [(r.action, r.path) for r in records] == [("speculated", "local")] * 2
+
+
+def test_prod_sends_requests_it_cannot_serve_exactly_plain_with_the_reason(
+    endpoint, draft, celery_worker, gateway_client
+):
+    update_policy(endpoint=endpoint, mode="prod", mechanism="draft_model", draft=draft, k=K)
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=4, temperature=0.8)
+    gateway_client.chat.completions.create(
+        model=endpoint.name, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+    )
+    with pytest.raises(openai.BadRequestError):  # vLLM refuses n=2 when greedy; its 400 comes back unchanged
+        gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=4, temperature=0, n=2)
+    gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=5000, temperature=0)
+    records = _records(endpoint, count=4, mode="prod")
+    assert [r.action for r in records] == ["skipped"] * 4
+    reasons = [r.reason for r in records]
+    assert "temperature 0.8" in reasons[0]
+    assert "logprobs" in reasons[1]
+    assert "n > 1" in reasons[2]
+    assert "too long" in reasons[3]
+
+
+def test_a_mode_switch_applies_to_the_next_request(endpoint, draft, celery_worker, gateway_client):
+    _chat_tokens(gateway_client, endpoint.name, PROMPTS[0], stream=False)
+    update_policy(endpoint=endpoint, mode="prod", mechanism="draft_model", draft=draft, k=K)
+    _chat_tokens(gateway_client, endpoint.name, PROMPTS[0], stream=False)
+    update_policy(endpoint=endpoint, mode="off")
+    _chat_tokens(gateway_client, endpoint.name, PROMPTS[0], stream=False)
+    time.sleep(1.0)
+    assert [r.mode for r in StageRecord.objects.filter(endpoint=endpoint)] == ["prod"]
+
+
+def test_unknown_models_and_bad_tokens_get_openai_errors(ace_server, gateway_client, endpoint):
+    with pytest.raises(openai.NotFoundError):
+        gateway_client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    bad = openai.OpenAI(base_url=ace_server.url + "/v1", api_key="not-a-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
