@@ -137,15 +137,21 @@ def _record_on_endpoint(endpoint_id: int, probe: Probe, report: ProbeReport) -> 
 
 
 def reprobe_all() -> int:
-    """Queue a probe of every endpoint that has none pending; returns how many were queued."""
-    stale_after = timezone.now() - timedelta(seconds=2 * settings.PROBE_INTERVAL_S)
+    """Queue a probe of every endpoint that has none pending; returns how many were queued.
+
+    A probe still queued or running after two intervals was lost (worker or broker gone): it is closed as an
+    error so that it does not stay pending forever, and the endpoint is probed again.
+    """
+    stale_before = timezone.now() - timedelta(seconds=2 * settings.PROBE_INTERVAL_S)
+    pending = [ProbeStatus.QUEUED, ProbeStatus.RUNNING]
+    Probe.objects.filter(status__in=pending, created_at__lt=stale_before).update(
+        status=ProbeStatus.DONE,
+        outcome=EndpointStatus.ERROR,
+        reason="lost: the probe was never finished (worker or broker gone?)",
+        finished_at=timezone.now(),
+    )
     queued = 0
-    for endpoint in Endpoint.objects.all():
-        pending = endpoint.probes.filter(
-            status__in=[ProbeStatus.QUEUED, ProbeStatus.RUNNING], created_at__gte=stale_after
-        ).exists()
-        if pending:
-            continue
+    for endpoint in Endpoint.objects.exclude(probes__status__in=pending):
         with transaction.atomic():
             start_probe(endpoint)
         queued += 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings
+from django.utils import timezone
 from server_shapes import MODEL, openai_routes
 
 from ace.processes import free_port
@@ -148,3 +150,18 @@ def test_reprobe_all_queues_one_probe_per_endpoint_without_a_pending_one(django_
     assert queued == 1
     assert idle.probes.filter(status=ProbeStatus.QUEUED).count() == 1
     assert busy.probes.count() == 1
+
+
+def test_reprobe_all_closes_lost_probes_and_probes_their_endpoints_again(django_capture_on_commit_callbacks):
+    endpoint = make_endpoint()
+    lost = Probe.objects.create(endpoint=endpoint, status=ProbeStatus.RUNNING)
+    Probe.objects.filter(pk=lost.pk).update(
+        created_at=timezone.now() - timedelta(seconds=3 * settings.PROBE_INTERVAL_S)
+    )
+    with django_capture_on_commit_callbacks(execute=False):
+        assert reprobe_all() == 1
+    lost.refresh_from_db()
+    assert lost.status == ProbeStatus.DONE
+    assert lost.outcome == EndpointStatus.ERROR
+    assert lost.reason.startswith("lost:")
+    assert endpoint.probes.filter(status=ProbeStatus.QUEUED).count() == 1
