@@ -117,7 +117,7 @@ def start_web(*, host: str, port: int, env: dict[str, str], log_dir: Path) -> pr
     argv = [sys.executable, "-m", "uvicorn", "ace.asgi:application", "--host", host, "--port", str(port)]
     proc = processes.spawn("web", argv, log_path=log_dir / "web.log", env=env)
     url = f"http://{host}:{port}"
-    processes.wait_until(proc, lambda: processes._http_ok(url + "/login/"), timeout_s=60, what="serving pages")
+    processes.wait_until(proc, lambda: processes.http_ok(url + "/login/"), timeout_s=60, what="serving pages")
     proc.url = url
     return proc
 

@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +89,9 @@ class ManagedProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
 
 
-def spawn(name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+def spawn(
+    name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> ManagedProcess:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its whole life
     logger.info("starting %s: %s (log %s)", name, " ".join(argv[:6]), log_path)
@@ -105,7 +108,7 @@ def spawn(name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | N
     return ManagedProcess(name=name, popen=popen, log_path=log_path)
 
 
-def wait_until(proc: ManagedProcess, ready, *, timeout_s: float, what: str) -> None:
+def wait_until(proc: ManagedProcess, ready: Callable[[], bool], *, timeout_s: float, what: str) -> None:
     """Poll `ready()` until it is true; fail early if the process dies, or after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -118,7 +121,7 @@ def wait_until(proc: ManagedProcess, ready, *, timeout_s: float, what: str) -> N
     raise ProcessFailed(f"{proc.name} was not {what} within {timeout_s:.0f} s:\n{proc.log_tail()}")
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
             return response.status == 200
@@ -207,7 +210,7 @@ def start_vllm(
     label = "vllm-ngram" if speculative_config else "vllm"
     proc = spawn(label, argv, log_path=log_dir / f"{label}-{port}.log", env=env)
     base_url = f"http://127.0.0.1:{port}"
-    wait_until(proc, lambda: _http_ok(base_url + "/v1/models"), timeout_s=timeout_s, what="serving /v1/models")
+    wait_until(proc, lambda: http_ok(base_url + "/v1/models"), timeout_s=timeout_s, what="serving /v1/models")
     proc.url = base_url
     proc.extra.update(port=port, model=served_model_name or str(model_dir))
     return proc
