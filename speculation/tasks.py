@@ -35,3 +35,7 @@ def enqueue_prod(*, job: dict[str, Any], node_class: str, expires_s: float) -> N
 
 def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
     shadow_measure_task.apply_async(kwargs=kwargs, queue=gpu_queue(node_class), retry=False)
+
+
+# Additive hook (eagle): register the EAGLE training task with the worker (autodiscovery finds `tasks` only).
+from speculation.tasks_eagle import train_eagle_head_task  # noqa: E402, F401

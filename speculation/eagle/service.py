@@ -1,0 +1,159 @@
+"""EAGLE head training as a service: a TrainingRun row records inputs and progress; the run registers its head.
+
+`start_training_run` creates the row and queues the Celery task on the node class's GPU queue (on commit);
+`run_training` executes a run in this process (the task and the management command both call it). A run
+that crashed resumes from its last epoch checkpoint when run again (same out directory).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from speculation.eagle.pipeline import PipelineResult, PipelineSettings, Progress, run_pipeline
+from speculation.eagle.train import EpochReport, TrainSettings
+from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
+from speculation.services.drafts import register_draft
+
+logger = logging.getLogger(__name__)
+
+
+def create_training_run(
+    *,
+    target_dir: str,
+    out_dir: str,
+    name: str = "",
+    target_name: str = "",
+    prompts: str = "spec_bench",
+    epochs: int = 4,
+    seed: int = 0,
+    node_class: str = "cpu",
+    options: dict[str, Any] | None = None,
+) -> TrainingRun:
+    """Validate and record a training run (queued). options: PipelineSettings / TrainSettings fields."""
+    if not (Path(target_dir) / "config.json").is_file():
+        raise ValidationError({"target_dir": [f"{target_dir!r} is not a model directory (no config.json)"]})
+    if epochs < 1:
+        raise ValidationError({"epochs": ["must be at least 1"]})
+    options = dict(options or {})
+    train_fields = set(TrainSettings.__dataclass_fields__)
+    train = {k: options.pop(k) for k in list(options) if k in train_fields}
+    try:
+        settings = PipelineSettings(prompts=prompts, train=TrainSettings(**{**train, "epochs": epochs, "seed": seed}),
+                                    **options)  # fmt: skip
+    except TypeError as exc:
+        raise ValidationError({"options": [str(exc)]}) from exc
+    name = name or f"eagle-{Path(target_dir).resolve().name}-s{seed}"
+    run = TrainingRun(
+        name=name[:64],
+        target_dir=str(Path(target_dir).resolve()),
+        target_name=target_name or Path(target_dir).resolve().name,
+        out_dir=str(Path(out_dir).resolve()),
+        prompts=prompts,
+        node_class=node_class,
+        seed=seed,
+        epochs=epochs,
+        config=settings.as_dict(),
+    )
+    run.full_clean()
+    run.save()
+    return run
+
+
+def start_training_run(**kwargs: Any) -> TrainingRun:
+    """Create a run and queue it on the node class's GPU queue once the row is committed."""
+    from speculation.tasks_eagle import enqueue_training
+
+    run = create_training_run(**kwargs)
+    transaction.on_commit(lambda: enqueue_training(run))
+    return run
+
+
+class _RowProgress(Progress):
+    """Writes progress onto the TrainingRun row (the dashboard polls it) and forwards to an optional echo."""
+
+    def __init__(self, run: TrainingRun, echo: Progress | None) -> None:
+        self.run = run
+        self.echo = echo
+
+    def stage(self, name: str, detail: str = "") -> None:
+        self.run.stage = name
+        self.run.save(update_fields=["stage", "updated_at"])
+        if self.echo:
+            self.echo.stage(name, detail)
+
+    def epoch(self, report: EpochReport) -> None:
+        run = self.run
+        run.epoch = report.epoch
+        run.loss = report.loss
+        run.alpha = report.alpha
+        run.mean_accepted_len = report.mean_accepted_len
+        run.log = [e for e in run.log if e["epoch"] < report.epoch] + [report.as_dict()]
+        run.save(update_fields=["epoch", "loss", "alpha", "mean_accepted_len", "log", "updated_at"])
+        if self.echo:
+            self.echo.epoch(report)
+
+
+def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bool = True) -> TrainingRun:
+    """Run (or resume) a training run in this process; registers the head as a DraftModel when done."""
+    if run.status == TrainingStatus.DONE:
+        return run
+    run.status = TrainingStatus.RUNNING
+    run.error = ""
+    run.started_at = run.started_at or timezone.now()
+    run.save(update_fields=["status", "error", "started_at", "updated_at"])
+    try:
+        result = run_pipeline(
+            target_dir=Path(run.target_dir),
+            out_dir=Path(run.out_dir),
+            settings=PipelineSettings.from_dict(run.config),
+            target_name=run.target_name,
+            progress=_RowProgress(run, echo),
+        )
+        draft = register_eagle_head(run=run, result=result) if register else None
+    except BaseException as exc:
+        run.status = TrainingStatus.FAILED
+        run.error = f"{type(exc).__name__}: {exc}"
+        run.finished_at = timezone.now()
+        run.save(update_fields=["status", "error", "finished_at", "updated_at"])
+        logger.warning("training run %s failed: %s", run.pk, run.error)
+        raise
+    run.status = TrainingStatus.DONE
+    run.stage = "done"
+    run.draft = draft
+    run.finished_at = timezone.now()
+    run.save(update_fields=["status", "stage", "draft", "finished_at", "updated_at"])
+    return run
+
+
+def register_eagle_head(*, run: TrainingRun, result: PipelineResult) -> DraftModel:
+    """Register the trained head as a DraftModel of kind eagle_head through the draft registry service."""
+    name = run.name
+    if DraftModel.objects.filter(name=name).exists():
+        name = f"{run.name[:54]}-run{run.pk}"
+    draft = register_draft(
+        name=name,
+        kind=DraftKind.EAGLE_HEAD,
+        path=str(result.head_dir),
+        node_class=run.node_class,
+        target_name=run.target_name,
+    )
+    last = result.reports[-1]
+    draft.config = {
+        **draft.config,
+        "eagle": {
+            "training_run": run.pk,
+            "target_dir": run.target_dir,
+            "alpha": last.alpha,
+            "mean_accepted_len": last.mean_accepted_len,
+            "eval_k": PipelineSettings.from_dict(run.config).train.eval_k,
+            "train_tokens": result.train_tokens,
+        },
+    }
+    draft.save(update_fields=["config"])
+    return draft

@@ -1,0 +1,98 @@
+"""Train an EAGLE head for a target and register it as a draft:
+
+    python manage.py train_eagle --target DIR --out DIR [--prompts spec_bench|FILE] [--epochs N] [--seed S]
+
+Prints progress (stages, then one line per epoch: loss, held-out alpha and mean accepted length). Running
+the same command again after a crash resumes the run recorded for that out directory from its last epoch.
+`--queue` hands the run to the node class's GPU worker instead of training in this process.
+"""
+
+from __future__ import annotations
+
+import torch
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from speculation.eagle.pipeline import Progress
+from speculation.eagle.service import create_training_run, run_training, start_training_run
+from speculation.eagle.train import EpochReport
+from speculation.models import TrainingRun, TrainingStatus
+
+
+class _Echo(Progress):
+    def __init__(self, command: BaseCommand) -> None:
+        self.out = command.stdout
+
+    def stage(self, name: str, detail: str = "") -> None:
+        self.out.write(f"[{name}] {detail}")
+
+    def epoch(self, report: EpochReport) -> None:
+        self.out.write(
+            f"epoch {report.epoch}/{report.epochs}  loss {report.loss:.4f} (feature {report.feature_loss:.4f}, "
+            f"token {report.token_loss:.4f})  held-out alpha {report.alpha:.3f}  "
+            f"mean accepted len {report.mean_accepted_len:.3f}  {report.seconds:.0f}s"
+        )
+
+
+class Command(BaseCommand):
+    help = "Train an EAGLE head on a target's features and register it as a draft (kind eagle_head)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--target", required=True, help="the target's Hugging Face Llama directory")
+        parser.add_argument("--out", required=True, help="where the head (and its _work/ checkpoint) goes")
+        parser.add_argument("--prompts", default="spec_bench", help="spec_bench (default) or a .jsonl/.txt file")
+        parser.add_argument("--epochs", type=int, default=4)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--name", default="", help="draft name (default eagle-<target>-s<seed>)")
+        parser.add_argument("--target-name", default="", help="the target's name (default: its directory name)")
+        parser.add_argument("--max-prompts", type=int, default=0, help="use the first N prompts (0: all)")
+        parser.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
+        parser.add_argument("--lr", type=float, default=None)
+        parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
+        parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
+        parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        parser.add_argument("--node-class", default="cpu")
+        parser.add_argument("--no-register", action="store_true", help="train only; register no draft")
+        parser.add_argument("--queue", action="store_true", help="queue on the node class's GPU worker")
+
+    def handle(self, *args, **opts) -> None:
+        if opts["threads"]:
+            torch.set_num_threads(opts["threads"])
+        options = {"max_prompts": opts["max_prompts"], "new_tokens": opts["new_tokens"],
+                   "intermediate_size": opts["intermediate_size"]}  # fmt: skip
+        if opts["lr"] is not None:
+            options["lr"] = opts["lr"]
+        if opts["token_weight"] is not None:
+            options["token_weight"] = opts["token_weight"]
+        fields = {
+            "target_dir": opts["target"], "out_dir": opts["out"], "name": opts["name"],
+            "target_name": opts["target_name"], "prompts": opts["prompts"], "epochs": opts["epochs"],
+            "seed": opts["seed"], "node_class": opts["node_class"], "options": options,
+        }  # fmt: skip
+        try:
+            if opts["queue"]:
+                run = start_training_run(**fields)
+                self.stdout.write(f"training run {run.pk} queued on gpu.{run.node_class}")
+                return
+            run = self._resumable(fields) or create_training_run(**fields)
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
+        self.stdout.write(f"training run {run.pk}: {run.name} -> {run.out_dir}")
+        try:
+            run = run_training(run=run, echo=_Echo(self), register=not opts["no_register"])
+        except Exception as exc:
+            raise CommandError(f"training run {run.pk} failed: {exc} (run the same command again to resume)") from exc
+        draft = f"registered as draft {run.draft.name!r} (id {run.draft.pk})" if run.draft else "not registered"
+        self.stdout.write(self.style.SUCCESS(
+            f"done: held-out alpha {run.alpha:.3f}, mean accepted len {run.mean_accepted_len:.3f}; {draft}"
+        ))  # fmt: skip
+
+    def _resumable(self, fields: dict) -> TrainingRun | None:
+        """The unfinished run recorded for this out directory, if any (a restart after a crash)."""
+        from pathlib import Path
+
+        out_dir = str(Path(fields["out_dir"]).resolve())
+        run = TrainingRun.objects.filter(out_dir=out_dir).exclude(status=TrainingStatus.DONE).first()
+        if run is not None:
+            self.stdout.write(f"resuming training run {run.pk} (status {run.status}, epoch {run.epoch})")
+        return run
