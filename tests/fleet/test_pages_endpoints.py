@@ -259,3 +259,28 @@ def test_capabilities_read_as_labelled_rows_in_a_fixed_order():
         ("Native speculative decoding", "no"),
         ("Zeta extra", "1.235"),
     ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/fleet/endpoint/",
+        "/admin/fleet/probe/",
+        "/admin/speculation/draftmodel/",
+        "/admin/speculation/speculationpolicy/",
+        "/admin/speculation/policychange/",
+        "/admin/speculation/stagerecord/",
+    ],
+)
+def test_admin_lists_render(url, ready_endpoint, admin_client):
+    assert admin_client.get(url).status_code == 200
+
+
+def test_the_admin_shows_the_endpoint_without_its_key(ready_endpoint, admin_client):
+    response = admin_client.get(f"/admin/fleet/endpoint/{ready_endpoint.pk}/change/")
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert ready_endpoint.api_key_masked in html
+    assert SECRET not in html
+    assert ready_endpoint.api_key_encrypted not in html
