@@ -163,6 +163,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # One schema name per choice set (several models share field names like "kind" and "status").
+    "ENUM_NAME_OVERRIDES": {
+        "ServerKindEnum": "fleet.models.ServerKind",
+        "EndpointStatusEnum": "fleet.models.EndpointStatus",
+        "ProbeStatusEnum": "fleet.models.ProbeStatus",
+        "MechanismEnum": "speculation.models.Mechanism",
+    },
 }
 
 # Celery: one queue for control work, one per GPU node class ("gpu.<node_class>").

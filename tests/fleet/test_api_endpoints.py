@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -218,3 +219,9 @@ def test_the_docs_page_serves_swagger_ui_from_local_static_files(api, user, clie
     assert response.status_code == 200
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in html
     assert "cdn" not in html.lower()
+
+
+def test_the_openapi_schema_is_valid_and_generates_without_warnings(tmp_path):
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+
+    assert "EndpointStatusEnum" in (tmp_path / "schema.yaml").read_text()
