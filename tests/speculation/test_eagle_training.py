@@ -1,0 +1,229 @@
+"""EAGLE training: deterministic with a seed, resumable after a crash, progress on the TrainingRun row, a
+registered eagle_head draft, the management command and the Celery task on the GPU queue."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from django.core.management import call_command
+
+from speculation.eagle.collect import Sequences
+from speculation.eagle.pipeline import Progress
+from speculation.eagle.prompts import Prompt, PromptSourceError, read_prompts, split_prompts
+from speculation.eagle.service import create_training_run, run_training, start_training_run
+from speculation.eagle.train import CHECKPOINT, TrainingInterrupted, TrainSettings, train_head
+from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer
+from speculation.models import DraftKind, TrainingRun, TrainingStatus
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_sequences(n: int, seed: int, vocab: int = 50, hidden: int = 16, length: int = 24) -> Sequences:
+    generator = torch.Generator().manual_seed(seed)
+    data = Sequences()
+    for _ in range(n):
+        data.tokens.append(torch.randint(0, vocab, (length,), generator=generator))
+        data.features.append(torch.randn(length, hidden, generator=generator))
+        data.prompt_lens.append(8)
+        data.categories.append("random")
+    return data
+
+
+VOCAB, HIDDEN = 50, 16
+EMBED = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(5))
+LM_HEAD = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(6))
+CONFIG = EagleConfig(hidden_size=HIDDEN, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,
+                     vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
+
+
+def train(work_dir: Path, *, seed: int = 0, epochs: int = 3, on_epoch=None) -> tuple[EagleHead, list]:
+    head = EagleHead(CONFIG)
+    settings = TrainSettings(epochs=epochs, batch_size=4, seed=seed, warmup_steps=2)
+    reports = train_head(head, EMBED, LM_HEAD, random_sequences(12, 1), random_sequences(2, 2), settings,
+                         work_dir=work_dir, on_epoch=on_epoch)  # fmt: skip
+    return head, reports
+
+
+def assert_same_weights(a: EagleHead, b: EagleHead) -> None:
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_training_is_deterministic_with_a_seed(tmp_path):
+    first, first_reports = train(tmp_path / "a", seed=4)
+    second, second_reports = train(tmp_path / "b", seed=4)
+    other, _ = train(tmp_path / "c", seed=5)
+
+    assert_same_weights(first, second)
+    assert [r.loss for r in first_reports] == [r.loss for r in second_reports]
+    assert not torch.equal(first.fc.weight, other.fc.weight)
+
+
+def test_an_interrupted_run_resumes_to_the_same_head(tmp_path):
+    uninterrupted, _ = train(tmp_path / "whole")
+
+    def crash_after_epoch_2(report) -> None:
+        if report.epoch == 2:
+            raise TrainingInterrupted("simulated crash")
+
+    with pytest.raises(TrainingInterrupted):
+        train(tmp_path / "crashed", on_epoch=crash_after_epoch_2)
+    assert (tmp_path / "crashed" / CHECKPOINT).is_file()
+    resumed, reports = train(tmp_path / "crashed")
+
+    assert [r.epoch for r in reports] == [1, 2, 3]
+    assert_same_weights(resumed, uninterrupted)
+
+
+def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
+    train(tmp_path, epochs=1)
+
+    with pytest.raises(ValueError, match="other settings"):
+        train(tmp_path, epochs=1, seed=9)
+
+
+# --- prompts ---------------------------------------------------------------------------------------------------
+
+
+def test_spec_bench_prompts_are_read_with_their_categories():
+    prompts = read_prompts("spec_bench")
+
+    assert len(prompts) == 480
+    assert {"translation", "summarization", "qa", "math_reasoning", "rag", "coding"} <= {p.category for p in prompts}
+
+
+def test_the_split_keeps_every_category_on_both_sides():
+    prompts = [Prompt(c, f"{c} {i}") for c in ("a", "b", "c") for i in range(10)]
+
+    train_prompts, held_out = split_prompts(prompts, held_out=0.2, seed=0)
+
+    assert {p.category for p in held_out} == {"a", "b", "c"}
+    assert len(train_prompts) + len(held_out) == 30
+    assert split_prompts(prompts, held_out=0.2, seed=0) == (train_prompts, held_out)
+
+
+def test_a_text_file_gives_one_prompt_per_paragraph(tmp_path):
+    (tmp_path / "p.txt").write_text("first prompt\nstill first\n\nsecond prompt\n")
+
+    assert [p.text for p in read_prompts(str(tmp_path / "p.txt"))] == ["first prompt\nstill first", "second prompt"]
+
+
+def test_a_missing_prompt_file_says_where_it_looked(tmp_path):
+    with pytest.raises(PromptSourceError, match="nope.jsonl"):
+        read_prompts(str(tmp_path / "nope.jsonl"))
+
+
+# --- the service, the command, the task -------------------------------------------------------------------------
+
+TINY_OPTIONS = {"max_prompts": 12, "new_tokens": 12, "held_out": 0.25, "batch_size": 4, "warmup_steps": 2}
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    words = "the quick brown fox jumps over the lazy dog".split()
+    lines = [
+        {"category": ("fox", "dog")[i % 2], "prompt": " ".join(words[i % 5 :] + words[: i % 5])} for i in range(12)
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    return path
+
+
+class Interrupt(Progress):
+    def epoch(self, report) -> None:
+        raise TrainingInterrupted("simulated crash after epoch 1")
+
+
+@pytest.mark.django_db
+def test_a_run_records_progress_and_registers_its_head(tmp_path, tiny_model_dir, prompt_file):
+    run = create_training_run(target_dir=str(tiny_model_dir), out_dir=str(tmp_path / "head"), name="tiny-head",
+                              prompts=str(prompt_file), epochs=2, seed=3, options=TINY_OPTIONS)  # fmt: skip
+
+    run = run_training(run=run)
+
+    run.refresh_from_db()
+    assert run.status == TrainingStatus.DONE
+    assert (run.epoch, len(run.log)) == (2, 2)
+    assert run.loss is not None and run.alpha is not None and run.mean_accepted_len >= 1.0
+    assert set(run.log[0]) >= {"epoch", "loss", "feature_loss", "token_loss", "alpha", "mean_accepted_len"}
+    draft = run.draft
+    assert (draft.kind, draft.path, draft.target_name) == (DraftKind.EAGLE_HEAD, run.out_dir, tiny_model_dir.name)
+    assert draft.config["eagle"]["training_run"] == run.pk
+    from speculation.engine import load_causal_lm
+
+    EagleProposer.from_dir(Path(draft.path), load_causal_lm(tiny_model_dir), target_dir=tiny_model_dir)
+
+
+@pytest.mark.django_db
+def test_a_crashed_run_is_marked_failed_and_resumes_when_run_again(tmp_path, tiny_model_dir, prompt_file):
+    run = create_training_run(target_dir=str(tiny_model_dir), out_dir=str(tmp_path / "head"), prompts=str(prompt_file),
+                              epochs=2, options=TINY_OPTIONS)  # fmt: skip
+
+    with pytest.raises(TrainingInterrupted):
+        run_training(run=run, echo=Interrupt())
+    run.refresh_from_db()
+    assert (run.status, run.epoch) == (TrainingStatus.FAILED, 1)
+    assert "simulated crash" in run.error
+
+    resumed_epochs: list[int] = []
+
+    class Record(Progress):
+        def epoch(self, report) -> None:
+            resumed_epochs.append(report.epoch)
+
+    run = run_training(run=run, echo=Record())
+
+    assert resumed_epochs == [2]  # epoch 1 came from the checkpoint
+    assert (run.status, [e["epoch"] for e in run.log]) == (TrainingStatus.DONE, [1, 2])
+
+
+@pytest.mark.django_db
+def test_the_command_prints_progress_and_registers_the_head(tmp_path, tiny_model_dir, prompt_file):
+    out = io.StringIO()
+
+    args = ["--target", str(tiny_model_dir), "--out", str(tmp_path / "head"), "--prompts", str(prompt_file)]
+    call_command("train_eagle", *args, "--epochs", "2", "--max-prompts", "12", "--new-tokens", "12", stdout=out)
+
+    text = out.getvalue()
+    assert "[collect]" in text and "epoch 1/2" in text and "epoch 2/2" in text
+    assert "registered as draft" in text
+    assert TrainingRun.objects.get().status == TrainingStatus.DONE
+
+
+@pytest.mark.django_db
+def test_a_run_for_a_directory_without_a_model_is_refused(tmp_path):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="not a model directory"):
+        create_training_run(target_dir=str(tmp_path), out_dir=str(tmp_path / "head"))
+
+
+@pytest.mark.worker
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_gpu_worker_trains_a_queued_run(celery_worker, tmp_path, tiny_model_dir, prompt_file):
+    from django.db import transaction
+
+    with transaction.atomic():
+        run = start_training_run(target_dir=str(tiny_model_dir), out_dir=str(tmp_path / "head"),
+                                 prompts=str(prompt_file), epochs=1, options=TINY_OPTIONS)  # fmt: skip
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.status in (TrainingStatus.DONE, TrainingStatus.FAILED):
+            break
+        time.sleep(1)
+    assert run.status == TrainingStatus.DONE, run.error or celery_worker.log_tail()
+    assert run.draft is not None and run.draft.kind == DraftKind.EAGLE_HEAD
