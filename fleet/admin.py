@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from fleet import selectors
 from fleet.models import Endpoint, Probe
 
 
@@ -52,7 +53,7 @@ class EndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="API key")
     def api_key_masked(self, obj: Endpoint) -> str:
-        return obj.api_key_masked or "—"
+        return selectors.masked_api_key(endpoint=obj) or "—"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # register through the fleet pages or the API: they check the URL policy

@@ -6,6 +6,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from fleet import selectors
 from fleet.models import Endpoint, ServerKind
 
 
@@ -41,9 +42,8 @@ class EndpointForm(forms.Form):
         self.endpoint = endpoint
         self.fields["node_class"].initial = settings.DEFAULT_NODE_CLASS
         if endpoint is not None and endpoint.has_api_key:
-            self.fields[
-                "api_key"
-            ].help_text = f"A key is set ({endpoint.api_key_masked}). Leave blank to keep it, or type a new one."
+            masked = selectors.masked_api_key(endpoint=endpoint)
+            self.fields["api_key"].help_text = f"A key is set ({masked}). Leave blank to keep it, or type a new one."
             self.fields["clear_api_key"] = forms.BooleanField(label="Remove the stored API key", required=False)
 
     def apply_service_errors(self, exc: ValidationError) -> None:

@@ -81,6 +81,19 @@ def probe_list(*, endpoint: Endpoint | None = None, status: str | None = None) -
     return qs
 
 
+UNDECRYPTABLE_KEY = "(set, but cannot be decrypted: was ACE_ENCRYPTION_KEY changed?)"
+
+
+def masked_api_key(*, endpoint: Endpoint) -> str:
+    """What may be shown of an endpoint's key: "" when none, a mask otherwise; never the key itself."""
+    if not endpoint.has_api_key:
+        return ""
+    try:
+        return endpoint.api_key_masked
+    except ValueError:  # encrypted with another key: say so instead of failing the page
+        return UNDECRYPTABLE_KEY
+
+
 def endpoint_is_pending(*, endpoint: Endpoint) -> bool:
     """True while a probe is queued or running (or none has run yet): the page keeps polling."""
     if endpoint.status in PENDING_ENDPOINT_STATUSES:

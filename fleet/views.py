@@ -20,6 +20,7 @@ def _detail_context(endpoint: Endpoint) -> dict:
     probes = list(selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
     return {
         "endpoint": endpoint,
+        "api_key_masked": selectors.masked_api_key(endpoint=endpoint),
         "capability_rows": selectors.capability_rows(endpoint.capabilities),
         "probes": probes,
         "latest_probe": probes[0] if probes else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
+from fleet import selectors
 from fleet.models import Endpoint, Probe, ServerKind
 
 
@@ -34,7 +35,7 @@ class EndpointSerializer(serializers.ModelSerializer):
     """What the API returns for an endpoint. The API key itself is never part of it."""
 
     has_api_key = serializers.BooleanField(read_only=True)
-    api_key_masked = serializers.CharField(read_only=True)
+    api_key_masked = serializers.SerializerMethodField(help_text="A mask showing at most the key's last characters.")
 
     class Meta:
         model = Endpoint
@@ -55,6 +56,9 @@ class EndpointSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_api_key_masked(self, endpoint: Endpoint) -> str:
+        return selectors.masked_api_key(endpoint=endpoint)
 
 
 class EndpointInputSerializer(serializers.Serializer):

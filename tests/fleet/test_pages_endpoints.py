@@ -284,3 +284,18 @@ def test_the_admin_shows_the_endpoint_without_its_key(ready_endpoint, admin_clie
     assert ready_endpoint.api_key_masked in html
     assert SECRET not in html
     assert ready_endpoint.api_key_encrypted not in html
+
+
+def test_a_key_encrypted_with_another_secret_does_not_break_the_pages(browser, ready_endpoint):
+    from cryptography.fernet import Fernet
+
+    Endpoint.objects.filter(pk=ready_endpoint.pk).update(
+        api_key_encrypted=Fernet(Fernet.generate_key()).encrypt(b"old-key").decode()
+    )
+
+    detail = browser.get(reverse("fleet:endpoint-detail", args=[ready_endpoint.pk]))
+    api = browser.get(f"/api/v1/endpoints/{ready_endpoint.pk}/")
+
+    assert detail.status_code == 200
+    assert "cannot be decrypted" in detail.content.decode()
+    assert api.json()["api_key_masked"] == selectors.UNDECRYPTABLE_KEY
