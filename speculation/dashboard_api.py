@@ -133,7 +133,7 @@ class ProjectionView(APIView):
         endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
         time_range = _range(request)
         measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
-        costs = rollups.measured_costs(endpoint=endpoint)
+        costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
         overrides = {}
         for name in ("c", "v"):
             if name in request.query_params:

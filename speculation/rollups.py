@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db.models import Avg, Count, F, FloatField, Subquery, Value
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from speculation.models import Action, PolicyChange, StageRecord
@@ -333,42 +335,52 @@ def stage_records(
 
 # --- costs for the projection ---------------------------------------------------------------------------
 
+COST_SAMPLE = 500  # the newest shadow measurements the cost estimate averages over (bounded work per view)
 
-def measured_costs(*, endpoint: Any) -> dict:
-    """The cost ratios the projection needs, from measurements only, each with where it came from.
 
-    target step: the probe's time per output token (`tpot_ms`); draft step: the draft's measured step time
-    (`step_ms` in its config, written by calibration) -- an n-gram lookup costs no model step (c = 0);
-    v (verify K+1 tokens / one target step) is only known once measured (`verify_ratio` in the probe's
-    capabilities). Missing ones are None with the reason in `missing`.
-    """
-    caps = endpoint.capabilities or {}
-    target_ms = caps.get("tpot_ms")
-    policy = getattr(endpoint, "policy", None)
-    draft = policy.draft if policy is not None and policy.draft_id else None
-    mechanism = policy.mechanism if policy is not None else ""
+def measured_costs(*, endpoint: Any, since: datetime | None = None) -> dict:
+    """The cost ratios the projection needs, as the shadow measurements measured them.
+
+    Each shadow record's projected multiplier is S = E[N] / (v + K c) with the draft's measured step time
+    over the target's measured time per token (c) and v = 1 (speculation.services.shadow states it), so
+    c = (E[N] / S - v) / K per record; averaged over the newest COST_SAMPLE records in the database. The
+    target step is the records' latency per output token. v is not measured separately: None, and the
+    projection uses 1 (the GPU memory-bound value) and says so."""
+    recent = StageRecord.objects.filter(
+        endpoint_id=endpoint.pk,
+        action=Action.WOULD_SPECULATE,
+        multiplier__gt=0,
+        drafted_tokens__gt=0,
+        target_passes__gt=0,
+        output_tokens__gt=0,
+        mean_accepted_len__isnull=False,
+    )
+    if since is not None:
+        recent = recent.filter(created_at__gte=since)
+    recent_ids = recent.order_by("-created_at", "-id").values("pk")[:COST_SAMPLE]
+    k_mean = Cast(F("drafted_tokens"), FloatField()) / Cast(F("target_passes"), FloatField())
+    row = StageRecord.objects.filter(pk__in=Subquery(recent_ids)).aggregate(
+        n=Count("id"),
+        c=Avg((F("mean_accepted_len") / F("multiplier") - Value(1.0)) / k_mean),
+        target_step_ms=Avg(F("latency_ms") / Cast(F("output_tokens"), FloatField())),
+    )
     missing: list[str] = []
-    c = None
-    draft_ms = None
-    if mechanism == "ngram":
-        c = 0.0
-        draft_ms = 0.0
-    elif draft is not None and (draft.config or {}).get("step_ms"):
-        draft_ms = float(draft.config["step_ms"])
-        if target_ms:
-            c = draft_ms / float(target_ms)
+    c = row["c"]
     if c is None:
-        if not target_ms:
-            missing.append("the target's time per output token (probe the endpoint)")
-        if draft_ms is None:
-            missing.append("the draft's step time (calibrate the draft)")
-    v = caps.get("verify_ratio")
-    if v is None:
-        missing.append("the verification cost v (not measured; v = 1 is the GPU memory-bound value)")
+        missing.append("the draft cost c (no shadow measurement with a projection yet)")
+    missing.append("the verification cost v (not timed separately; v = 1, the GPU memory-bound value)")
+    tpot = (endpoint.capabilities or {}).get("tpot_ms")
     return {
-        "target_step_ms": target_ms,
-        "draft_step_ms": draft_ms,
-        "c": None if c is None else round(c, 4),
-        "v": v,
+        "records": row["n"],
+        "c": None if c is None else round(max(0.0, c), 4),
+        "v": None,
+        "target_step_ms": _round(row["target_step_ms"]) or tpot,
+        "draft_step_ms": None
+        if c is None or not row["target_step_ms"]
+        else _round(max(0.0, c) * row["target_step_ms"]),
         "missing": missing,
     }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)

@@ -229,7 +229,7 @@ def projection(request: HttpRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
     time_range = _time_range(request)
     measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
-    costs = rollups.measured_costs(endpoint=endpoint)
+    costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
     c = _float_param(request, "c")
     v = _float_param(request, "v")
     assumed = c is not None or v is not None

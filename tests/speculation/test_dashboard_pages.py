@@ -201,16 +201,19 @@ def test_settings_form_shows_the_service_refusal_on_the_field(client_in, endpoin
 
 
 def test_projection_marks_the_best_k_from_measured_alpha_and_costs(client_in, endpoint):
-    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)  # n-gram: c = 0
-    add_records(endpoint, 5, alpha=0.7)
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
+    # shadow measured E[N] = 3 at K = 5 and projected 1.5x with v = 1: c = (3 / 1.5 - 1) / 5 = 0.2
+    add_records(endpoint, 5, alpha=0.7, mean_accepted_len=3.0, multiplier=1.5, target_passes=2, output_tokens=6)
 
-    response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]), {"v": "1.5"})
+    response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]))
+    what_if = client_in.get(reverse("speculation:projection", args=[endpoint.pk]), {"c": "0.05"})
 
+    assert response.context["costs"]["c"] == 0.2
     curve = response.context["curve"]
     assert [p.k for p in curve] == list(range(1, 9))
-    assert response.context["best"].k == 8  # c = 0: the longest K always wins
-    assert response.context["assumed"] is True
-    assert 'id="best-k">8<' in response.content.decode()
+    assert response.context["best"].k == 3  # ANCHORS: alpha 0.7, c 0.2 -> K* = 3
+    assert 'id="best-k">3<' in response.content.decode()
+    assert what_if.context["best"].k == 6 and what_if.context["assumed"] is True  # alpha 0.7, c 0.05 -> K* = 6
 
 
 def test_projection_without_shadow_data_says_what_to_do(client_in, endpoint):
