@@ -25,7 +25,15 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from speculation.models import DraftKind
+
+class DraftKind:
+    """The draft kinds of speculation.models.DraftKind (kept import-free: this module needs no Django)."""
+
+    DRAFT_MODEL = "draft_model"
+    EAGLE_HEAD = "eagle_head"
+    NGRAM = "ngram"
+    values = (DRAFT_MODEL, EAGLE_HEAD, NGRAM)
+
 
 DEFAULT_K = 5
 MAX_K = 16
