@@ -1,0 +1,182 @@
+"""Train the demo target on the corpus, then distil the draft from the target's own outputs.
+
+Everything is seeded and the step counts are fixed, so a rebuild on the same machine gives the same weights.
+The draft learns from the target's logits (KL) on real text and on the target's own greedy continuations,
+which is what speculation verifies, so greedy acceptance is high.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+
+
+TARGET_SHAPE = ModelShape(hidden_size=384, num_layers=8, num_heads=6, intermediate_size=1024)
+DRAFT_SHAPE = ModelShape(hidden_size=256, num_layers=2, num_heads=4, intermediate_size=704)
+MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    seq_len: int = 128
+    target_batch: int = 4
+    target_steps: int = 60
+    target_lr: float = 2e-3
+    draft_batch: int = 8
+    draft_steps: int = 100
+    draft_lr: float = 4e-3
+    teacher_real: int = 16
+    gen_prompts: int = 32
+    gen_prompt_len: int = 16
+    gen_new_tokens: int = 112
+
+
+def llama_config(shape: ModelShape, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype="float32",
+    )
+
+
+def _lr_at(step: int, total: int, peak: float, warmup: int = 10) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _random_windows(ids: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, ids.numel() - seq_len - 1, (batch,), generator=generator)
+    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])  # [B, S]
+
+
+@torch.no_grad()
+def bigram_init(model: LlamaForCausalLM, ids: torch.Tensor, *, residual_scale: float = 0.1) -> None:
+    """Start the target as a bigram model: a rank-d factorisation (SVD) of the corpus's centred bigram
+    log-probabilities becomes the embedding and the LM head; the blocks' output projections start small so
+    the residual stream begins as the embedding. Counting is far cheaper than learning bigrams by SGD."""
+    vocab = model.config.vocab_size
+    dim = model.config.hidden_size
+    counts = torch.bincount(ids[:-1] * vocab + ids[1:], minlength=vocab * vocab).view(vocab, vocab).float()
+    logp = torch.log((counts + 0.05) / (counts + 0.05).sum(1, keepdim=True))
+    u, s, vh = torch.linalg.svd(logp - logp.mean(1, keepdim=True))
+    root = s[:dim].sqrt()
+    embed = u[:, :dim] * root  # [V, D]
+    rms = embed.pow(2).mean(1, keepdim=True).sqrt()
+    model.model.embed_tokens.weight.copy_(embed / rms)  # unit RMS rows: the final RMSNorm is ~identity
+    model.lm_head.weight.copy_(vh[:dim].T * root * rms.mean())
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.mul_(residual_scale)
+        layer.mlp.down_proj.weight.mul_(residual_scale)
+
+
+def train_target(model: LlamaForCausalLM, ids: torch.Tensor, plan: TrainPlan, seed: int) -> float:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.target_lr, weight_decay=0.01, betas=(0.9, 0.95))
+    model.train()
+    loss_value = float("nan")
+    started = time.perf_counter()
+    for step in range(plan.target_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, plan.target_steps, plan.target_lr)
+        batch = _random_windows(ids, plan.target_batch, plan.seq_len, generator)
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        loss_value = loss.item()
+        if step % 20 == 0 or step == plan.target_steps - 1:
+            logger.info(
+                "target step %d/%d loss %.3f (%.0fs)",
+                step,
+                plan.target_steps,
+                loss_value,
+                time.perf_counter() - started,
+            )
+    model.eval()
+    return loss_value
+
+
+@torch.inference_mode()
+def greedy_continuations(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuations of a batch of equal-length prompts, [B, P] -> [B, P + new_tokens]."""
+    out = model(input_ids=prompts, use_cache=True)
+    past = out.cache
+    tokens = [prompts, out.logits[:, -1:].argmax(-1)]
+    for _ in range(new_tokens - 1):
+        out = model(input_ids=tokens[-1], cache=past, use_cache=True)
+        past = out.cache
+        tokens.append(out.logits[:, -1:].argmax(-1))
+    return torch.cat(tokens, dim=1)
+
+
+def distill_draft(
+    draft: LlamaForCausalLM, target: LlamaForCausalLM, ids: torch.Tensor, plan: TrainPlan, seed: int
+) -> float:
+    """KL-distil the draft on a fixed pool: real text windows and the target's own greedy continuations."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = _random_windows(ids, plan.gen_prompts, plan.gen_prompt_len, generator)
+    generated = greedy_continuations(target, prompts, plan.gen_new_tokens)  # [G, S]
+    real = _random_windows(ids, plan.teacher_real, generated.shape[1], generator)  # [R, S]
+    pool = torch.cat([real, generated])  # [N, S]
+    with torch.inference_mode():
+        teacher = torch.cat([F.log_softmax(target(input_ids=chunk).logits, dim=-1) for chunk in pool.split(8)])
+    teacher = teacher.clone()  # [N, S, V], leaves inference mode
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=plan.draft_lr, weight_decay=0.01, betas=(0.9, 0.95))
+    draft.train()
+    loss_value = float("nan")
+    started = time.perf_counter()
+    for step in range(plan.draft_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, plan.draft_steps, plan.draft_lr)
+        rows = torch.randint(0, pool.shape[0], (plan.draft_batch,), generator=generator)
+        student = F.log_softmax(draft(input_ids=pool[rows]).logits, dim=-1)
+        loss = F.kl_div(student, teacher[rows], log_target=True, reduction="batchmean") / pool.shape[1]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        loss_value = loss.item()
+        if step % 50 == 0 or step == plan.draft_steps - 1:
+            logger.info(
+                "draft step %d/%d kl %.3f (%.0fs)", step, plan.draft_steps, loss_value, time.perf_counter() - started
+            )
+    draft.eval()
+    return loss_value
+
+
+@torch.inference_mode()
+def greedy_agreement(draft: LlamaForCausalLM, target: LlamaForCausalLM, sequences: torch.Tensor, start: int) -> float:
+    """Fraction of positions >= start where the draft's argmax equals the target's (teacher forced)."""
+    t = target(input_ids=sequences).logits[:, start - 1 : -1].argmax(-1)
+    d = draft(input_ids=sequences).logits[:, start - 1 : -1].argmax(-1)
+    return (t == d).float().mean().item()
