@@ -3,12 +3,15 @@
     GET /api/v1/endpoints/{id}/timeseries/?metric=acceptance_rate&range=day
     GET /api/v1/endpoints/{id}/distributions/?range=day     (per-position acceptance, accepted-length histogram)
     GET /api/v1/endpoints/{id}/projection/?range=day[&c=&v=]
+    GET /api/v1/endpoints/{id}/policy-options/              (which modes, drafts, paths fit now, and why not)
     GET /api/v1/fleet-summary/
 
 Same functions as the pages (speculation.rollups, speculation.projection), so numbers never disagree.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from django.shortcuts import get_object_or_404
 from django.urls import path
@@ -22,7 +25,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.models import Endpoint
-from speculation import rollups
+from speculation import options, rollups
+from speculation.models import DraftModel, SpeculationPolicy
 from speculation.projection import project
 
 app_name = "dashboard-api"
@@ -170,6 +174,46 @@ class ProjectionView(APIView):
         )
 
 
+class OptionSerializer(serializers.Serializer):
+    value = serializers.CharField()
+    label = serializers.CharField()
+    available = serializers.BooleanField()
+    reason = serializers.CharField(help_text="why the option cannot be chosen now (empty when it can)")
+    current = serializers.BooleanField()
+
+
+class PolicyOptionsView(APIView):
+    @extend_schema(
+        summary="Which modes, drafts and verification paths the endpoint can take now, each with why not",
+        responses={
+            200: inline_serializer(
+                "PolicyOptions",
+                {
+                    "modes": OptionSerializer(many=True),
+                    "drafts": OptionSerializer(many=True),
+                    "paths": OptionSerializer(many=True),
+                    "effective_path": serializers.CharField(),
+                },
+            )
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+        try:
+            policy = endpoint.policy
+        except SpeculationPolicy.DoesNotExist:
+            policy = SpeculationPolicy(endpoint=endpoint)
+        drafts = list(DraftModel.objects.all())
+        return Response(
+            {
+                "modes": [asdict(o) for o in options.mode_options(policy=policy, endpoint=endpoint)],
+                "drafts": [asdict(o) for o in options.draft_options(policy=policy, endpoint=endpoint, drafts=drafts)],
+                "paths": [asdict(o) for o in options.path_options(policy=policy, endpoint=endpoint)],
+                "effective_path": options.effective_path(policy=policy, endpoint=endpoint),
+            }
+        )
+
+
 class FleetSummaryView(APIView):
     @extend_schema(
         summary="Per endpoint, last hour and last day: requests per action, acceptance, multipliers, tok/s",
@@ -185,5 +229,6 @@ urlpatterns = [
     path("endpoints/<int:pk>/timeseries/", TimeseriesView.as_view(), name="endpoint-timeseries"),
     path("endpoints/<int:pk>/distributions/", DistributionsView.as_view(), name="endpoint-distributions"),
     path("endpoints/<int:pk>/projection/", ProjectionView.as_view(), name="endpoint-projection"),
+    path("endpoints/<int:pk>/policy-options/", PolicyOptionsView.as_view(), name="endpoint-policy-options"),
     path("fleet-summary/", FleetSummaryView.as_view(), name="fleet-summary"),
 ]

@@ -102,10 +102,7 @@ def endpoint_mode(request: HttpRequest, pk: int) -> HttpResponse:
         try:
             policy_service.update_policy(endpoint=endpoint, user=request.user, mode=form.cleaned_data["mode"])
         except ValidationError as exc:
-            text = (
-                "; ".join(m for msgs in exc.message_dict.values() for m in msgs) if hasattr(exc, "error_dict") else exc
-            )
-            messages.error(request, f"{endpoint.name} stays as it was: {text}")
+            messages.error(request, f"{endpoint.name} stays as it was: {'; '.join(exc.messages)}")
         else:
             messages.success(request, f"{endpoint.name} is now in {form.cleaned_data['mode']} mode.")
     return redirect(_back(request, reverse("speculation:overview")))

@@ -278,3 +278,19 @@ def test_timeseries_api_is_in_the_openapi_schema(client_in):
     schema = client_in.get(reverse("schema"), {"format": "json"}).json()
     assert "/api/v1/endpoints/{id}/timeseries/" in schema["paths"]
     assert "/api/v1/endpoints/{id}/projection/" in schema["paths"]
+
+
+def test_policy_options_api_says_why_an_option_does_not_fit(client_in, endpoint):
+    DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
+    endpoint.status = EndpointStatus.UNREACHABLE
+    endpoint.save()
+
+    data = client_in.get(reverse("dashboard-api:endpoint-policy-options", args=[endpoint.pk])).json()
+
+    modes = {o["value"]: o for o in data["modes"]}
+    assert modes["off"]["available"] and modes["off"]["current"]
+    assert modes["shadow"]["available"]
+    assert not modes["prod"]["available"] and "prod needs a ready endpoint" in modes["prod"]["reason"]
+    (draft,) = data["drafts"]
+    assert not draft["available"] and "does not match" in draft["reason"]
+    assert data["effective_path"] == "remote"
