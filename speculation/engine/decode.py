@@ -1,0 +1,174 @@
+"""The decode loop: draft, verify in one target pass, commit, roll back; plain decoding for baselines.
+
+``generate(target, proposer, prompt_ids, config)`` returns the tokens and a SpecStats. With temperature 0
+the output equals plain greedy decoding of the target; with temperature > 0 it is distributed exactly as
+the target's (processed) distribution. The loop reads the device once per step (accepted count and tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from speculation.engine.errors import ContextLengthError, EmptyPromptError, VocabMismatchError
+from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, check_k
+from speculation.engine.proposers import Proposal, Proposer
+from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.engine.stats import SpecStats
+from speculation.engine.target import Target
+from speculation.engine.verify import verify_greedy, verify_sampled
+
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    k: int = DEFAULT_K
+    dynamic_k: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+    max_context: int | None = None  # None: the target's
+
+    def __post_init__(self) -> None:
+        check_k(self.k)
+        self.sampling  # validates temperature / top_k / top_p  # noqa: B018
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated tokens only (a stop token, when hit, is the last one)
+    stats: SpecStats
+    finish_reason: str  # "stop" | "length"
+    k_history: list[int] = field(default_factory=list)  # K used at each step (dynamic K)
+
+
+def step_lookahead(k: int, emitted: int, committed: int, max_new_tokens: int, max_context: int) -> int:
+    """How many drafts a step may carry: the step commits at most k + 1 tokens, within both limits.
+
+    Shared with the shadow replay, so both agree on the last steps of a request.
+    """
+    return max(0, min(k, max_new_tokens - emitted - 1, max_context - committed - 1))
+
+
+def check_request(target: Target, prompt_ids: list[int], config: GenerationConfig) -> int:
+    if not prompt_ids:
+        raise EmptyPromptError("the prompt has no tokens")
+    max_context = min(config.max_context or target.max_context, target.max_context)
+    if len(prompt_ids) > max_context:
+        raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; the context holds {max_context}")
+    if max(prompt_ids) >= target.vocab_size or min(prompt_ids) < 0:
+        raise VocabMismatchError(f"prompt token ids must be in [0, {target.vocab_size})")
+    return max_context
+
+
+def generate(
+    target: Target,
+    proposer: Proposer | None,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+    on_tokens: OnTokens | None = None,
+) -> GenerationResult:
+    """Speculative decoding (plain decoding when proposer is None)."""
+    max_context = check_request(target, prompt_ids, config)
+    params = config.sampling
+    generator = torch.Generator(device=target.device).manual_seed(config.seed)
+    stats = SpecStats()
+    lookahead = DynamicLookahead(k_max=config.k, k_start=config.k) if config.dynamic_k else None
+    stop_ids = frozenset(config.stop_token_ids)
+    wants_hidden = bool(proposer is not None and proposer.wants_hidden)
+    committed = list(prompt_ids)
+    out: list[int] = []
+    k_history: list[int] = []
+    finish = "length"
+
+    started = time.perf_counter()
+    target.prefill(committed)
+    if proposer is not None:
+        proposer.begin(committed)
+    stats.prefill_s = time.perf_counter() - started
+
+    while True:
+        k = step_lookahead(
+            lookahead.choose() if lookahead else config.k, len(out), len(committed), config.max_new_tokens, max_context
+        )
+        if len(out) >= config.max_new_tokens or len(committed) >= max_context:
+            break
+        t0 = time.perf_counter()
+        proposal = proposer.propose(committed, k, params, generator) if proposer and k > 0 else _EMPTY
+        drafts = proposal.tokens.to(target.device)
+        drafted = int(drafts.shape[0])  # shape only: no device read
+        t1 = time.perf_counter()
+        last = torch.tensor([committed[-1]], device=target.device)
+        result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
+        if params.greedy:
+            num_accepted, tokens = verify_greedy(drafts, result.logits)
+        else:
+            p = probs_from_logits(result.logits, params)
+            num_accepted, tokens = verify_sampled(drafts, proposal.q, p, generator)
+        step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
+        t2 = time.perf_counter()
+        accepted, new = step[0], step[1 : step[0] + 2]
+        new, accepted_counted, reached, stopped = _truncate_at_stop(new, accepted, drafted, stop_ids)
+        target.rollback(len(committed) + accepted)  # keeps [last committed, accepted drafts]
+        if proposer is not None:
+            proposer.on_verified(accepted, drafted)
+            if wants_hidden and result.hidden is not None:
+                proposer.observe_target(result.hidden, accepted)
+        stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        if lookahead is not None:
+            lookahead.observe(
+                drafted=drafted,
+                accepted=accepted,
+                reached=min(accepted + 1, drafted),
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+            )
+            k_history.append(drafted)
+        committed.extend(new)
+        out.extend(new)
+        if on_tokens is not None:
+            on_tokens(new)
+        if stopped:
+            finish = "stop"
+            break
+    stats.output_tokens = len(out)
+    stats.elapsed_s = time.perf_counter() - started
+    return GenerationResult(tokens=out, stats=stats, finish_reason=finish, k_history=k_history)
+
+
+def generate_plain(
+    target: Target, prompt_ids: list[int], config: GenerationConfig, on_tokens: OnTokens | None = None
+) -> GenerationResult:
+    """Plain decoding through the same target and loop: one target pass per token (the baseline)."""
+    return generate(target, None, prompt_ids, config, on_tokens)
+
+
+def _truncate_at_stop(
+    new: list[int], accepted: int, drafted: int, stop_ids: frozenset[int]
+) -> tuple[list[int], int, int, bool]:
+    """Cut the step's tokens after the first stop token; count only drafts that were emitted."""
+    reached = min(accepted + 1, drafted)
+    for i, token in enumerate(new):
+        if token in stop_ids:
+            if i < accepted:  # the stop token is an accepted draft: drafts after it are never emitted
+                return new[: i + 1], i + 1, i + 1, True
+            return new[: i + 1], accepted, reached, True
+    return new, accepted, reached, False
+
+
+_EMPTY = Proposal(tokens=torch.empty(0, dtype=torch.long), q=None)

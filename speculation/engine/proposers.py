@@ -1,0 +1,148 @@
+"""Proposers: whatever guesses the next K tokens, behind one small protocol (the loop never asks which).
+
+A proposer sees the committed token ids, proposes up to k tokens, then learns how many were accepted.
+``observe_target`` hands it the target's features of the last verification (EAGLE heads need them);
+proposers that do not need them ignore it (``wants_hidden = False`` keeps the target from computing them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from speculation.engine.errors import VocabMismatchError
+from speculation.engine.model import Transformer
+from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+
+
+@dataclass
+class Proposal:
+    tokens: Tensor  # [k'] long, k' <= k (may be empty)
+    q: Tensor | None  # [k', V] the draft's processed distribution; None = one-hot drafts
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    wants_hidden: bool
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """A new request starts with these prompt tokens."""
+
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        """Propose up to k tokens to follow ``committed``."""
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        """The last proposal had num_accepted of num_drafted tokens accepted (roll back the rest)."""
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        """The target's features [K+1, D] of the last verification (only called when wants_hidden)."""
+
+
+class NgramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed."""
+
+    wants_hidden = False
+
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("need 1 <= min_ngram <= max_ngram")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.device = torch.device("cpu")
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        return Proposal(tokens=torch.tensor(self.lookup(committed, k), dtype=torch.long, device=self.device), q=None)
+
+    def lookup(self, committed: list[int], k: int) -> list[int]:
+        n_tokens = len(committed)
+        for n in range(min(self.max_ngram, n_tokens - 1), self.min_ngram - 1, -1):
+            suffix = committed[n_tokens - n :]
+            for start in range(n_tokens - n - 1, -1, -1):  # latest match first
+                if committed[start : start + n] == suffix:
+                    return committed[start + n : start + n + k]
+        return []
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        pass
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A small causal LM with the target's vocabulary and its own KV cache.
+
+    The draft's cache holds ``cached`` committed positions; a proposal feeds the committed tokens it has not
+    seen (one or two) and then its own drafts. After verification the accepted drafts stay cached (they are
+    the committed tokens at those positions), the rest is rolled back.
+    """
+
+    wants_hidden = False
+
+    def __init__(self, model: Transformer, *, target_vocab_size: int, confidence_threshold: float = 0.0):
+        if model.vocab_size != target_vocab_size:
+            raise VocabMismatchError(
+                f"draft vocabulary ({model.vocab_size}) differs from the target's ({target_vocab_size})"
+            )
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError("confidence_threshold must be in [0, 1)")
+        self.model = model
+        self.confidence_threshold = confidence_threshold
+        self.device = model.output.weight.device
+        self.cached = 0
+        self._proposed_from = 0
+        self.last_top_probs: list[float] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cached = 0
+
+    @torch.inference_mode()
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        self._proposed_from = len(committed)
+        k = min(k, self.model.max_len - len(committed))
+        if k <= 0:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
+        feed = torch.tensor(committed[self.cached :], device=self.device)
+        start = self.cached
+        tokens: list[Tensor] = []
+        qs: list[Tensor] = []
+        for _ in range(k):
+            logits = self.model(feed, start).logits[-1]  # [V]
+            start += feed.shape[0]
+            if self.confidence_threshold > 0.0 and self._below_threshold(logits):
+                break  # host read: the cut-off decides whether this draft token is worth verifying
+            if params.greedy:
+                token = logits.argmax(-1)
+            else:
+                q = probs_from_logits(logits, params)
+                token = sample(q, generator)
+                qs.append(q)
+            tokens.append(token.view(1))
+            feed = token.view(1)
+        self.cached = len(committed)  # positions beyond are the drafts' (kept only if accepted)
+        if not tokens:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
+        return Proposal(tokens=torch.cat(tokens), q=torch.stack(qs) if qs else None)
+
+    def _below_threshold(self, logits: Tensor) -> bool:
+        top = torch.softmax(logits.float(), dim=-1).max().item()
+        self.last_top_probs.append(top)
+        return top < self.confidence_threshold
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        # drafts 1..k-1 were fed to the draft (the last one never is); accepted ones stay valid
+        self.cached = self._proposed_from + min(num_accepted, max(num_drafted - 1, 0))
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        pass

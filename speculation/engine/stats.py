@@ -1,0 +1,119 @@
+"""Speculation statistics of one generation (or of a replay), as a plain dataclass.
+
+Two acceptance figures, named apart because engines mix them up (see ANCHORS section 1):
+- ``acceptance_rate`` = accepted / drafted (vLLM's "draft acceptance rate"; equals (E[N] - 1) / K).
+- ``alpha`` = per-position acceptance: accepted / positions reached (a position is reached when every
+  earlier draft token of its step was accepted), the i.i.d. alpha of Leviathan et al.
+``mean_accepted_len`` = tokens committed per verification step, bonus/recovered token included (E[N], tau).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    drafts: int = 0  # verification steps that carried at least one draft token
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose draft i was accepted
+    reached_per_position: list[int] = field(default_factory=list)  # [i]: steps where draft i was judged
+    accepted_length_histogram: list[int] = field(default_factory=list)  # [n]: steps with n accepted drafts
+    target_passes: int = 0  # target forward passes after the prefill (spec steps + plain steps)
+    output_tokens: int = 0
+    elapsed_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def record_step(self, *, drafted: int, accepted: int, reached: int) -> None:
+        self.target_passes += 1
+        if drafted == 0:
+            return
+        self.drafts += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        _grow(self.accepted_per_position, drafted)
+        _grow(self.reached_per_position, drafted)
+        _grow(self.accepted_length_histogram, drafted + 1)
+        for i in range(reached):
+            self.reached_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+        self.accepted_length_histogram[accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def alpha(self) -> float:
+        reached = sum(self.reached_per_position)
+        return sum(self.accepted_per_position) / reached if reached else 0.0
+
+    @property
+    def alpha_per_position(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position, strict=True)]
+
+    @property
+    def mean_accepted_len(self) -> float:
+        return (self.accepted_tokens + self.drafts) / self.drafts if self.drafts else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def counts(self) -> dict:
+        """The timing-free part (what a replay must reproduce exactly)."""
+        keys = (
+            "drafts",
+            "drafted_tokens",
+            "accepted_tokens",
+            "accepted_per_position",
+            "reached_per_position",
+            "accepted_length_histogram",
+            "target_passes",
+            "output_tokens",
+        )
+        return {k: getattr(self, k) for k in keys}
+
+    @classmethod
+    def combine(cls, parts: list[SpecStats]) -> SpecStats:
+        """Sum several requests' stats (per-position lists are summed element-wise)."""
+        total = cls()
+        for part in parts:
+            for name in (
+                "drafts",
+                "drafted_tokens",
+                "accepted_tokens",
+                "target_passes",
+                "output_tokens",
+                "elapsed_s",
+                "prefill_s",
+                "draft_s",
+                "verify_s",
+            ):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            for name in ("accepted_per_position", "reached_per_position", "accepted_length_histogram"):
+                mine, theirs = getattr(total, name), getattr(part, name)
+                _grow(mine, len(theirs))
+                for i, value in enumerate(theirs):
+                    mine[i] += value
+        return total
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
+            alpha_per_position=self.alpha_per_position,
+            mean_accepted_len=self.mean_accepted_len,
+            tok_s=self.tok_s,
+        )
+        return data
+
+
+def _grow(values: list[int], size: int) -> None:
+    if len(values) < size:
+        values.extend([0] * (size - len(values)))

@@ -1,0 +1,67 @@
+"""Targets: the model whose distribution the output must follow, behind one small protocol.
+
+Invariant kept by the decode loop: the target has processed every committed token except the last one
+(``length == committed - 1``); a step feeds [last committed, d_1..d_K] and keeps what was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from speculation.engine.model import Transformer
+
+
+@dataclass
+class TargetOutput:
+    logits: Tensor  # [T, V]
+    hidden: Tensor | None  # [T, D] final-norm features, when asked for
+
+
+@runtime_checkable
+class Target(Protocol):
+    vocab_size: int
+    max_context: int
+    device: torch.device
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Start a request: process every prompt token but the last."""
+
+    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
+        """Process tokens at the next positions (after the cached ones) and return their logits."""
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+
+
+class LocalTarget:
+    """A Transformer in this process; its KV cache rolls back by moving ``length``."""
+
+    def __init__(self, model: Transformer, *, max_context: int | None = None):
+        self.model = model
+        if max_context is not None and max_context > model.max_len:
+            model.setup_cache(max_context)
+        self.max_context = min(max_context or model.max_len, model.max_len)
+        self.vocab_size = model.vocab_size
+        self.device = model.output.weight.device
+        self.length = 0
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.length = 0
+        if len(prompt_ids) > 1:
+            self.forward(torch.tensor(prompt_ids[:-1], device=self.device))
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
+        out = self.model(tokens, self.length, return_hidden=return_hidden)
+        self.length += tokens.shape[0]
+        return TargetOutput(logits=out.logits, hidden=out.hidden)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: {self.length} positions are cached")
+        self.length = length
