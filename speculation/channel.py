@@ -35,3 +35,13 @@ class WorkerChannel:
         pipe.rpush(self.key, json.dumps(message))
         pipe.expire(self.key, EXPIRE_S)
         pipe.execute()
+
+
+def announce_started(request_id: str) -> None:
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=10)
+    try:
+        WorkerChannel(client, request_id).send({"type": "started"})
+    finally:
+        client.close()

@@ -8,14 +8,25 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_process_init
 
 from ace.celery import gpu_queue
+
+
+@worker_process_init.connect
+def _preload(**_: Any) -> None:
+    """Import torch and transformers once per worker process, before any request waits on them."""
+    import speculation.services.generation  # noqa: F401
+    import speculation.services.shadow  # noqa: F401
 
 
 @shared_task(name="speculation.tasks.prod_generate_task", acks_late=False, ignore_result=True)
 def prod_generate_task(job: dict[str, Any]) -> None:
     # acks_late off: a prod request redelivered after a worker crash would generate into a channel the gateway
     # already gave up on (it fell back).
+    from speculation.channel import announce_started
+
+    announce_started(job["request_id"])  # before any heavy import: the gateway's start timeout is short
     from speculation.services.generation import run_prod_generation
 
     run_prod_generation(job)

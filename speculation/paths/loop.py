@@ -59,7 +59,7 @@ def greedy_speculate(
 
 
 def replay_greedy_batches(
-    *, draft_next: Sequence[int], output_ids: Sequence[int], max_tokens: int, k: int
+    *, draft_next: Sequence[int], output_ids: Sequence[int], max_tokens: int, k: int, stopped: bool = False
 ) -> Iterator[CommittedBatch]:
     """What greedy_speculate would have committed, step by step, for a greedy target output.
 
@@ -76,6 +76,5 @@ def replay_greedy_batches(
             accepted += 1
         end = min(i + accepted + 1, n)
         ids = list(output_ids[i:end])
-        finished = end == n and i + accepted == n  # every token up to the end was drafted and accepted
-        yield CommittedBatch(ids=ids, drafted=k_step, accepted=accepted, finished=finished)
+        yield CommittedBatch(ids=ids, drafted=k_step, accepted=accepted, finished=stopped and end == n)
         i = end

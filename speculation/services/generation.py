@@ -87,7 +87,6 @@ def run_prod_generation(job: dict[str, Any]) -> None:
     """Generate one prod request; every outcome ends with a done or error message on the channel."""
     client = redis_client()
     channel = WorkerChannel(client, job["request_id"])
-    channel.send({"type": "started"})
     try:
         endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
         policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)

@@ -40,7 +40,7 @@ def draft_step_seconds(draft_model: torch.nn.Module, key: str, context: list[int
     return _draft_step_s[key]
 
 
-def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_tokens: int, k: int):
+def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_tokens: int, k: int, stopped: bool):
     """The n-gram proposer is a function of the context, so its replay calls it on each committed prefix."""
     from speculation.paths.base import CommittedBatch
 
@@ -53,7 +53,7 @@ def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_to
             accepted += 1
         end = min(i + accepted + 1, n)
         yield CommittedBatch(
-            ids=output_ids[i:end], drafted=len(drafts), accepted=accepted, finished=end == n and i + accepted == n
+            ids=output_ids[i:end], drafted=len(drafts), accepted=accepted, finished=stopped and end == n
         )
         i = end
 
@@ -72,6 +72,7 @@ def measure_shadow(
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
     k = policy.k
+    stopped = finish_reason == "stop"
     budget = max_tokens or len(output_ids)
     common: dict[str, Any] = {
         "mechanism": policy.mechanism,
@@ -94,12 +95,16 @@ def measure_shadow(
         )
         return
     if policy.mechanism == Mechanism.NGRAM:
-        batches = replay_ngram_batches(prompt_ids=prompt_ids, output_ids=output_ids, max_tokens=budget, k=k)
+        batches = replay_ngram_batches(
+            prompt_ids=prompt_ids, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
+        )
         c = 0.0
     else:
         draft = resources.model(policy.draft.path)
         draft_next = teacher_forced_next(draft.model, prompt_ids, output_ids)
-        batches = replay_greedy_batches(draft_next=draft_next, output_ids=output_ids, max_tokens=budget, k=k)
+        batches = replay_greedy_batches(
+            draft_next=draft_next, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
+        )
         c = draft_step_seconds(draft.model, policy.draft.path, prompt_ids + output_ids) / target_step_s
     stats = SpecRunStats(k=k)
     for batch in batches:

@@ -5,7 +5,9 @@ leaves the session's shared ones alone."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ def own_ace(own_redis, tmp_path: Path):
         redis_url=own_redis.url,
         log_dir=tmp_path,
         name="ace-fallback",
-        extra_env={"ACE_PROD_START_TIMEOUT": "3", "ACE_PROD_STEP_TIMEOUT": "10"},
+        extra_env={"ACE_PROD_START_TIMEOUT": "8", "ACE_PROD_STEP_TIMEOUT": "10"},
     )
     yield proc
     proc.stop()
@@ -71,7 +73,7 @@ def _bump(own_redis) -> None:
 
 
 def _prod(endpoint, draft, own_redis, **extra) -> None:
-    update_policy(endpoint=endpoint, mode="prod", mechanism="draft_model", draft=draft, k=3, **extra)
+    update_policy(endpoint=endpoint, mode="prod", mechanism="draft_model", draft=draft, **{"k": 3, **extra})
     _bump(own_redis)  # update_policy bumped the session's Redis; this ACE reads its own
 
 
@@ -120,6 +122,8 @@ def test_a_worker_killed_mid_stream_is_finished_plainly(client, endpoint, demo_p
     worker = _start_worker(own_redis, tmp_path)
     try:
         _prod(endpoint, draft, own_redis, k=1)
+        _chat(client, endpoint.name, stream=False, max_tokens=2)  # warm: the worker has loaded the draft
+        assert _last_record(endpoint).action == "speculated"
         ids: list[int] = []
         stream = client.chat.completions.create(
             model=endpoint.name,
@@ -133,9 +137,10 @@ def test_a_worker_killed_mid_stream_is_finished_plainly(client, endpoint, demo_p
             if chunk.choices:
                 ids += chunk.choices[0].model_extra.get("token_ids") or []
             if len(ids) >= 4 and worker.alive():
-                worker.stop(grace_s=0)  # SIGTERM then SIGKILL, mid-stream
+                os.killpg(worker.pid, signal.SIGKILL)  # mid-stream, no warm shutdown
+                worker.popen.wait(timeout=10)
     finally:
-        worker.stop(grace_s=0)
+        worker.stop()
     assert ids == expected
     record = _last_record(endpoint)
     assert record.action == "fell_back", record.reason
