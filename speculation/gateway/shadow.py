@@ -102,9 +102,17 @@ class ShadowCapture:
             output_ids=self.output_ids,
             finish_reason=self.finish_reason or "",
             max_tokens=_max_tokens(self.call.body),
-            temperature=float(self.call.body.get("temperature", 1.0) or 0.0),
+            temperature=_temperature(self.call.body),
+            plain_sampling=self.call.body.get("top_p") in (None, 1, 1.0)
+            and self.call.body.get("top_k") in (None, 0, -1),
             latency_ms=latency_ms,
         )
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """The request's temperature; vLLM's default (from the model's generation config) is taken as 1."""
+    value = body.get("temperature")
+    return 1.0 if value is None else float(value)
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -81,6 +81,14 @@ def teacher_forced_next(model: torch.nn.Module, prompt_ids: list[int], output_id
     return torch.argmax(logits[len(prompt_ids) - 1 :], dim=-1).tolist()
 
 
+@torch.inference_mode()
+def teacher_forced_probs(model: torch.nn.Module, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """[len(output), V]: the draft's distribution (temperature 1) at every output position, teacher forced."""
+    ids = torch.tensor([prompt_ids + output_ids[:-1]], dtype=torch.long)  # [1, P + n - 1]
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :]  # [n, V]
+    return torch.softmax(logits.float(), dim=-1)
+
+
 class NgramDraft:
     """Prompt lookup: continue the longest recent n-gram match in the context (zero VRAM)."""
 

@@ -126,3 +126,80 @@ def measure_shadow(
         tok_s=baseline_tok_s * projected if baseline_tok_s and projected else None,
         **{**common, **fields},
     )
+
+
+SCORING_LOGPROBS = 20
+
+
+def _measure_sampled(
+    *,
+    endpoint: Endpoint,
+    policy: SpeculationPolicy,
+    request_id: str,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    temperature: float,
+    plain_sampling: bool,
+    baseline_tok_s: float | None,
+    common: dict[str, Any],
+) -> None:
+    """Expected acceptance sum_x min(p, q) per output position, p from the target's top log-probabilities.
+
+    Measured for temperature 1 without top-p/top-k (the server's raw log-probabilities are then the sampling
+    distribution); anything else is recorded as not measured, with the reason."""
+    from speculation.engine import expected_acceptance
+    from speculation.paths.drafting import teacher_forced_probs
+    from speculation.services.generation import _headers, http
+
+    def unmeasured(reason: str) -> None:
+        record_stage(
+            endpoint_id=endpoint.pk,
+            request_id=request_id,
+            mode=Mode.SHADOW,
+            action=Action.WOULD_SPECULATE,
+            reason=reason,
+            baseline_tok_s=baseline_tok_s,
+            **common,
+        )
+
+    if temperature != 1.0 or not plain_sampling:
+        unmeasured(
+            f"sampled traffic at temperature {temperature} (or with top-p/top-k): expected acceptance is "
+            "measured for temperature 1 only"
+        )
+        return
+    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
+        unmeasured("sampled traffic with n-gram drafts: no draft distribution to compare")
+        return
+    top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
+    response = http().post(
+        endpoint.base_url.rstrip("/") + "/v1/completions",
+        headers=_headers(endpoint),
+        timeout=120,
+        json={
+            "model": endpoint.served_model,
+            "prompt": prompt_ids + output_ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "prompt_logprobs": top_n,
+        },
+    )
+    response.raise_for_status()
+    scores = response.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
+    target = [{int(t): v["logprob"] for t, v in entry.items()} for entry in scores]
+    q = teacher_forced_probs(resources.model(policy.draft.path).model, prompt_ids, output_ids)
+    alpha = expected_acceptance(target, q)
+    k = policy.k
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+    record_stage(
+        endpoint_id=endpoint.pk,
+        request_id=request_id,
+        mode=Mode.SHADOW,
+        action=Action.WOULD_SPECULATE,
+        reason=f"sampled traffic (temperature 1): expected acceptance from the target's top-{top_n} "
+        "log-probabilities (a lower bound); mean accepted length from the i.i.d. formula",
+        alpha=alpha,
+        mean_accepted_len=tau,
+        baseline_tok_s=baseline_tok_s,
+        **common,
+    )
