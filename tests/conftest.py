@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ace import processes
@@ -97,10 +98,17 @@ def vllm_server(demo_pair, artifacts_dir: Path) -> Iterator[ModelServer]:
 
 @pytest.fixture(scope="session")
 def vllm_ngram_server(demo_pair, artifacts_dir: Path) -> Iterator[ModelServer]:
-    # Dev mode adds /server_info, the only place vLLM names its speculative method.
-    yield from _start_model_server(
+    # Dev mode adds /server_info, the only place vLLM names its speculative method. Its first call collects
+    # the host's environment (seconds): made once here so that probes in the tests see its usual speed.
+    servers = _start_model_server(
         demo_pair, artifacts_dir, speculative_config=processes.NGRAM_SPECULATIVE_CONFIG, dev_mode=True
     )
+    server = next(servers)
+    try:
+        httpx.get(server.base_url + "/server_info", timeout=120)
+        yield server
+    finally:
+        servers.close()
 
 
 @pytest.fixture(scope="session")

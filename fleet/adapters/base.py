@@ -135,8 +135,9 @@ class ServerClient:
     def __exit__(self, *exc: object) -> None:
         self._client.close()
 
-    def get_json(self, path: str, *, params: dict[str, str] | None = None) -> Any:
-        return _decode_json(self._send("GET", path, params=params), path)
+    def get_json(self, path: str, *, params: dict[str, str] | None = None, timeout_s: float | None = None) -> Any:
+        timeout = httpx.Timeout(timeout_s) if timeout_s else httpx.USE_CLIENT_DEFAULT
+        return _decode_json(self._send("GET", path, params=params, timeout=timeout), path)
 
     def post_json(self, path: str, body: dict[str, Any]) -> Any:
         return _decode_json(self._send("POST", path, json=body), path)

@@ -28,6 +28,8 @@ from fleet.adapters.base import (
 )
 from fleet.adapters.openai import OpenAICompatibleAdapter
 
+# /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
+SERVER_INFO_TIMEOUTS = 3
 SPEC_DECODE_COUNTER = "vllm:spec_decode_num_drafts"
 PER_POSITION_SERIES = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos(?:_total)?\{[^}]*position="(\d+)"')
 
@@ -102,7 +104,10 @@ class VllmAdapter(OpenAICompatibleAdapter):
     def _speculative_method(self, client: ServerClient, caps: dict[str, Any]) -> str | None:
         """Only a server started with VLLM_SERVER_DEV_MODE=1 says which method it runs; others leave it None."""
         try:
-            info = expect_dict(client.get_json("/server_info", params={"config_format": "json"}), "/server_info")
+            answer = client.get_json(
+                "/server_info", params={"config_format": "json"}, timeout_s=SERVER_INFO_TIMEOUTS * self.timeout_s
+            )
+            info = expect_dict(answer, "/server_info")
         except ProbeError as exc:
             if exc.kind is FailureKind.NOT_FOUND:
                 return None
