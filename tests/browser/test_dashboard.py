@@ -135,9 +135,13 @@ def test_shadow_fills_the_acceptance_chart_and_prod_fills_the_multipliers(
     assert page.evaluate("window.__aceNoReload === true"), "the page was reloaded instead of updated in place"
     page.screenshot(path=str(artifacts_dir / "dashboard_shadow_acceptance.png"), full_page=True)
 
-    # the projection page shows what prod would give, from the shadow measurements
+    # the projection page shows what prod would give for K = 1..8, from the shadow measurements
     page.goto(f"{page.url.split('?')[0]}projection/")
     expect(page.locator("#m-records")).not_to_have_text("0")
+    expect(page.locator("#projection-table tbody tr")).to_have_count(8)  # K = 1..8, c from the measurements
+    expect(page.locator("#projection-table tr.best")).to_have_count(1)
+    assert 1 <= int(page.locator("#best-k").inner_text()) <= 8
+    assert page.evaluate("document.getElementById('chart-projection').data[0].x.length") == 8
     page.screenshot(path=str(artifacts_dir / "dashboard_projection.png"), full_page=True)
 
     # when: the operator switches to prod from the dashboard toggle and traffic continues
