@@ -344,8 +344,9 @@ def measured_costs(*, endpoint: Any, since: datetime | None = None) -> dict:
     Each shadow record's projected multiplier is S = E[N] / (v + K c) with the draft's measured step time
     over the target's measured time per token (c) and v = 1 (speculation.services.shadow states it), so
     c = (E[N] / S - v) / K per record; averaged over the newest COST_SAMPLE records in the database. The
-    target step is the records' latency per output token. v is not measured separately: None, and the
-    projection uses 1 (the GPU memory-bound value) and says so."""
+    target step is the records' latency per output token. v comes from prod records where there are some
+    (their measured multiplier S gives v = E[N] / S - K c, every overhead of the prod path included);
+    without them it is None and the projection uses 1 (the GPU memory-bound value) and says so."""
     recent = StageRecord.objects.filter(
         endpoint_id=endpoint.pk,
         action=Action.WOULD_SPECULATE,
@@ -368,18 +369,41 @@ def measured_costs(*, endpoint: Any, since: datetime | None = None) -> dict:
     c = row["c"]
     if c is None:
         missing.append("the draft cost c (no shadow measurement with a projection yet)")
-    missing.append("the verification cost v (not timed separately; v = 1, the GPU memory-bound value)")
+    c = None if c is None else max(0.0, c)
+    v = _measured_v(endpoint_id=endpoint.pk, since=since, c=c)
+    if v is None:
+        missing.append("the verification cost v (needs prod records; v = 1, the GPU memory-bound value, until then)")
     tpot = (endpoint.capabilities or {}).get("tpot_ms")
     return {
         "records": row["n"],
-        "c": None if c is None else round(max(0.0, c), 4),
-        "v": None,
+        "c": None if c is None else round(c, 4),
+        "v": v,
         "target_step_ms": _round(row["target_step_ms"]) or tpot,
-        "draft_step_ms": None
-        if c is None or not row["target_step_ms"]
-        else _round(max(0.0, c) * row["target_step_ms"]),
+        "draft_step_ms": None if c is None or not row["target_step_ms"] else _round(c * row["target_step_ms"]),
         "missing": missing,
     }
+
+
+def _measured_v(*, endpoint_id: int, since: datetime | None, c: float | None) -> float | None:
+    """v = E[N] / S - K c averaged over the newest prod records (None without c or prod records)."""
+    if c is None:
+        return None
+    recent = StageRecord.objects.filter(
+        endpoint_id=endpoint_id,
+        action=Action.SPECULATED,
+        multiplier__gt=0,
+        drafted_tokens__gt=0,
+        target_passes__gt=0,
+        mean_accepted_len__isnull=False,
+    )
+    if since is not None:
+        recent = recent.filter(created_at__gte=since)
+    recent_ids = recent.order_by("-created_at", "-id").values("pk")[:COST_SAMPLE]
+    k_mean = Cast(F("drafted_tokens"), FloatField()) / Cast(F("target_passes"), FloatField())
+    row = StageRecord.objects.filter(pk__in=Subquery(recent_ids)).aggregate(
+        v=Avg(F("mean_accepted_len") / F("multiplier") - k_mean * Value(c))
+    )
+    return None if row["v"] is None or row["v"] <= 0 else round(row["v"], 4)
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

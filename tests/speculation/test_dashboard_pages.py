@@ -216,6 +216,19 @@ def test_projection_marks_the_best_k_from_measured_alpha_and_costs(client_in, en
     assert what_if.context["best"].k == 6 and what_if.context["assumed"] is True  # alpha 0.7, c 0.05 -> K* = 6
 
 
+def test_projection_takes_v_from_prod_records_when_there_are_some(client_in, endpoint):
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.PROD)
+    add_records(endpoint, 3, mean_accepted_len=3.0, multiplier=1.5, target_passes=2, output_tokens=6)  # c = 0.2
+    # prod measured E[N] = 3 at K = 5 but only 1.0x: v = 3 / 1.0 - 5 * 0.2 = 2.0 (the prod path's overheads)
+    add_records(endpoint, 2, mode=Mode.PROD, mean_accepted_len=3.0, multiplier=1.0, target_passes=2)
+
+    response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]))
+
+    assert response.context["costs"]["v"] == 2.0
+    assert response.context["v"] == 2.0
+    assert response.context["best"].multiplier == pytest.approx(max(p.multiplier for p in response.context["curve"]))
+
+
 def test_projection_without_shadow_data_says_what_to_do(client_in, endpoint):
     body = client_in.get(reverse("speculation:projection", args=[endpoint.pk])).content.decode()
     assert "No shadow measurements" in body and "<b>shadow</b>" in body
