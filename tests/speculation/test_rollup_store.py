@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -90,3 +92,14 @@ def test_bucket_width_must_be_whole_minutes():
     now = timezone.now()
     with pytest.raises(ValueError, match="multiple of 60"):
         rollup_store.sums(since=now - timedelta(hours=1), until=now, bucket_s=90)
+
+
+def test_rebuild_counts_records_imported_behind_the_watermark(endpoint):
+    records_at(endpoint, [timedelta(minutes=10)])
+    rollup_store.refresh_rollups()
+    records_at(endpoint, [timedelta(minutes=20)])  # imported late: older than the watermark
+    assert StageRollup.objects.aggregate(n=Sum("n"))["n"] == 1
+
+    call_command("refresh_rollups", "--rebuild", stdout=io.StringIO())
+
+    assert StageRollup.objects.aggregate(n=Sum("n"))["n"] == 2
