@@ -307,3 +307,11 @@ def test_policy_options_api_says_why_an_option_does_not_fit(client_in, endpoint)
     (draft,) = data["drafts"]
     assert not draft["available"] and "does not match" in draft["reason"]
     assert data["effective_path"] == "remote"
+
+
+def test_draft_sizes_are_shown_in_decimal_units(client_in):
+    DraftModel.objects.create(
+        name="small", kind=DraftKind.DRAFT_MODEL, path="/x", param_count=68_000_000, vram_bytes=300 * 1024**2
+    )
+    body = client_in.get(reverse("speculation:draft-list")).content.decode()
+    assert "68M params" in body and "300.0\xa0MB" in body
