@@ -80,9 +80,10 @@ def _collected(
         progress.stage("collect", "reusing collected features")
         return Sequences.load(train_file), Sequences.load(test_file)
     prompts = read_prompts(settings.prompts)
-    if settings.max_prompts:
-        prompts = prompts[: settings.max_prompts]
-    train_prompts, test_prompts = split_prompts(prompts, held_out=settings.held_out, seed=settings.train.seed)
+    if settings.max_prompts:  # every n-th prompt, so each source and category keeps its share
+        step = max(1, len(prompts) // settings.max_prompts)
+        prompts = prompts[::step][: settings.max_prompts]
+    train_prompts, test_prompts = split_prompts(prompts, held_out=settings.held_out)
     progress.stage("collect", f"{len(train_prompts)} training and {len(test_prompts)} held-out prompts")
 
     def report(done: int, total: int) -> None:

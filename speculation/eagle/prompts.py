@@ -1,8 +1,9 @@
 """Prompt sources for EAGLE head training and evaluation: Spec-Bench questions or a local text file.
 
-Spec-Bench lives outside the repository, in `../shared/datasets/spec_bench_questions.jsonl` relative to the
-repository root; `ACE_SPEC_BENCH` overrides the path. A text file is either JSON lines (objects with a
-"prompt", "text" or "turns" field) or plain text with one prompt per paragraph (blank-line separated).
+Sources (comma-separated to mix): `spec_bench` (`../shared/datasets/spec_bench_questions.jsonl` relative to
+the repository root; `ACE_SPEC_BENCH` overrides the path), `stdlib` (the beginnings of the Python standard
+library's files in the demo corpus' training split, category "code"), or a file: JSON lines (objects with a
+"prompt", "text" or "turns" field and an optional "category") or plain text, one prompt per paragraph.
 (Shadow traffic is not a source: stage records keep counts and rates, never prompt text.)
 """
 
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC_BENCH = "spec_bench"
+STDLIB = "stdlib"
+STDLIB_PROMPT_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,28 @@ def _from_json_line(obj: dict, default_category: str) -> Prompt | None:
 
 
 def read_prompts(source: str) -> list[Prompt]:
-    """All prompts of a source: "spec_bench" or a path to a .jsonl / text file."""
-    path = spec_bench_path() if source in ("", SPEC_BENCH) else Path(source)
+    """All prompts of one source or of several (comma-separated), in source order."""
+    prompts: list[Prompt] = []
+    for part in (source or SPEC_BENCH).split(","):
+        prompts += _read_source(part.strip())
+    return prompts
+
+
+def _stdlib_prompts() -> list[Prompt]:
+    from speculation.demo.corpus import stdlib_corpus
+
+    prompts = []
+    for path in stdlib_corpus().train_files:
+        text = path.read_text(encoding="utf-8", errors="replace")[:STDLIB_PROMPT_CHARS].strip()
+        if text:
+            prompts.append(Prompt("code", text))
+    return prompts
+
+
+def _read_source(source: str) -> list[Prompt]:
+    if source == STDLIB:
+        return _stdlib_prompts()
+    path = spec_bench_path() if source == SPEC_BENCH else Path(source)
     if not path.is_file():
         raise PromptSourceError(f"prompt source {str(path)!r} is not a file (set ACE_SPEC_BENCH or pass --prompts)")
     raw = path.read_text(encoding="utf-8", errors="replace")
@@ -66,18 +88,22 @@ def read_prompts(source: str) -> list[Prompt]:
     return prompts
 
 
-def split_prompts(prompts: list[Prompt], *, held_out: float, seed: int) -> tuple[list[Prompt], list[Prompt]]:
-    """A seeded split that keeps every category on both sides (at least one held-out prompt per category)."""
+def split_prompts(
+    prompts: list[Prompt], *, held_out: float, min_held_out: int = 3
+) -> tuple[list[Prompt], list[Prompt]]:
+    """Hold out the first prompts of every category (file order), at least min_held_out of each when it has more.
+
+    The benchmark (`python -m speculation.bench`) measures on the first prompts of each Spec-Bench category, so
+    a head is never trained on the prompts it is benchmarked on.
+    """
     by_category: dict[str, list[Prompt]] = {}
     for prompt in prompts:
         by_category.setdefault(prompt.category, []).append(prompt)
-    rng = random.Random(seed)
     train: list[Prompt] = []
     test: list[Prompt] = []
     for category in sorted(by_category):
-        group = list(by_category[category])
-        rng.shuffle(group)
-        n_test = max(1, round(len(group) * held_out)) if len(group) > 1 else 0
+        group = by_category[category]
+        n_test = min(len(group) - 1, max(min_held_out, round(len(group) * held_out)))
         test += group[:n_test]
         train += group[n_test:]
     return train, test

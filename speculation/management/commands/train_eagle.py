@@ -40,7 +40,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--target", required=True, help="the target's Hugging Face Llama directory")
         parser.add_argument("--out", required=True, help="where the head (and its _work/ checkpoint) goes")
-        parser.add_argument("--prompts", default="spec_bench", help="spec_bench (default) or a .jsonl/.txt file")
+        parser.add_argument(
+            "--prompts",
+            default="spec_bench",
+            help="spec_bench (default), stdlib, a .jsonl/.txt file, or several joined by commas",
+        )
         parser.add_argument("--epochs", type=int, default=4)
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--name", default="", help="draft name (default eagle-<target>-s<seed>)")
@@ -50,7 +54,9 @@ class Command(BaseCommand):
         parser.add_argument("--lr", type=float, default=None)
         parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
-        parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        parser.add_argument(
+            "--threads", type=int, default=1, help="torch CPU threads (default 1: best on a shared CPU; 0: torch's)"
+        )
         parser.add_argument("--node-class", default="cpu")
         parser.add_argument("--no-register", action="store_true", help="train only; register no draft")
         parser.add_argument("--queue", action="store_true", help="queue on the node class's GPU worker")
