@@ -3,12 +3,14 @@ from rest_framework.routers import SimpleRouter
 
 from speculation.api import views
 from speculation.api.native_flags import NativeFlagsView
+from speculation.api.training_runs import TrainingRunViewSet
 
 app_name = "speculation-api"
 
 router = SimpleRouter()
 router.register("drafts", views.DraftViewSet, basename="draft")
 router.register("stage-records", views.StageRecordViewSet, basename="stage-record")
+router.register("training-runs", TrainingRunViewSet, basename="training-run")
 
 urlpatterns = [
     path("endpoints/<int:pk>/policy/", views.PolicyView.as_view(), name="policy"),

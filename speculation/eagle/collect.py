@@ -34,6 +34,12 @@ class Sequences:
     def total_tokens(self) -> int:
         return sum(t.numel() for t in self.tokens)
 
+    def extend(self, other: Sequences) -> None:
+        self.tokens += other.tokens
+        self.features += other.features
+        self.prompt_lens += other.prompt_lens
+        self.categories += other.categories
+
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         torch.save(self.__dict__, tmp)
@@ -106,4 +112,32 @@ def collect(
         if progress is not None:
             progress(min(start + batch_size, len(prompts)), len(prompts))
     logger.info("collected %d sequences, %d tokens", len(out), out.total_tokens)
+    return out
+
+
+@torch.no_grad()
+def collect_text_windows(
+    model, tokenizer, text: str, *, windows: int, window_tokens: int = 128, batch_size: int = 16
+) -> Sequences:
+    """Teacher-forced features over evenly spaced windows of text: one batched target pass, no generation.
+
+    Cheap volume (as the EAGLE paper trains on fixed text); the generated continuations carry the
+    distribution the head drafts at inference time.
+    """
+    device = next(model.parameters()).device
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < window_tokens + 1:
+        return Sequences()
+    stride = max(window_tokens, (len(ids) - window_tokens) // max(1, windows))
+    starts = list(range(0, len(ids) - window_tokens, stride))[:windows]
+    out = Sequences()
+    for first in range(0, len(starts), batch_size):
+        batch = torch.tensor([ids[s : s + window_tokens] for s in starts[first : first + batch_size]])
+        hidden = model.model(input_ids=batch.to(device)).last_hidden_state.cpu()  # [B, T, H]
+        for row in range(batch.shape[0]):
+            out.tokens.append(batch[row])
+            out.features.append(hidden[row].clone())
+            out.prompt_lens.append(1)
+            out.categories.append("text")
+    logger.info("teacher-forced %d text windows of %d tokens", len(out), window_tokens)
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from speculation.eagle.collect import Sequences, collect, load_target, target_weights
+from speculation.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.eagle.prompts import read_prompts, split_prompts
 from speculation.eagle.train import EpochReport, TrainSettings, train_head
 from speculation.engine.eagle import EagleConfig, EagleHead, param_count
@@ -34,10 +34,21 @@ class PipelineSettings:
     max_prompt_tokens: int = 64
     new_tokens: int = 64
     intermediate_size: int = 0  # 0: the target's
+    # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
+    text_windows: int = 0
+    window_tokens: int = 128
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def collect_key(self) -> dict:
-        keys = ("prompts", "max_prompts", "held_out", "max_prompt_tokens", "new_tokens")
+        keys = (
+            "prompts",
+            "max_prompts",
+            "held_out",
+            "max_prompt_tokens",
+            "new_tokens",
+            "text_windows",
+            "window_tokens",
+        )
         return {**{k: getattr(self, k) for k in keys}, "seed": self.train.seed}
 
     @classmethod
@@ -92,6 +103,15 @@ def _collected(
     options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens}
     train = collect(model, tokenizer, train_prompts, progress=report, **options)
     test = collect(model, tokenizer, test_prompts, progress=report, **options)
+    if settings.text_windows:
+        from speculation.demo.corpus import stdlib_corpus
+
+        progress.stage("collect", f"{settings.text_windows} teacher-forced text windows")
+        text = stdlib_corpus().train_text(settings.text_windows * settings.window_tokens * 6)
+        windows = collect_text_windows(
+            model, tokenizer, text, windows=settings.text_windows, window_tokens=settings.window_tokens
+        )
+        train.extend(windows)
     train.save(train_file)
     test.save(test_file)
     key_file.write_text(json.dumps(key))

@@ -11,6 +11,7 @@ import pytest
 
 from ace import processes
 from fleet.models import Endpoint
+from speculation.models import DraftModel
 from speculation.native_flags import flags_for_endpoint
 from speculation.services.drafts import register_draft
 
@@ -58,3 +59,34 @@ def test_demo_draft_flags_start_a_vllm_that_speculates(demo_pair, artifacts_dir)
     # then: the server drafted with the registered draft
     assert response.json()["choices"][0]["text"]
     assert drafts > 0, "vLLM reported no speculative drafts"
+
+
+def test_eagle_head_flags_start_a_vllm_that_drafts_with_the_head(demo_pair, artifacts_dir, tmp_path):
+    # given: an EAGLE head saved by ACE for the demo target (untrained: vLLM only has to load and run it)
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+
+    head = EagleHead(EagleConfig.for_target(demo_pair.target_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "head")
+    endpoint = Endpoint.objects.create(name="local-vllm-eagle", base_url="http://127.0.0.1:1", kind="vllm")
+    draft = DraftModel.objects.create(name="demo-head", kind="eagle_head", path=str(tmp_path / "head"))
+    flags = flags_for_endpoint(endpoint=endpoint, draft=draft, k=2)
+    assert flags.speculative_config["method"] == "eagle"
+
+    # when: vLLM starts with exactly those flags and serves one greedy request
+    proc = start_vllm_with(flags, target_dir=demo_pair.target_dir, log_dir=artifacts_dir)
+    try:
+        response = httpx.post(
+            f"{proc.url}/v1/completions",
+            json={"model": SERVED_NAME, "prompt": "import os\n", "max_tokens": 24, "temperature": 0},
+            timeout=120,
+        )
+        response.raise_for_status()
+        drafts = spec_drafts_total(proc.url)
+    finally:
+        proc.stop()
+
+    # then: vLLM ran ACE's head as its EAGLE drafter
+    assert drafts > 0, "vLLM reported no EAGLE drafts"

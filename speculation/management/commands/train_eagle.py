@@ -51,6 +51,9 @@ class Command(BaseCommand):
         parser.add_argument("--target-name", default="", help="the target's name (default: its directory name)")
         parser.add_argument("--max-prompts", type=int, default=0, help="use the first N prompts (0: all)")
         parser.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
+        parser.add_argument(
+            "--text-windows", type=int, default=0, help="add N teacher-forced windows of stdlib text to training"
+        )
         parser.add_argument("--lr", type=float, default=None)
         parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
@@ -65,7 +68,7 @@ class Command(BaseCommand):
         if opts["threads"]:
             torch.set_num_threads(opts["threads"])
         options = {"max_prompts": opts["max_prompts"], "new_tokens": opts["new_tokens"],
-                   "intermediate_size": opts["intermediate_size"]}  # fmt: skip
+                   "intermediate_size": opts["intermediate_size"], "text_windows": opts["text_windows"]}  # fmt: skip
         if opts["lr"] is not None:
             options["lr"] = opts["lr"]
         if opts["token_weight"] is not None:

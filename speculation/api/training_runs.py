@@ -1,0 +1,61 @@
+"""REST: EAGLE head training runs under /api/v1/training-runs/ (list, progress of one, queue a new one)."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from speculation.eagle.service import start_training_run
+from speculation.models import TrainingRun
+
+
+class TrainingRunSerializer(serializers.ModelSerializer):
+    draft = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    progress = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = TrainingRun
+        fields = [
+            "id", "name", "target_dir", "target_name", "out_dir", "prompts", "node_class", "seed", "epochs",
+            "status", "stage", "epoch", "progress", "loss", "alpha", "mean_accepted_len", "log", "error", "draft",
+            "config", "created_at", "started_at", "finished_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = [
+            "status", "stage", "epoch", "loss", "alpha", "mean_accepted_len", "log", "error", "draft", "config",
+            "created_at", "started_at", "finished_at", "updated_at",
+        ]  # fmt: skip
+        extra_kwargs = {"name": {"required": False}, "target_name": {"required": False}}
+
+
+class TrainingRunViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet
+):
+    """Training runs, newest first. Poll one for its progress (epoch, loss, held-out alpha, per-epoch log).
+
+    POST queues a run on the node class's GPU worker: target_dir and out_dir are paths on that node.
+    """
+
+    serializer_class = TrainingRunSerializer
+    queryset = TrainingRun.objects.select_related("draft")
+
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            run = start_training_run(
+                target_dir=data["target_dir"],
+                out_dir=data["out_dir"],
+                name=data.get("name", ""),
+                target_name=data.get("target_name", ""),
+                prompts=data.get("prompts") or "spec_bench",
+                epochs=data.get("epochs", 4),
+                seed=data.get("seed", 0),
+                node_class=data.get("node_class", "cpu"),
+            )
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}) from exc
+        return Response(self.get_serializer(run).data, status=status.HTTP_201_CREATED)
