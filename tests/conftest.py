@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from ace import processes
+from ace.launcher import DEMO_MODEL_NAME
 
 ARTIFACTS = processes.REPO_ROOT / "test-artifacts"
-DEMO_MODEL_NAME = "ace-demo-target"
 
 
 @dataclass(frozen=True)
