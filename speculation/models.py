@@ -124,6 +124,8 @@ class StageRecord(models.Model):
         indexes = [
             models.Index(fields=["endpoint", "created_at"]),
             models.Index(fields=["endpoint", "action", "created_at"]),
+            # time ranges across endpoints: the dashboard's rollup fill and its fleet-wide raw edges
+            models.Index(fields=["created_at"], name="stagerecord_created_idx"),
         ]
 
     def __str__(self) -> str:
