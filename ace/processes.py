@@ -10,6 +10,7 @@ SIGKILL on the whole group (vLLM forks an engine core and workers).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def ace_home() -> Path:
@@ -89,6 +91,22 @@ class ManagedProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL (no orphans)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def spawn(
     name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> ManagedProcess:
@@ -103,6 +121,7 @@ def spawn(
         env={**os.environ, **(env or {})},
         cwd=str(cwd or REPO_ROOT),
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     log.close()
     return ManagedProcess(name=name, popen=popen, log_path=log_path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,15 @@ class ModelServer:
     base_url: str
     model: str
     process: processes.ManagedProcess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A session stopped with SIGTERM (CI timeouts, `timeout`) unwinds like Ctrl-C, so the session fixtures
+    # stop the processes they started.
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 @pytest.fixture(scope="session")
