@@ -95,9 +95,12 @@ def generate(
     finish = "length"
 
     started = time.perf_counter()
-    target.prefill(committed)
+    prefilled = target.prefill(committed, return_hidden=True) if wants_hidden else target.prefill(committed)
     if proposer is not None:
         proposer.begin(committed)
+        if wants_hidden and prefilled is not None and prefilled.hidden is not None:
+            # Additive hook (eagle): the prompt's features, all of them true (as if every token were accepted).
+            proposer.observe_target(prefilled.hidden, prefilled.hidden.shape[0] - 1)
     stats.prefill_s = time.perf_counter() - started
 
     while True:

@@ -28,7 +28,11 @@ class Target(Protocol):
     device: torch.device
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        """Start a request: process every prompt token but the last."""
+        """Start a request: process every prompt token but the last.
+
+        A target that can (LocalTarget) also takes ``return_hidden=True`` and returns the prompt's TargetOutput,
+        so an EAGLE head gets the prompt's features without a second pass.
+        """
 
     def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
         """Process tokens at the next positions (after the cached ones) and return their logits."""
@@ -50,10 +54,11 @@ class LocalTarget:
         self.length = 0
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], *, return_hidden: bool = False) -> TargetOutput | None:
         self.length = 0
         if len(prompt_ids) > 1:
-            self.forward(torch.tensor(prompt_ids[:-1], device=self.device))
+            return self.forward(torch.tensor(prompt_ids[:-1], device=self.device), return_hidden=return_hidden)
+        return None
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
