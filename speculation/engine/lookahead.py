@@ -1,9 +1,12 @@
 """Choosing K, the lookahead: fixed, or the K that maximises expected tokens per unit time.
 
 Dynamic K (ANCHORS section 1): with per-position acceptance alpha, a step with K drafts commits
-E[N] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs verify(K) + K * draft_step. alpha is a decayed
-estimate from the accepted counts (accepted / positions reached); the costs are decayed averages of
-measured wall time. verify(K) is fitted as a + b * (K + 1) from the step sizes seen so far.
+E[N] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs verify(K + 1 tokens) + K * draft_step. alpha is a
+decayed estimate from the accepted counts (accepted / positions reached); the costs are decayed averages of
+measured wall time, verify cost kept per number of tokens verified (on a CPU it is far from linear: a few
+rows cost what one row costs, then the matrix kernel changes). K = 0 (a plain step) is a candidate too, so
+speculation backs off when the draft does not pay; every ``PROBE_EVERY`` plain steps one draft step probes
+whether the acceptance came back.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ K_MIN, K_MAX = 1, 16
 DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before anything is measured
+PROBE_EVERY = 8
 
 
 def check_k(k: int) -> int:
@@ -39,6 +43,7 @@ class DynamicLookahead:
     reached: float = PRIOR_WEIGHT
     draft_step_s: float | None = None
     verify_s: dict[int, float] = field(default_factory=dict)  # tokens verified -> decayed seconds
+    plain_streak: int = 0
 
     @property
     def alpha(self) -> float:
@@ -49,30 +54,41 @@ class DynamicLookahead:
         self.reached = DECAY * self.reached + reached
         if drafted:
             per_step = draft_s / drafted
-            self.draft_step_s = (
-                per_step if self.draft_step_s is None else DECAY * self.draft_step_s + (1 - DECAY) * per_step
-            )
+            old_step = self.draft_step_s
+            self.draft_step_s = per_step if old_step is None else DECAY * old_step + (1 - DECAY) * per_step
+        self.plain_streak = 0 if drafted else self.plain_streak + 1
         n = drafted + 1
         old = self.verify_s.get(n)
         self.verify_s[n] = verify_s if old is None else DECAY * old + (1 - DECAY) * verify_s
 
     def verify_cost(self, n_tokens: int) -> float:
-        points = sorted(self.verify_s.items())
-        if len(points) == 1:
-            return points[0][1]
-        mean_x = sum(x for x, _ in points) / len(points)
-        mean_y = sum(y for _, y in points) / len(points)
-        var = sum((x - mean_x) ** 2 for x, _ in points)
-        slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / var)
-        return max(1e-9, mean_y + slope * (n_tokens - mean_x))
+        if n_tokens in self.verify_s:
+            return self.verify_s[n_tokens]
+        below = [n for n in self.verify_s if n < n_tokens]
+        above = [n for n in self.verify_s if n > n_tokens]
+        if below and above:  # interpolate between the nearest measured sizes
+            lo, hi = max(below), min(above)
+            w = (n_tokens - lo) / (hi - lo)
+            return (1 - w) * self.verify_s[lo] + w * self.verify_s[hi]
+        nearest = max(below) if below else min(above)
+        points = sorted(self.verify_s)
+        if len(points) < 2:
+            return self.verify_s[nearest]
+        slope = max(0.0, (self.verify_s[points[-1]] - self.verify_s[points[0]]) / (points[-1] - points[0]))
+        return self.verify_s[nearest] + slope * (n_tokens - nearest)
 
     def choose(self) -> int:
+        k_start = min(self.k_start, self.k_max)
         if self.draft_step_s is None or not self.verify_s:
-            return min(self.k_start, self.k_max)
+            return k_start
         if len(self.verify_s) < 2:  # one step size seen: try another to learn how verify cost grows with K
-            return max(1, min(self.k_start, self.k_max) // 2)
+            return max(1, k_start // 2)
+        if 1 not in self.verify_s:
+            return 0  # measure one plain step: the cost speculation has to beat
+        if self.plain_streak >= PROBE_EVERY:
+            return 1  # probe: has the draft started agreeing again?
         alpha = min(self.alpha, 0.999)
-        best_k, best_rate = 1, -1.0
+        best_k, best_rate = 0, 1.0 / self.verify_cost(1)
         for k in range(1, self.k_max + 1):
             rate = expected_tokens(alpha, k) / (self.verify_cost(k + 1) + k * self.draft_step_s)
             if rate > best_rate:

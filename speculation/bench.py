@@ -1,0 +1,308 @@
+"""``python -m speculation.bench``: ACE's speculative decoding against plain decoding and Hugging Face.
+
+One process, the same prompts (Spec-Bench questions from ../shared/datasets and held-out stdlib code) and
+the demo pair: plain target decoding; ACE speculation with the draft model and with n-gram lookup, each at
+K=5 and with dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
+constant schedule, no confidence cut-off: the same drafting as ACE's K=5). Greedy throughout.
+Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from speculation.demo import ensure_demo_pair
+from speculation.demo.corpus import stdlib_corpus
+from speculation.engine import (
+    DraftModelProposer,
+    GenerationConfig,
+    LocalTarget,
+    NgramProposer,
+    SpecStats,
+    Transformer,
+    generate,
+    load_causal_lm,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
+K = 5
+TIMING_REPEATS = 30
+
+
+@dataclass(frozen=True)
+class Prompt:
+    category: str
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str  # "plain" | "draft_model" | "ngram" | "hf_plain" | "hf_assisted"
+    k: int | str | None
+
+
+MECHANISMS = [
+    Mechanism("plain", None),
+    Mechanism("draft_model", K),
+    Mechanism("draft_model", "dynamic"),
+    Mechanism("ngram", K),
+    Mechanism("ngram", "dynamic"),
+    Mechanism("hf_plain", None),
+    Mechanism("hf_assisted", K),
+]
+
+
+def load_prompts(tokenizer, questions: Path, per_category: int, code_prompts: int) -> list[Prompt]:
+    by_category: dict[str, list[str]] = defaultdict(list)
+    with questions.open() as handle:
+        for line in handle:
+            row = json.loads(line)
+            by_category[row["category"]].append(row["turns"][0])
+    prompts = [
+        Prompt(cat, tokenizer.encode(text).ids[:256])
+        for cat in sorted(by_category)
+        for text in by_category[cat][:per_category]
+    ]
+    for path in stdlib_corpus().held_out_files[:code_prompts]:  # held out: the pair never trained on them
+        text = path.read_text(encoding="utf-8", errors="replace")
+        prompts.append(Prompt("code", tokenizer.encode(text).ids[:160]))
+    return prompts
+
+
+@torch.inference_mode()
+def step_costs(target: Transformer, draft: Transformer, k: int) -> dict[str, float]:
+    """Seconds per call at a mid-context position: target 1 token, target k+1 tokens, draft 1 token."""
+
+    def timed(model: Transformer, n_tokens: int) -> float:
+        model.setup_cache(model.max_len)
+        tokens = torch.arange(n_tokens) % model.vocab_size
+        model(torch.arange(200) % model.vocab_size, 0)
+        samples = []
+        for _ in range(TIMING_REPEATS):
+            t0 = time.perf_counter()
+            model(tokens, 200)
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    step = timed(target, 1)
+    return {"target_step_s": step, "verify_s": timed(target, k + 1), "draft_step_s": timed(draft, 1)}
+
+
+def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Prompt, max_new: int, eos: int):
+    config = GenerationConfig(max_new_tokens=max_new, k=K, dynamic_k=mech.k == "dynamic", stop_token_ids=(eos,))
+    if mech.name == "plain":
+        proposer = None
+    elif mech.name == "draft_model":
+        proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
+    else:
+        proposer = NgramProposer()
+    result = generate(target, proposer, prompt.ids, config)
+    return result.tokens, result.stats
+
+
+@torch.inference_mode()
+def run_hf(mech: Mechanism, hf_target, hf_draft, prompt: Prompt, max_new: int, eos: int):
+    input_ids = torch.tensor([prompt.ids])
+    kwargs = dict(
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        attention_mask=torch.ones_like(input_ids),
+    )
+    if mech.name == "hf_assisted":
+        kwargs.update(
+            assistant_model=hf_draft,
+            num_assistant_tokens=K,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        )
+    t0 = time.perf_counter()
+    out = hf_target.generate(input_ids, **kwargs)
+    elapsed = time.perf_counter() - t0
+    tokens = out[0, input_ids.shape[1] :].tolist()
+    stats = SpecStats(output_tokens=len(tokens), elapsed_s=elapsed)
+    return tokens, stats
+
+
+def summarise(stats: SpecStats) -> dict:
+    return {
+        "alpha": round(stats.alpha, 4),
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "mean_accepted_len": round(stats.mean_accepted_len, 4),
+        "tok_s": round(stats.tok_s, 2),
+        "output_tokens": stats.output_tokens,
+        "target_passes": stats.target_passes,
+        "elapsed_s": round(stats.elapsed_s, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m speculation.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under 2 minutes here)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench questions JSONL")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: best on a shared CPU)")
+    parser.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default 32 quick, 128 full)")
+    args = parser.parse_args(argv)
+    if not args.questions.is_file():
+        parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    pair = ensure_demo_pair()
+    tokenizer = Tokenizer.from_file(str(pair.target_dir / "tokenizer.json"))
+    eos = tokenizer.token_to_id("</s>")
+    max_new = args.max_new_tokens or (32 if args.quick else 128)
+    prompts = load_prompts(
+        tokenizer, args.questions, per_category=1 if args.quick else 3, code_prompts=1 if args.quick else 6
+    )
+    target_model = load_causal_lm(pair.target_dir, max_len=1024)
+    draft_model = load_causal_lm(pair.draft_dir, max_len=1024)
+    target = LocalTarget(target_model)
+    hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
+    hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+
+    def run(mech: Mechanism, prompt: Prompt):
+        if mech.name.startswith("hf_"):
+            return run_hf(mech, hf_target, hf_draft, prompt, max_new, eos)
+        return run_ace(mech, target, draft_model, prompt, max_new, eos)
+
+    warm = Prompt(prompts[0].category, prompts[0].ids[:32])
+    for mech in MECHANISMS:  # warm-up: first calls allocate and fill caches
+        run(mech, warm)
+    costs = step_costs(target_model, draft_model, K)
+    target_model.setup_cache(1024)
+    draft_model.setup_cache(1024)
+
+    results: dict[Mechanism, list[tuple[Prompt, list[int], SpecStats]]] = defaultdict(list)
+    started = time.perf_counter()
+    for prompt in prompts:  # interleaved, so load changes on the machine hit every mechanism alike
+        for mech in MECHANISMS:
+            tokens, stats = run(mech, prompt)
+            results[mech].append((prompt, tokens, stats))
+    report = build_report(results, costs, prompts, max_new, pair, args)
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    print_table(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def build_report(results, costs, prompts, max_new, pair, args) -> dict:
+    plain_key, hf_key = Mechanism("plain", None), Mechanism("hf_assisted", K)
+    plain_tokens = [tokens for _, tokens, _ in results[plain_key]]
+    tok_s = {m: SpecStats.combine([s for _, _, s in rows]).tok_s for m, rows in results.items()}
+    # costs measured inside the decode loop of these very runs (the microbenchmark ones are kept as micro_*)
+    plain = SpecStats.combine([s for _, _, s in results[plain_key]])
+    spec = SpecStats.combine([s for _, _, s in results[Mechanism("draft_model", K)]])
+    target_step_s = plain.verify_s / plain.target_passes
+    c_draft = spec.draft_s / spec.drafted_tokens / target_step_s
+    v_verify = spec.verify_s / spec.target_passes / target_step_s
+
+    def figures(mech: Mechanism, rows) -> dict:
+        stats = SpecStats.combine([s for _, _, s in rows])
+        entry = {"mechanism": mech.name, "k": mech.k, **summarise(stats)}
+        entry["speedup_vs_plain"] = round(stats.tok_s / tok_s[plain_key], 3)
+        entry["speedup_vs_hf"] = round(stats.tok_s / tok_s[hf_key], 3)
+        if mech.name in ("draft_model", "ngram"):
+            entry["greedy_identical"] = [t for _, t, _ in rows] == [plain_tokens[i] for i in range(len(rows))]
+        if mech.name == "draft_model" and mech.k == K:
+            bound = stats.mean_accepted_len / (v_verify + K * c_draft)
+            entry.update(bound=round(bound, 3), efficiency=round(entry["speedup_vs_plain"] / bound, 3))
+        return entry
+
+    runs = [figures(m, rows) for m, rows in results.items()]
+    main_key = Mechanism("draft_model", K)
+    top = next(r for r in runs if r["mechanism"] == "draft_model" and r["k"] == K)
+    categories = {}
+    for category in sorted({p.category for p in prompts}):
+        per_mech = {m: [row for row in rows if row[0].category == category] for m, rows in results.items()}
+        spec = SpecStats.combine([s for _, _, s in per_mech[main_key]])
+        plain = SpecStats.combine([s for _, _, s in per_mech[plain_key]])
+        ngram = SpecStats.combine([s for _, _, s in per_mech[Mechanism("ngram", K)]])
+        categories[category] = {
+            "prompts": len(per_mech[main_key]),
+            "alpha": round(spec.alpha, 4),
+            "mean_accepted_len": round(spec.mean_accepted_len, 4),
+            "speedup_vs_plain": round(spec.tok_s / plain.tok_s, 3),
+            "ngram_mean_accepted_len": round(ngram.mean_accepted_len, 4),
+            "ngram_speedup_vs_plain": round(ngram.tok_s / plain.tok_s, 3),
+        }
+    info = pair.build_info
+    return {
+        "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s))",
+        "date": dt.date.today().isoformat(),
+        "command": "python -m speculation.bench " + " ".join(sys.argv[1:]),
+        "quick": args.quick,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new,
+        "k": K,
+        "alpha": top["alpha"],
+        "acceptance_rate": top["acceptance_rate"],
+        "mean_accepted_len": top["mean_accepted_len"],
+        "c_draft": round(c_draft, 4),
+        "v_verify": round(v_verify, 4),
+        "target_step_ms": round(target_step_s * 1e3, 3),
+        "micro_target_step_ms": round(costs["target_step_s"] * 1e3, 3),
+        "micro_c_draft": round(costs["draft_step_s"] / costs["target_step_s"], 4),
+        "micro_v_verify": round(costs["verify_s"] / costs["target_step_s"], 4),
+        "tok_s_plain": round(tok_s[plain_key], 2),
+        "tok_s_spec": top["tok_s"],
+        "tok_s_hf_assisted": round(tok_s[hf_key], 2),
+        "tok_s_hf_plain": round(tok_s[Mechanism("hf_plain", None)], 2),
+        "speedup_vs_plain": top["speedup_vs_plain"],
+        "speedup_vs_hf": top["speedup_vs_hf"],
+        "bound": top["bound"],
+        "efficiency": top["efficiency"],
+        "greedy_identical": all(r.get("greedy_identical", True) for r in runs),
+        "model": {
+            "target_params": info.get("target_params"),
+            "draft_params": info.get("draft_params"),
+            "alpha_heldout_text": info.get("alpha_heldout_text"),
+            "alpha_heldout_generated": info.get("alpha_heldout_generated"),
+        },
+        "runs": runs,
+        "categories": categories,
+    }
+
+
+def print_table(report: dict) -> None:
+    print(f"device: {report['device']}   prompts: {report['prompts']}   max_new_tokens: {report['max_new_tokens']}")
+    print(f"{'mechanism':<12} {'k':>8} {'tok/s':>8} {'vs plain':>9} {'vs HF':>7} {'alpha':>6} {'E[N]':>6} {'ident':>6}")
+    for r in report["runs"]:
+        print(
+            f"{r['mechanism']:<12} {r['k']!s:>8} {r['tok_s']:>8.1f} {r['speedup_vs_plain']:>9.2f} "
+            f"{r['speedup_vs_hf']:>7.2f} {r['alpha']:>6.2f} {r['mean_accepted_len']:>6.2f} "
+            f"{r.get('greedy_identical', '-')!s:>6}"
+        )
+    print(
+        f"c_draft {report['c_draft']}  v_verify {report['v_verify']}  target_step_ms {report['target_step_ms']}  "
+        f"bound {report['bound']}  efficiency {report['efficiency']}"
+    )
+    for name, cat in report["categories"].items():
+        print(
+            f"  {name:<15} alpha {cat['alpha']:.2f}  E[N] {cat['mean_accepted_len']:.2f}  "
+            f"speedup {cat['speedup_vs_plain']:.2f}  (n-gram E[N] {cat['ngram_mean_accepted_len']:.2f}, "
+            f"speedup {cat['ngram_speedup_vs_plain']:.2f})"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

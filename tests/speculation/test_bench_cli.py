@@ -1,0 +1,54 @@
+"""python -m speculation.bench runs end to end and writes the JSON keys the issue lists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speculation import bench
+
+TOP_KEYS = (
+    "device",
+    "alpha",
+    "mean_accepted_len",
+    "k",
+    "c_draft",
+    "v_verify",
+    "tok_s_plain",
+    "tok_s_spec",
+    "tok_s_hf_assisted",
+    "speedup_vs_plain",
+    "speedup_vs_hf",
+    "bound",
+    "efficiency",
+    "greedy_identical",
+    "target_step_ms",
+    "runs",
+    "categories",
+)
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--max-new-tokens", "6", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(TOP_KEYS) <= set(report)
+    assert report["greedy_identical"] is True
+    assert {(r["mechanism"], r["k"]) for r in report["runs"]} == {
+        ("plain", None),
+        ("draft_model", 5),
+        ("draft_model", "dynamic"),
+        ("ngram", 5),
+        ("ngram", "dynamic"),
+        ("hf_plain", None),
+        ("hf_assisted", 5),
+    }
+    assert {"code", "translation", "summarization", "qa", "math_reasoning", "rag"} <= set(report["categories"])
+    assert "draft_model" in capsys.readouterr().out
+
+
+def test_missing_questions_file_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--questions", str(tmp_path / "none.jsonl")])

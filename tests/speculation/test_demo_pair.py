@@ -1,0 +1,114 @@
+"""The demo pair: a servable Llama target and a distilled draft, cached and built atomically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speculation.demo import build as demo_build
+from speculation.demo import ensure_demo_pair
+from speculation.demo.corpus import stdlib_corpus
+from speculation.demo.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return ensure_demo_pair()
+
+
+def test_target_and_draft_are_llama_checkpoints_with_one_vocabulary(pair):
+    configs = {
+        name: json.loads((d / "config.json").read_text())
+        for name, d in (("target", pair.target_dir), ("draft", pair.draft_dir))
+    }
+    for config in configs.values():
+        assert config["architectures"] == ["LlamaForCausalLM"]
+        assert config["max_position_embeddings"] >= 1024
+        assert config["dtype"] == "float32"
+    assert configs["target"]["vocab_size"] == configs["draft"]["vocab_size"]
+    assert configs["target"]["num_hidden_layers"] >= 8 > configs["draft"]["num_hidden_layers"]
+    for directory in (pair.target_dir, pair.draft_dir):
+        for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            assert (directory / name).is_file(), directory / name
+
+
+def test_transformers_loads_the_tokenizer_with_bos_eos_and_a_chat_template(pair):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
+    ids = tokenizer("def f(x):\n    return x").input_ids
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "def f(x):\n    return x"
+    assert tokenizer.eos_token == "</s>"
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat.endswith("<|assistant|>\n")
+
+
+def test_the_draft_agrees_with_the_target_on_held_out_text(pair):
+    info = pair.build_info
+    assert info["alpha_heldout_text"] >= 0.6
+    assert info["alpha_heldout_generated"] >= 0.6
+    assert info["target_params"] >= 4 * info["draft_params"]
+
+
+def test_engine_greedy_speculation_on_the_demo_pair_equals_plain_greedy(pair):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core machine stalls torch's thread barrier
+    try:
+        _check_greedy_identity(pair)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_greedy_identity(pair) -> None:
+    from tokenizers import Tokenizer
+
+    from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, generate, load_causal_lm
+
+    tokenizer = Tokenizer.from_file(str(pair.target_dir / "tokenizer.json"))
+    target = LocalTarget(load_causal_lm(pair.target_dir, max_len=512))
+    draft = load_causal_lm(pair.draft_dir, max_len=512)
+    config = GenerationConfig(max_new_tokens=40, k=5)
+    for text in ("import os\n\n\ndef main(argv):\n", "class Parser:\n    def __init__(self, text):\n"):
+        prompt = tokenizer.encode(text).ids
+        plain = generate(target, None, prompt, config)
+        spec = generate(target, DraftModelProposer(draft, target_vocab_size=target.vocab_size), prompt, config)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.target_passes < plain.stats.target_passes
+
+
+def test_a_cached_pair_is_returned_without_building(tmp_path, monkeypatch):
+    (tmp_path / demo_build.DEMO_NAME).mkdir()
+    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out: pytest.fail("must not rebuild"))
+    assert ensure_demo_pair(models_dir=tmp_path).root == tmp_path / demo_build.DEMO_NAME
+
+
+def test_a_crashed_build_leaves_nothing_that_could_be_used(tmp_path, monkeypatch):
+    (tmp_path / f".{demo_build.DEMO_NAME}.tmp-1").mkdir()  # debris of an earlier crash
+
+    def crash(out):
+        (out / "target").mkdir()
+        raise RuntimeError("killed mid-build")
+
+    monkeypatch.setattr(demo_build, "build_demo_pair", crash)
+    with pytest.raises(RuntimeError, match="mid-build"):
+        ensure_demo_pair(models_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{demo_build.DEMO_NAME}.lock"]
+
+
+def test_the_corpus_split_is_fixed_and_disjoint():
+    first, second = stdlib_corpus(), stdlib_corpus()
+    assert first == second
+    assert not set(first.train_files) & set(first.held_out_files)
+    assert len(first.held_out_files) * 8 < len(first.train_files)
+
+
+def test_tokenizer_training_is_deterministic():
+    text = stdlib_corpus().train_text(200_000)
+    a, b = train_tokenizer(text, vocab_size=400), train_tokenizer(text, vocab_size=400)
+    assert a.to_str() == b.to_str()
