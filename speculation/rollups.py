@@ -14,6 +14,7 @@ steps (target_passes).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +24,9 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from speculation.models import Action, PolicyChange, StageRecord
-from speculation.rollup_store import MAX_K, SPECULATIVE_ACTIONS, ratio, sums
+from speculation.rollup_store import COLUMNS, MAX_K, SPECULATIVE_ACTIONS, ratio, sums
+
+Totals = dict[tuple, dict[str, float]]
 
 __all__ = ["MAX_K", "SPECULATIVE_ACTIONS"]
 
@@ -114,35 +117,51 @@ METRICS: dict[str, Metric] = {
 }
 
 
-def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, now: datetime | None = None) -> dict:
-    """One metric over time for one endpoint: series of (bucket start, value, record count), plus the
-    policy change points in the range. Raises ValueError for an unknown metric or range."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    spec = METRICS[metric]
-    time_range = get_range(range_name)
-    now = now or timezone.now()
-    since = time_range.since(now)
-    totals = sums(
-        since=since,
+def _collapse(totals: Totals, *, actions: tuple[str, ...] | None, key: Callable[[tuple], tuple]) -> Totals:
+    """Re-group (bucket, mode, action) sums by key(bucket, mode, action), keeping only `actions`."""
+    out: Totals = {}
+    for (bucket, mode, action), row in totals.items():  # aggregated rows (a few per bucket), not records
+        if actions is not None and action not in actions:
+            continue
+        into = out.setdefault(key((bucket, mode, action)), dict.fromkeys(COLUMNS, 0))
+        for column in COLUMNS:
+            into[column] += row[column]
+    return out
+
+
+def _bucketed(*, endpoint_id: int, time_range: TimeRange, now: datetime) -> Totals:
+    """Everything an endpoint's charts need in one read: sums per (bucket, mode, action)."""
+    return sums(
+        since=time_range.since(now),
         until=now,
-        group=[spec.split_by] if spec.split_by else [],
+        group=["mode", "action"],
         bucket_s=time_range.bucket_s,
         endpoint_ids=[endpoint_id],
-        actions=spec.actions,
     )
+
+
+def _series(spec: Metric, metric: str, totals: Totals) -> list[dict]:
+    split = {"mode": 1, "action": 2}.get(spec.split_by or "")
+    points = _collapse(totals, actions=spec.actions, key=lambda k: (k[0], k[split]) if split is not None else (k[0],))
     series: dict[str, dict] = {}
-    for key in sorted(totals):  # (bucket[, split]) -> sums: one per chart point
-        row = totals[key]
+    for key in sorted(points):  # (bucket[, split]) -> sums: one per chart point
+        row = points[key]
         if not row[spec.count]:
             continue
         for suffix, (numerator, denominator) in spec.values.items():
-            name = "-".join(part for part in (key[1] if spec.split_by else "", suffix) if part)
+            name = "-".join(part for part in (key[1] if split is not None else "", suffix) if part)
             value = row[numerator] if denominator is None else ratio(row[numerator], row[denominator])
             entry = series.setdefault(name, {"name": name or metric, "t": [], "y": [], "n": []})
             entry["t"].append(_iso(key[0]))
             entry["y"].append(None if value is None else round(float(value), 4))
             entry["n"].append(int(row[spec.count]))
+    return sorted(series.values(), key=lambda s: s["name"])
+
+
+def _timeseries_payload(
+    *, endpoint_id: int, metric: str, time_range: TimeRange, now: datetime, totals: Totals, change_points: list[dict]
+) -> dict:
+    spec = METRICS[metric]
     return {
         "endpoint": endpoint_id,
         "metric": metric,
@@ -150,11 +169,46 @@ def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, 
         "unit": spec.unit,
         "range": time_range.name,
         "bucket_seconds": time_range.bucket_s,
-        "since": since.isoformat(),
+        "since": time_range.since(now).isoformat(),
         "until": now.isoformat(),
-        "series": sorted(series.values(), key=lambda s: s["name"]),
-        "change_points": policy_change_points(endpoint_id=endpoint_id, since=since, until=now),
+        "series": _series(spec, metric, totals),
+        "change_points": change_points,
     }
+
+
+def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, now: datetime | None = None) -> dict:
+    """One metric over time for one endpoint: series of (bucket start, value, record count), plus the
+    policy change points in the range. Raises ValueError for an unknown metric or range."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    time_range = get_range(range_name)
+    now = now or timezone.now()
+    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now)
+    changes = policy_change_points(endpoint_id=endpoint_id, since=time_range.since(now), until=now)
+    return _timeseries_payload(
+        endpoint_id=endpoint_id, metric=metric, time_range=time_range, now=now, totals=totals, change_points=changes
+    )
+
+
+def endpoint_charts(
+    *, endpoint_id: int, metrics: tuple[str, ...], range_name: str | None = None, now: datetime | None = None
+) -> dict:
+    """The endpoint page's charts from one read: the named time series, per-position acceptance and the
+    accepted-length histogram over the range."""
+    time_range = get_range(range_name)
+    now = now or timezone.now()
+    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now)
+    changes = policy_change_points(endpoint_id=endpoint_id, since=time_range.since(now), until=now)
+    charts: dict[str, Any] = {
+        m: _timeseries_payload(
+            endpoint_id=endpoint_id, metric=m, time_range=time_range, now=now, totals=totals, change_points=changes
+        )
+        for m in metrics
+    }
+    per_mode = _collapse(totals, actions=SPECULATIVE_ACTIONS, key=lambda k: (k[1],))
+    charts["per_position"] = _per_position(per_mode)
+    charts["histogram"] = _histogram(per_mode)
+    return charts
 
 
 def policy_change_points(*, endpoint_id: int, since: datetime, until: datetime, limit: int = 200) -> list[dict]:
@@ -188,18 +242,14 @@ def _pair(value: Any) -> str:
 # --- distributions ------------------------------------------------------------------------------------
 
 
-def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
-    """Per mode: acceptance rate at draft positions 1..MAX_K, the records' per-position rates weighted by
-    their verification steps (sum of rate_i * passes / sum of passes). Positions beyond K are None."""
-    totals = sums(
-        since=since,
-        until=until or timezone.now(),
-        group=["mode"],
-        endpoint_ids=[endpoint_id],
-        actions=SPECULATIVE_ACTIONS,
-    )
+def _per_mode(*, endpoint_id: int, since: datetime, until: datetime | None) -> Totals:
+    totals = sums(since=since, until=until or timezone.now(), group=["mode", "action"], endpoint_ids=[endpoint_id])
+    return _collapse({(0, *k): v for k, v in totals.items()}, actions=SPECULATIVE_ACTIONS, key=lambda k: (k[1],))
+
+
+def _per_position(per_mode: Totals) -> dict[str, list]:
     result: dict[str, list] = {}
-    for (mode,), row in sorted(totals.items()):
+    for (mode,), row in sorted(per_mode.items()):
         if not row["n_spec"]:
             continue
         # positions drafted: up to the mean K, or further where a position was accepted
@@ -209,17 +259,9 @@ def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetim
     return result
 
 
-def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
-    """Per mode: how many verification steps accepted 0, 1, ..., MAX_K draft tokens (summed lists)."""
-    totals = sums(
-        since=since,
-        until=until or timezone.now(),
-        group=["mode"],
-        endpoint_ids=[endpoint_id],
-        actions=SPECULATIVE_ACTIONS,
-    )
+def _histogram(per_mode: Totals) -> dict[str, list]:
     result: dict[str, list] = {}
-    for (mode,), row in sorted(totals.items()):
+    for (mode,), row in sorted(per_mode.items()):
         if not row["n_spec"]:
             continue
         counts = [int(row[f"h{i}"]) for i in range(MAX_K + 1)]
@@ -227,6 +269,17 @@ def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datet
             counts.pop()
         result[mode] = counts
     return result
+
+
+def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
+    """Per mode: acceptance rate at draft positions 1..MAX_K, the records' per-position rates weighted by
+    their verification steps (sum of rate_i * passes / sum of passes). Positions beyond K are None."""
+    return _per_position(_per_mode(endpoint_id=endpoint_id, since=since, until=until))
+
+
+def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
+    """Per mode: how many verification steps accepted 0, 1, ..., MAX_K draft tokens (summed lists)."""
+    return _histogram(_per_mode(endpoint_id=endpoint_id, since=since, until=until))
 
 
 # --- summaries ----------------------------------------------------------------------------------------

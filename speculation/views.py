@@ -125,15 +125,7 @@ def _policy_initial(policy: SpeculationPolicy) -> dict:
 
 
 def _chart_data(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
-    now = timezone.now()
-    since = time_range.since(now)
-    data = {
-        m: rollups.timeseries(endpoint_id=endpoint.pk, metric=m, range_name=time_range.name, now=now)
-        for m in CHART_METRICS
-    }
-    data["per_position"] = rollups.per_position_acceptance(endpoint_id=endpoint.pk, since=since, until=now)
-    data["histogram"] = rollups.accepted_length_histogram(endpoint_id=endpoint.pk, since=since, until=now)
-    return data
+    return rollups.endpoint_charts(endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name)
 
 
 def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:

@@ -77,7 +77,9 @@ def test_refresh_is_idempotent_and_moves_the_watermark(endpoint):
 
 
 def test_json_lists_are_summed_into_columns(endpoint):
-    records_at(endpoint, [timedelta(minutes=10, seconds=s) for s in (1, 2, 3)])  # same minute
+    now = timezone.now()
+    minute = now.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    records_at(endpoint, [now - (minute + timedelta(seconds=s)) for s in (10, 20, 30)])  # one minute
 
     rollup_store.refresh_rollups()
 
