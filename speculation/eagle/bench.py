@@ -43,6 +43,14 @@ def default_head_dir(pair) -> Path:
     return ace_home() / "models" / f"{pair.root.name}-eagle"
 
 
+def eagle_proposer_for(pair, target_model, head_dir: Path | None = None) -> EagleProposer | None:
+    """The demo target's EAGLE proposer when a head is there (the hook `python -m speculation.bench` can call)."""
+    head_dir = head_dir or default_head_dir(pair)
+    if not (head_dir / "config.json").is_file():
+        return None
+    return EagleProposer.from_dir(head_dir, target_model, target_dir=pair.target_dir)
+
+
 @torch.inference_mode()
 def head_step_s(proposer: EagleProposer, prompt_ids: list[int]) -> float:
     """Seconds per EAGLE draft step (the head's layer + the target's LM head): (t(3 drafts) - t(1 draft)) / 2."""
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     target_model = load_causal_lm(pair.target_dir, max_len=1024)
     draft_model = load_causal_lm(pair.draft_dir, max_len=1024)
     target = LocalTarget(target_model)
-    eagle = EagleProposer.from_dir(head_dir, target_model, target_dir=pair.target_dir)
+    eagle = eagle_proposer_for(pair, target_model, head_dir)
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
 
