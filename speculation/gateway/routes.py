@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 MAX_AGE_S = 5.0
 NO_REDIS_TTL_S = 0.25
 MISS_REBUILD_S = 0.5
+REDIS_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class RouteCache:
         self._version: bytes | None = None
         self._built_at = 0.0
         self._redis: aioredis.Redis | None = None
+        self._redis_down_until = 0.0
         self._lock = asyncio.Lock()
 
     def _client(self) -> aioredis.Redis:
@@ -109,10 +111,13 @@ class RouteCache:
         return self._redis
 
     async def _current_version(self) -> bytes | None:
+        if time.monotonic() < self._redis_down_until:
+            return None  # Redis failed a moment ago: do not pay a connect timeout on every request
         try:
             value = await self._client().get(ROUTING_VERSION_KEY)
             return value or b"0"
         except (aioredis.RedisError, OSError):
+            self._redis_down_until = time.monotonic() + REDIS_RETRY_S
             return None
 
     async def table(self) -> dict[str, Route]:

@@ -68,6 +68,7 @@ def measure_shadow(
     max_tokens: int | None,
     temperature: float,
     latency_ms: float,
+    plain_sampling: bool = True,
 ) -> None:
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
@@ -83,15 +84,16 @@ def measure_shadow(
     target_step_s = (latency_ms / 1000.0) / max(1, len(output_ids))
     baseline_tok_s = len(output_ids) / (latency_ms / 1000.0) if latency_ms > 0 else None
     if temperature != 0.0:
-        record_stage(
-            endpoint_id=endpoint_id,
+        _measure_sampled(
+            endpoint=endpoint,
+            policy=policy,
             request_id=request_id,
-            mode=Mode.SHADOW,
-            action=Action.WOULD_SPECULATE,
-            reason="sampled traffic: expected acceptance not measured "
-            "(the greedy replay is exact only for temperature 0)",
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            temperature=temperature,
+            plain_sampling=plain_sampling,
             baseline_tok_s=baseline_tok_s,
-            **common,
+            common=common,
         )
         return
     if policy.mechanism == Mechanism.NGRAM:

@@ -94,6 +94,18 @@ def _chat(client, model: str, *, stream: bool, max_tokens: int = 16) -> list[int
     return ids
 
 
+def _warm(client, endpoint, timeout_s: float = 120.0) -> None:
+    """Until the worker has served a prod request (models loaded), however loaded this machine is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        StageRecord.objects.all().delete()
+        _chat(client, endpoint.name, stream=False, max_tokens=2)
+        if _last_record(endpoint).action == "speculated":
+            StageRecord.objects.all().delete()
+            return
+    raise AssertionError("the worker never served a prod request")
+
+
 def _last_record(endpoint, timeout_s: float = 30.0) -> StageRecord:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -117,18 +129,19 @@ def test_no_worker_on_the_queue_falls_back_to_plain(client, endpoint, demo_pair,
 
 
 def test_a_worker_killed_mid_stream_is_finished_plainly(client, endpoint, demo_pair, own_redis, tmp_path):
-    expected = _chat(client, endpoint.name, stream=False, max_tokens=200)
+    max_tokens = 600
+    expected = _chat(client, endpoint.name, stream=False, max_tokens=max_tokens)
+    assert len(expected) > 50  # long enough that the worker is still generating when it is killed
     draft = register_draft(name="d", kind="draft_model", path=str(demo_pair.draft_dir))
     worker = _start_worker(own_redis, tmp_path)
     try:
         _prod(endpoint, draft, own_redis, k=1)
-        _chat(client, endpoint.name, stream=False, max_tokens=2)  # warm: the worker has loaded the draft
-        assert _last_record(endpoint).action == "speculated"
+        _warm(client, endpoint)
         ids: list[int] = []
         stream = client.chat.completions.create(
             model=endpoint.name,
             messages=[{"role": "user", "content": PROMPT}],
-            max_tokens=200,
+            max_tokens=max_tokens,
             temperature=0,
             stream=True,
             extra_body={"return_token_ids": True},
@@ -136,15 +149,15 @@ def test_a_worker_killed_mid_stream_is_finished_plainly(client, endpoint, demo_p
         for chunk in stream:
             if chunk.choices:
                 ids += chunk.choices[0].model_extra.get("token_ids") or []
-            if len(ids) >= 4 and worker.alive():
-                os.killpg(worker.pid, signal.SIGKILL)  # mid-stream, no warm shutdown
+            if ids and worker.alive():
+                os.killpg(worker.pid, signal.SIGKILL)  # at the first tokens, no warm shutdown
                 worker.popen.wait(timeout=10)
     finally:
         worker.stop()
     assert ids == expected
     record = _last_record(endpoint)
     assert record.action == "fell_back", record.reason
-    assert "worker sent nothing" in record.reason or "failed" in record.reason
+    assert "worker sent nothing" in record.reason
 
 
 def test_redis_down_falls_back_and_still_records(client, endpoint, demo_pair, own_redis):
@@ -170,6 +183,9 @@ def test_a_broken_draft_falls_back_with_a_draft_error(client, endpoint, demo_pai
         weights.write_bytes(b"not a safetensors file")
     worker = _start_worker(own_redis, tmp_path)
     try:
+        good = register_draft(name="good", kind="draft_model", path=str(demo_pair.draft_dir))
+        _prod(endpoint, good, own_redis)
+        _warm(client, endpoint)
         _prod(endpoint, draft, own_redis)
         for stream in (False, True):
             StageRecord.objects.all().delete()

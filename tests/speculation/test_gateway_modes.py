@@ -184,7 +184,8 @@ def test_prod_sends_requests_it_cannot_serve_exactly_plain_with_the_reason(
     )
     with pytest.raises(openai.BadRequestError):  # vLLM refuses n=2 when greedy; its 400 comes back unchanged
         gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=4, temperature=0, n=2)
-    gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=5000, temperature=0)
+    with pytest.raises(openai.BadRequestError):  # vLLM refuses it too, with its own 400
+        gateway_client.chat.completions.create(model=endpoint.name, messages=messages, max_tokens=5000, temperature=0)
     records = _records(endpoint, count=4, mode="prod")
     assert [r.action for r in records] == ["skipped"] * 4
     reasons = [r.reason for r in records]
