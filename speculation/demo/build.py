@@ -37,12 +37,13 @@ from speculation.demo.train import (
 
 logger = logging.getLogger(__name__)
 
-DEMO_NAME = "demo-v2"  # v1 was an earlier, weaker recipe (never committed)
+DEMO_NAME = "demo-v3"  # v1, v2: earlier recipes (v2: draft distilled on code only)
 SEED = 20261129
 VOCAB_SIZE = 2048
 TOKENIZER_BYTES = 1_500_000
 TRAIN_BYTES = 3_000_000
 HELD_OUT_BYTES = 400_000
+PROSE_BYTES = 600_000
 BUILD_INFO = "build_info.json"
 BUILD_THREADS = 1
 
@@ -114,6 +115,7 @@ def _build(out: Path, plan: TrainPlan) -> dict:
     train_text = corpus.train_text(max(TOKENIZER_BYTES, TRAIN_BYTES))
     tokenizer = train_tokenizer(train_text[:TOKENIZER_BYTES], vocab_size=VOCAB_SIZE)
     ids = torch.tensor(tokenizer.encode(train_text[:TRAIN_BYTES], add_special_tokens=False).ids)
+    prose_ids = torch.tensor(tokenizer.encode(corpus.prose_text(PROSE_BYTES), add_special_tokens=False).ids)
     held_ids = torch.tensor(tokenizer.encode(corpus.held_out_text(HELD_OUT_BYTES), add_special_tokens=False).ids)
     logger.info(
         "tokenizer: %d tokens of training text, %d held out (%.0fs)",
@@ -135,7 +137,7 @@ def _build(out: Path, plan: TrainPlan) -> dict:
     torch.manual_seed(SEED + 3)
     draft = LlamaForCausalLM(llama_config(DRAFT_SHAPE, vocab_size=vocab, **special))
     bigram_init(draft, ids)
-    draft_kl = distill_draft(draft, target, ids, plan, seed=SEED + 4)
+    draft_kl = distill_draft(draft, target, ids, plan, seed=SEED + 4, prose_ids=prose_ids)
 
     info = _evaluate(target, draft, held_ids, plan, seed=SEED + 5)
     info.update(

@@ -26,6 +26,10 @@ class Corpus:
     def held_out_text(self, byte_budget: int) -> str:
         return _read_budget(self.held_out_files, byte_budget)
 
+    def prose_text(self, byte_budget: int) -> str:
+        """The English in the training files: comment lines and docstring lines, stripped of code."""
+        return _prose(_read_budget(self.train_files, 4 * byte_budget))[:byte_budget]
+
 
 def stdlib_corpus(root: Path | None = None) -> Corpus:
     root = root or Path(sysconfig.get_paths()["stdlib"])
@@ -38,6 +42,21 @@ def stdlib_corpus(root: Path | None = None) -> Corpus:
     held = tuple(p for i, p in enumerate(files) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1)
     train = tuple(p for i, p in enumerate(files) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1)
     return Corpus(train_files=train, held_out_files=held)
+
+
+def _prose(text: str) -> str:
+    lines: list[str] = []
+    in_docstring = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        quotes = line.count('"""') + line.count("'''")
+        if line.startswith("#"):
+            lines.append(line.lstrip("#").strip())
+        elif in_docstring or line.startswith(('"""', "'''")):
+            lines.append(line.strip("\"'"))
+        if quotes % 2 == 1:
+            in_docstring = not in_docstring
+    return " ".join(part for part in lines if part and not part.startswith(("!", "-*-")))
 
 
 def _read_budget(files: tuple[Path, ...], byte_budget: int) -> str:

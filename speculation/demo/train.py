@@ -39,7 +39,7 @@ class TrainPlan:
     target_steps: int = 60
     target_lr: float = 2e-3
     draft_batch: int = 8
-    draft_steps: int = 100
+    draft_steps: int = 150
     draft_lr: float = 4e-3
     teacher_real: int = 16
     gen_prompts: int = 32
@@ -140,14 +140,24 @@ def greedy_continuations(model: LlamaForCausalLM, prompts: torch.Tensor, new_tok
 
 
 def distill_draft(
-    draft: LlamaForCausalLM, target: LlamaForCausalLM, ids: torch.Tensor, plan: TrainPlan, seed: int
+    draft: LlamaForCausalLM,
+    target: LlamaForCausalLM,
+    ids: torch.Tensor,
+    plan: TrainPlan,
+    seed: int,
+    prose_ids: torch.Tensor | None = None,
 ) -> float:
-    """KL-distil the draft on a fixed pool: real text windows and the target's own greedy continuations."""
+    """KL-distil the draft on a fixed pool: real text windows and the target's own greedy continuations of
+    code prefixes and of English prefixes (comments and docstrings: chat-like prompts land there)."""
     generator = torch.Generator().manual_seed(seed)
-    prompts = _random_windows(ids, plan.gen_prompts, plan.gen_prompt_len, generator)
-    generated = greedy_continuations(target, prompts, plan.gen_new_tokens)  # [G, S]
-    real = _random_windows(ids, plan.teacher_real, generated.shape[1], generator)  # [R, S]
-    pool = torch.cat([real, generated])  # [N, S]
+    sources = [ids] if prose_ids is None else [ids, prose_ids]
+    pool_parts = []
+    for source in sources:
+        prompts = _random_windows(source, plan.gen_prompts, plan.gen_prompt_len, generator)
+        generated = greedy_continuations(target, prompts, plan.gen_new_tokens)  # [G, S]
+        real = _random_windows(source, plan.teacher_real, generated.shape[1], generator)  # [R, S]
+        pool_parts += [real, generated]
+    pool = torch.cat(pool_parts)  # [N, S]
     with torch.inference_mode():
         teacher = torch.cat([F.log_softmax(target(input_ids=chunk).logits, dim=-1) for chunk in pool.split(8)])
     teacher = teacher.clone()  # [N, S, V], leaves inference mode
