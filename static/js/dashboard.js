@@ -4,6 +4,7 @@
 (function () {
   "use strict";
   var REFRESH_MS = 5000;
+  var RETRY_MS = 15000;
   var CONFIG = { displaylogo: false, responsive: true };
   var COLORS = { shadow: "#b54708", prod: "#067647", speculative: "#2457c5", baseline: "#98a2b3" };
 
@@ -80,7 +81,10 @@
       if (empty && results[0].series.length) empty.hidden = true;
       setTimeout(function () { refresh(box, data); }, REFRESH_MS);
     }).catch(function (err) {
-      if (window.console) console.warn("chart refresh stopped:", err);
+      // a hiccup (server restart, a busy database) must not freeze the charts: retry, more slowly;
+      // a lost session (401/403) stops the polling
+      if (window.console) console.warn("chart refresh failed:", err);
+      if (!/HTTP 40[13]/.test(String(err))) setTimeout(function () { refresh(box, data); }, RETRY_MS);
     });
   }
 
