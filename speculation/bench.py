@@ -26,6 +26,7 @@ from speculation.demo import ensure_demo_pair
 from speculation.demo.corpus import stdlib_corpus
 from speculation.engine import (
     DraftModelProposer,
+    DynamicLookahead,
     GenerationConfig,
     LocalTarget,
     NgramProposer,
@@ -100,6 +101,9 @@ def step_costs(target: Transformer, draft: Transformer, k: int) -> dict[str, flo
     return {"target_step_s": step, "verify_s": timed(target, k + 1), "draft_step_s": timed(draft, 1)}
 
 
+LOOKAHEADS: dict[Mechanism, DynamicLookahead] = {}  # dynamic K keeps its estimates across requests, as a server
+
+
 def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Prompt, max_new: int, eos: int):
     config = GenerationConfig(max_new_tokens=max_new, k=K, dynamic_k=mech.k == "dynamic", stop_token_ids=(eos,))
     if mech.name == "plain":
@@ -108,7 +112,8 @@ def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Pr
         proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
     else:
         proposer = NgramProposer()
-    result = generate(target, proposer, prompt.ids, config)
+    lookahead = LOOKAHEADS.setdefault(mech, DynamicLookahead(k_max=K, k_start=K)) if config.dynamic_k else None
+    result = generate(target, proposer, prompt.ids, config, lookahead=lookahead)
     return result.tokens, result.stats
 
 

@@ -80,13 +80,22 @@ def generate(
     prompt_ids: list[int],
     config: GenerationConfig,
     on_tokens: OnTokens | None = None,
+    *,
+    lookahead: DynamicLookahead | None = None,
 ) -> GenerationResult:
-    """Speculative decoding (plain decoding when proposer is None)."""
+    """Speculative decoding (plain decoding when proposer is None).
+
+    With ``config.dynamic_k``, pass the same ``lookahead`` to successive requests (one per target/draft pair)
+    so its acceptance and cost estimates carry over; by default each request starts a fresh one.
+    """
     max_context = check_request(target, prompt_ids, config)
     params = config.sampling
     generator = torch.Generator(device=target.device).manual_seed(config.seed)
     stats = SpecStats()
-    lookahead = DynamicLookahead(k_max=config.k, k_start=config.k) if config.dynamic_k else None
+    if not config.dynamic_k:
+        lookahead = None
+    elif lookahead is None:
+        lookahead = DynamicLookahead(k_max=config.k, k_start=config.k)
     stop_ids = frozenset(config.stop_token_ids)
     wants_hidden = bool(proposer is not None and proposer.wants_hidden)
     committed = list(prompt_ids)

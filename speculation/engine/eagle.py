@@ -137,7 +137,7 @@ _RENAMED = {
 }
 
 
-def _hf_name(fused: str, part: str) -> str:
+def _hf_name(part: str) -> str:
     return f"layers.0.{'self_attn' if part.endswith(('q_proj', 'k_proj', 'v_proj')) else 'mlp'}.{part}.weight"
 
 
@@ -235,15 +235,15 @@ def to_hf_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         tensor = tensor.detach().to("cpu", torch.float32).contiguous()
         if name in _FUSED:
             parts = _FUSED[name]
-            sizes = _split_sizes(name, tensor, len(parts))
+            sizes = _split_sizes(tensor, len(parts))
             for part, piece in zip(parts, tensor.split(sizes), strict=True):
-                out[_hf_name(name, part)] = piece.contiguous()
+                out[_hf_name(part)] = piece.contiguous()
         else:
             out[_RENAMED[name]] = tensor
     return out
 
 
-def _split_sizes(name: str, tensor: torch.Tensor, n: int) -> list[int]:
+def _split_sizes(tensor: torch.Tensor, n: int) -> list[int]:
     if n == 2:
         return [tensor.shape[0] // 2] * 2
     kv = (tensor.shape[0] - tensor.shape[1]) // 2  # wqkv: [H + 2 * kv_dim, H]
@@ -253,7 +253,7 @@ def _split_sizes(name: str, tensor: torch.Tensor, n: int) -> list[int]:
 def from_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {ours: tensors[hf] for ours, hf in _RENAMED.items()}
     for ours, parts in _FUSED.items():
-        out[ours] = torch.cat([tensors[_hf_name(ours, part)] for part in parts])
+        out[ours] = torch.cat([tensors[_hf_name(part)] for part in parts])
     return out
 
 
