@@ -31,8 +31,14 @@ TOP_KEYS = (
 
 @pytest.mark.slow
 def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys):
+    import torch
+
     out = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--max-new-tokens", "6", "--json", str(out)]) == 0
+    threads = torch.get_num_threads()  # the bench sets torch's (process-wide) thread count
+    try:
+        assert bench.main(["--quick", "--max-new-tokens", "6", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
     report = json.loads(out.read_text())
     assert set(TOP_KEYS) <= set(report)
     assert report["greedy_identical"] is True
