@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +18,13 @@ import httpx
 from ace import processes
 
 SETUP = """
-import json, sys
+import json, os
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from fleet.models import Endpoint, Probe
 from fleet.probing import run_probe
 from speculation.services.drafts import register_draft
-spec = json.loads(sys.argv[-1])
+spec = json.loads(os.environ["ACE_BENCH_SPEC"])
 user = User.objects.create_user(username="bench", password=None)
 out = {"token": Token.objects.create(user=user).key, "endpoints": {}}
 for name, url in spec["endpoints"].items():
@@ -50,11 +51,11 @@ class BenchStack:
     endpoints: dict[str, dict] = field(default_factory=dict)
     _stack: ExitStack = field(default_factory=ExitStack)
 
-    def _manage(self, *args: str) -> str:
+    def _manage(self, *args: str, extra_env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=processes.REPO_ROOT,
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.env, **(extra_env or {})},
             capture_output=True,
             text=True,
             timeout=600,
@@ -73,23 +74,38 @@ class BenchStack:
             "ACE_CELERY_EAGER": "false",
             "ACE_LOG_LEVEL": "WARNING",
         }
-        vllm = processes.start_vllm(model_dir=self.target_dir, served_model_name=self.model, log_dir=self.log_dir)
-        self._stack.callback(vllm.stop)
-        self.vllm_url = vllm.url
-        endpoints = {"demo": self.vllm_url}
-        if self.with_native:
-            ngram = processes.start_vllm(
+        # Both vLLM servers start at once (each takes tens of seconds to load). The pool's threads must outlive
+        # the servers: a child started from a thread gets SIGTERM when that thread exits (PR_SET_PDEATHSIG).
+        pool = ThreadPoolExecutor(max_workers=2)
+        self._stack.callback(pool.shutdown, wait=False)
+        plain = pool.submit(
+            processes.start_vllm, model_dir=self.target_dir, served_model_name=self.model, log_dir=self.log_dir
+        )
+        ngram = (
+            pool.submit(
+                processes.start_vllm,
                 model_dir=self.target_dir,
                 served_model_name=self.model,
                 log_dir=self.log_dir,
                 speculative_config=processes.NGRAM_SPECULATIVE_CONFIG,
                 dev_mode=True,
             )
-            self._stack.callback(ngram.stop)
-            self.ngram_url = ngram.url
+            if self.with_native
+            else None
+        )
+        vllm = plain.result()
+        self._stack.callback(vllm.stop)
+        if ngram is not None:
+            native = ngram.result()
+            self._stack.callback(native.stop)
+            self.ngram_url = native.url
+        self.vllm_url = vllm.url
+        endpoints = {"demo": self.vllm_url}
+        if self.ngram_url:
             endpoints["demo-ngram"] = self.ngram_url
         self._manage("migrate", "-v", "0")
-        out = self._manage("shell", "-c", SETUP, json.dumps({"endpoints": endpoints, "draft_dir": str(self.draft_dir)}))
+        spec = json.dumps({"endpoints": endpoints, "draft_dir": str(self.draft_dir)})
+        out = self._manage("shell", "-c", SETUP, extra_env={"ACE_BENCH_SPEC": spec})
         setup = json.loads(out.split("SETUP", 1)[1])
         self.token = setup["token"]
         self.endpoints = setup["endpoints"]
