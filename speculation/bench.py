@@ -183,13 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
 
+    # Additive hook (eagle): the demo target's EAGLE head, when one is trained, runs as mechanism "eagle".
+    from speculation.eagle.bench import eagle_proposer_for
+
+    eagle = eagle_proposer_for(pair, target_model)
+    mechanisms = MECHANISMS + ([Mechanism("eagle", K)] if eagle is not None else [])
+
     def run(mech: Mechanism, prompt: Prompt):
         if mech.name.startswith("hf_"):
             return run_hf(mech, hf_target, hf_draft, prompt, max_new, eos)
+        if mech.name == "eagle":
+            config = GenerationConfig(max_new_tokens=max_new, k=K, stop_token_ids=(eos,))
+            result = generate(target, eagle, prompt.ids, config)
+            return result.tokens, result.stats
         return run_ace(mech, target, draft_model, prompt, max_new, eos)
 
     warm = Prompt(prompts[0].category, prompts[0].ids[:32])
-    for mech in MECHANISMS:  # warm-up: first calls allocate and fill caches
+    for mech in mechanisms:  # warm-up: first calls allocate and fill caches
         run(mech, warm)
     costs = step_costs(target_model, draft_model, K)
     target_model.setup_cache(1024)
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[Mechanism, list[tuple[Prompt, list[int], SpecStats]]] = defaultdict(list)
     started = time.perf_counter()
     for prompt in prompts:  # interleaved, so load changes on the machine hit every mechanism alike
-        for mech in MECHANISMS:
+        for mech in mechanisms:
             tokens, stats = run(mech, prompt)
             results[mech].append((prompt, tokens, stats))
     report = build_report(results, costs, prompts, max_new, pair, args)
@@ -226,7 +236,7 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         entry = {"mechanism": mech.name, "k": mech.k, **summarise(stats)}
         entry["speedup_vs_plain"] = round(stats.tok_s / tok_s[plain_key], 3)
         entry["speedup_vs_hf"] = round(stats.tok_s / tok_s[hf_key], 3)
-        if mech.name in ("draft_model", "ngram"):
+        if mech.name in ("draft_model", "ngram", "eagle"):
             entry["greedy_identical"] = [t for _, t, _ in rows] == [plain_tokens[i] for i in range(len(rows))]
         if mech.name == "draft_model" and mech.k == K:
             bound = stats.mean_accepted_len / (v_verify + K * c_draft)
@@ -250,6 +260,13 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
             "ngram_mean_accepted_len": round(ngram.mean_accepted_len, 4),
             "ngram_speedup_vs_plain": round(ngram.tok_s / plain.tok_s, 3),
         }
+        if Mechanism("eagle", K) in per_mech:  # additive (eagle)
+            eagle = SpecStats.combine([s for _, _, s in per_mech[Mechanism("eagle", K)]])
+            categories[category].update(
+                eagle_alpha=round(eagle.alpha, 4),
+                eagle_mean_accepted_len=round(eagle.mean_accepted_len, 4),
+                eagle_speedup_vs_plain=round(eagle.tok_s / plain.tok_s, 3),
+            )
     info = pair.build_info
     return {
         "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s))",

@@ -14,9 +14,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from django.utils.text import slugify
 
 from speculation.eagle.pipeline import PipelineResult, PipelineSettings, Progress, run_pipeline
 from speculation.eagle.train import EpochReport, TrainSettings
+from speculation.engine.eagle import default_target_name
 from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.services.drafts import register_draft
 
@@ -48,11 +50,12 @@ def create_training_run(
                                     **options)  # fmt: skip
     except TypeError as exc:
         raise ValidationError({"options": [str(exc)]}) from exc
-    name = name or f"eagle-{Path(target_dir).resolve().name}-s{seed}"
+    default_name = default_target_name(target_dir)
+    name = name or slugify(f"eagle-{default_name.replace('/', '-')}-s{seed}")
     run = TrainingRun(
         name=name[:64],
         target_dir=str(Path(target_dir).resolve()),
-        target_name=target_name or Path(target_dir).resolve().name,
+        target_name=target_name or default_name,
         out_dir=str(Path(out_dir).resolve()),
         prompts=prompts,
         node_class=node_class,

@@ -88,9 +88,15 @@ class EagleConfig:
             rms_norm_eps=config.get("rms_norm_eps", 1e-5),
             rope_theta=config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
-            target_name=target_name or Path(target_dir).resolve().name,
+            target_name=target_name or default_target_name(target_dir),
             target_fingerprint=target_fingerprint(target_dir),
         )
+
+
+def default_target_name(target_dir: Path) -> str:
+    """The directory's last two parts ("demo-v3/target"): model directories are often just "target"."""
+    path = Path(target_dir).resolve()
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
 def target_fingerprint(target_dir: Path) -> str:

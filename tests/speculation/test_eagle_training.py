@@ -158,7 +158,11 @@ def test_a_run_records_progress_and_registers_its_head(tmp_path, tiny_model_dir,
     assert run.loss is not None and run.alpha is not None and run.mean_accepted_len >= 1.0
     assert set(run.log[0]) >= {"epoch", "loss", "feature_loss", "token_loss", "alpha", "mean_accepted_len"}
     draft = run.draft
-    assert (draft.kind, draft.path, draft.target_name) == (DraftKind.EAGLE_HEAD, run.out_dir, tiny_model_dir.name)
+    assert (draft.kind, draft.path, draft.target_name) == (
+        DraftKind.EAGLE_HEAD,
+        run.out_dir,
+        f"{tiny_model_dir.parent.name}/{tiny_model_dir.name}",
+    )
     assert draft.config["eagle"]["training_run"] == run.pk
     from speculation.engine import load_causal_lm
 
