@@ -112,7 +112,7 @@ def replay(
     for tokens, features, prompt_len, category in zip(
         data.tokens, data.features, data.prompt_lens, data.categories, strict=True
     ):
-        stats = replay_sequence(drafter, tokens, features, prompt_len, k)
+        stats = replay_sequence(drafter, tokens.to(embed.device), features.to(embed.device), prompt_len, k)
         pooled.merge(stats)
         by_category.setdefault(category, ReplayStats(k)).merge(stats)
     return pooled, by_category

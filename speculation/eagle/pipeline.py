@@ -125,8 +125,9 @@ def run_pipeline(
     work = out_dir / WORK
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.train.seed)
-    progress.stage("load", f"target {target_dir}")
-    model, tokenizer = load_target(target_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the same code on a GPU node, unchanged
+    progress.stage("load", f"target {target_dir} on {device}")
+    model, tokenizer = load_target(target_dir, device)
     embed, lm_head = target_weights(model)
     train, held_out = _collected(model, tokenizer, settings, work, progress)
     config = EagleConfig.for_target(

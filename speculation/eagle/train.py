@@ -88,7 +88,9 @@ def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: T
     inputs = features[:, :-1]  # f_i
     if generator is not None and settings.noise > 0:
         scale = settings.noise * inputs.pow(2).mean().sqrt()
-        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * scale
+        # drawn on the CPU generator whatever the device, so a seed gives the same noise everywhere
+        noise = (torch.rand(inputs.shape, generator=generator) * 2 - 1).to(inputs.device)
+        inputs = inputs + noise * scale
     target = features[:, 1:]  # f_{i+1}
     predicted = head(inputs, F.embedding(tokens[:, 1:], embed))  # g_{i+1}  [B, T-1, H]
     count = valid.sum().clamp(min=1)
@@ -121,8 +123,9 @@ def train_head(
     work_dir: Path,
     on_epoch: Callable[[EpochReport], None] | None = None,
 ) -> list[EpochReport]:
-    """Train (or resume training) the head; returns the report of every epoch, resumed ones included."""
+    """Train (or resume training) the head on embed's device; returns every epoch's report, resumed ones included."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    head.to(embed.device)
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(settings, steps_per_epoch * settings.epochs))
@@ -130,7 +133,7 @@ def train_head(
     first_epoch = 1
     checkpoint = work_dir / CHECKPOINT
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=embed.device)
         if state["settings"] != asdict(settings):
             raise ValueError(f"{checkpoint} was written with other settings: {state['settings']}; use a new --out")
         head.load_state_dict(state["head"])
@@ -147,7 +150,8 @@ def train_head(
         order = torch.randperm(len(train), generator=generator).tolist()
         head.train()
         sums = torch.zeros(3)
-        for tokens, features, valid in _batches(train, order, settings.batch_size):
+        for batch in _batches(train, order, settings.batch_size):
+            tokens, features, valid = (t.to(embed.device) for t in batch)
             loss, feature_loss, token_loss = losses(head, embed, lm_head, tokens, features, valid, settings, generator)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
