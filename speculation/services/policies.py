@@ -148,7 +148,7 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
             raise ValidationError({"draft": [f"no draft named {name!r}"]}) from exc
     with transaction.atomic():
         policy = get_policy(endpoint=endpoint)
-        policy = SpeculationPolicy.objects.select_for_update().select_related("draft").get(pk=policy.pk)
+        policy = SpeculationPolicy.objects.select_for_update(of=("self",)).select_related("draft").get(pk=policy.pk)
         changes: dict[str, list[Any]] = {}
         for name, value in fields.items():
             old = getattr(policy, name)
