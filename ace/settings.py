@@ -55,7 +55,9 @@ def _encryption_key() -> bytes:
 ENDPOINT_KEY_ENCRYPTION_KEY = _encryption_key()
 
 DEBUG = env_bool("ACE_DEBUG", False)
-ALLOWED_HOSTS = [h.strip() for h in env_str("ACE_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in env_str("ACE_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()
+]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("ACE_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 # Which networks probing and the gateway may reach. Loopback and private ranges by default; link-local
@@ -67,6 +69,9 @@ ALLOWED_ENDPOINT_NETWORKS = env_networks(
 
 PROBE_TIMEOUT_S = env_float("ACE_PROBE_TIMEOUT", 10.0, minimum=0.1)
 PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
+# prod: how long the gateway waits for a worker to take a request, and for its next tokens, before falling back.
+PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
+PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from speculation.gateway import native, passthrough, upstream
@@ -30,8 +30,8 @@ from speculation.services.records import keep_record
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = float(os.environ.get("ACE_PROD_START_TIMEOUT", "5"))
-STEP_TIMEOUT_S = float(os.environ.get("ACE_PROD_STEP_TIMEOUT", "30"))
+START_TIMEOUT_S = settings.PROD_START_TIMEOUT_S
+STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
 DEFAULT_MAX_CONTEXT = 2048
 
 
