@@ -26,6 +26,7 @@ logger = logging.getLogger("ace.launcher")
 ADMIN_USERNAME = "admin"
 DEMO_ENDPOINT = "demo"
 DEMO_MODEL_NAME = "ace-demo-target"
+DEMO_DRAFT = "demo-draft"
 
 
 class Launcher:
@@ -75,8 +76,9 @@ class Launcher:
 
         call_command("migrate", interactive=False, verbosity=0)
         username, password = ensure_admin(data_dir)
+        token = ensure_api_token(username)
         if vllm is not None:
-            register_demo_endpoint(vllm.url)
+            register_demo_endpoint(vllm.url, target_dir=str(pair.target_dir), draft_dir=str(pair.draft_dir))
 
         child_env = {"REDIS_URL": redis.url}
         self._keep(processes.start_celery_worker(env=child_env, log_dir=log_dir, queues="control,gpu.cpu"))
@@ -87,6 +89,7 @@ class Launcher:
         say(f"ACE is running: {web.url}/")
         say(f"  admin login:  {username} / {password}")
         say(f"  API docs:     {web.url}/api/docs/")
+        say(f"  API token:    {token}   (REST: 'Authorization: Token ...'; gateway: OpenAI(base_url='{web.url}/v1'))")
         if vllm is not None:
             say(f"  demo endpoint '{DEMO_ENDPOINT}' -> {vllm.url}")
         say(f"  logs:         {log_dir}")
@@ -142,18 +145,38 @@ def ensure_admin(data_dir: Path) -> tuple[str, str]:
     return ADMIN_USERNAME, password
 
 
-def register_demo_endpoint(base_url: str) -> None:
-    """Register (or point at this run's port) the demo endpoint and queue its probe."""
+def ensure_api_token(username: str) -> str:
+    """The admin's API token (created once), for the REST API and the OpenAI-compatible gateway."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    token, _ = Token.objects.get_or_create(user=get_user_model().objects.get(username=username))
+    return token.key
+
+
+def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) -> None:
+    """Register (or point at this run's port) the demo endpoint and queue its probe; register the demo draft
+    and give the endpoint's policy the target's directory, so that prod (remote or local path) is one click away.
+    """
     from django.db import transaction
 
     from fleet.models import Endpoint, ServerKind
     from fleet.probing import start_probe
+    from speculation.models import DraftKind, DraftModel
+    from speculation.services.drafts import register_draft
+    from speculation.services.policies import get_policy, update_policy
 
     with transaction.atomic():
         endpoint, _ = Endpoint.objects.update_or_create(
             name=DEMO_ENDPOINT, defaults={"base_url": base_url, "kind": ServerKind.VLLM, "node_class": "cpu"}
         )
         start_probe(endpoint)
+    if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():
+        register_draft(
+            name=DEMO_DRAFT, kind=DraftKind.DRAFT_MODEL, path=draft_dir, node_class="cpu", target_name=DEMO_MODEL_NAME
+        )
+    if get_policy(endpoint=endpoint).target_path != target_dir:
+        update_policy(endpoint=endpoint, target_path=target_dir)  # kept in the change history, by no user
 
 
 def say(message: str) -> None:
