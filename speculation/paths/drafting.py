@@ -1,109 +1,67 @@
-"""Draft-side pieces the worker paths need: greedy proposals with a reusable KV cache, teacher-forced
-predictions for the shadow replay, and the n-gram proposer.
+"""Draft-side pieces the worker paths need, on the engine (speculation.engine): no model code of their own.
 
-Built on the engine's public pieces when they are there (speculation.engine), else on transformers directly.
+- ``StepProposer``: the stage loop's ``propose(context, k) -> list[int]`` over an engine proposer (greedy),
+  keeping the draft's KV cache across steps: the engine's begin()/on_verified() calls are made here.
+- ``teacher_forced_next`` / ``teacher_forced_probs``: the draft's prediction at every output position of a
+  finished request (one teacher-forced pass), for the shadow replay.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 
-logger = logging.getLogger(__name__)
+from speculation.engine import SamplingParams, Transformer, draft_greedy_predictions
+from speculation.engine.proposers import Proposer
+
+GREEDY = SamplingParams(temperature=0.0)
 
 
-def load_model(directory: str | Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+class StepProposer:
+    """Greedy proposals for greedy_speculate from an engine proposer (DraftModelProposer, NgramProposer).
 
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
-    model.eval()
-    return model
+    The engine's proposer learns after each proposal how many drafts were kept (on_verified). Here that count
+    is read off the next context: the tokens after the previous context that equal the previous drafts. A
+    context that does not extend the previous one starts the proposer afresh (begin), so it is never wrong.
+    """
 
-
-class GreedyDraft:
-    """Greedy proposals from a causal LM; the KV cache is kept across steps and cropped to the common prefix."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.cache = None
-        self.cached: list[int] = []  # the tokens whose keys/values are in the cache
-
-    def _common_prefix(self, context: list[int]) -> int:
-        n = min(len(self.cached), len(context))
-        i = 0
-        while i < n and self.cached[i] == context[i]:
-            i += 1
-        return i
-
-    @torch.inference_mode()
-    def _feed(self, tokens: list[int]) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        if self.cache is None:
-            self.cache = DynamicCache()
-        ids = torch.tensor([tokens], dtype=torch.long)  # [1, T]
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
-        self.cache = getattr(out, "cache", None) or out.past_key_values
-        self.cached.extend(tokens)
-        return out.logits[0, -1]  # [V]
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+        self._context: list[int] | None = None  # the context of the last proposal
+        self._drafts: list[int] = []
 
     def propose(self, context: list[int], k: int) -> list[int]:
         if k <= 0:
             return []
-        keep = self._common_prefix(context)
-        if keep == len(context):
-            keep -= 1  # the last context token must be fed again to get its logits
-        if self.cache is not None and keep < len(self.cached):
-            self.cache.crop(keep - len(self.cached))  # a negative count: tokens removed from the end
-            self.cached = self.cached[:keep]
-        logits = self._feed(context[keep:])
-        drafts: list[int] = []
-        for _ in range(k):
-            token = int(torch.argmax(logits))
-            drafts.append(token)
-            if len(drafts) == k:
-                break
-            logits = self._feed([token])
+        previous = self._context
+        if previous is None or len(context) <= len(previous) or context[: len(previous)] != previous:
+            self.proposer.begin(context)
+        elif self._drafts:
+            new = context[len(previous) :]
+            kept, limit = 0, min(len(new) - 1, len(self._drafts))  # the newest context token is always fed
+            while kept < limit and new[kept] == self._drafts[kept]:
+                kept += 1
+            self.proposer.on_verified(kept, len(self._drafts))
+        drafts = self.proposer.propose(context, k, GREEDY, None).tokens.tolist()
+        self._context, self._drafts = list(context), drafts
         return drafts
 
-    def reset(self) -> None:
-        self.cache = None
-        self.cached = []
 
-
-@torch.inference_mode()
-def teacher_forced_next(model: torch.nn.Module, prompt_ids: list[int], output_ids: list[int]) -> list[int]:
+def teacher_forced_next(model: Transformer, prompt_ids: list[int], output_ids: list[int]) -> list[int]:
     """draft_next[i] = the draft's argmax after prompt + output[:i], for i in 0..len(output)-1 (one pass)."""
-    ids = torch.tensor([prompt_ids + output_ids[:-1]], dtype=torch.long)  # [1, P + n - 1]
-    logits = model(input_ids=ids).logits[0]  # [P + n - 1, V]
-    return torch.argmax(logits[len(prompt_ids) - 1 :], dim=-1).tolist()
+    if not output_ids:
+        return []
+    predictions = draft_greedy_predictions(model, prompt_ids + output_ids[:-1])  # [j] follows tokens[: j + 1]
+    return predictions[len(prompt_ids) - 1 :]
 
 
 @torch.inference_mode()
-def teacher_forced_probs(model: torch.nn.Module, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+def teacher_forced_probs(
+    model: Transformer, prompt_ids: list[int], output_ids: list[int], *, chunk: int = 256
+) -> torch.Tensor:
     """[len(output), V]: the draft's distribution (temperature 1) at every output position, teacher forced."""
-    ids = torch.tensor([prompt_ids + output_ids[:-1]], dtype=torch.long)  # [1, P + n - 1]
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :]  # [n, V]
-    return torch.softmax(logits.float(), dim=-1)
-
-
-class NgramDraft:
-    """Prompt lookup: continue the longest recent n-gram match in the context (zero VRAM)."""
-
-    def __init__(self, *, max_n: int = 3, min_n: int = 1) -> None:
-        self.max_n = max_n
-        self.min_n = min_n
-
-    def propose(self, context: list[int], k: int) -> list[int]:
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if len(context) <= n:
-                continue
-            tail = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):
-                if context[start : start + n] == tail:
-                    follow = context[start + n : start + n + k]
-                    if follow:
-                        return follow
-        return []
+    tokens = prompt_ids + output_ids[:-1]
+    if len(tokens) > model.max_len:
+        raise ValueError(f"sequence of {len(tokens)} tokens exceeds the draft's cache of {model.max_len}")
+    ids = torch.tensor(tokens, device=model.output.weight.device)
+    logits = torch.cat([model(ids[s : s + chunk], s).logits for s in range(0, len(tokens), chunk)])  # [P + n - 1, V]
+    return torch.softmax(logits[len(prompt_ids) - 1 :].float(), dim=-1).cpu()

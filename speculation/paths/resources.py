@@ -1,4 +1,8 @@
-"""What a GPU worker process keeps loaded: models and tokenizers by directory (loaded once, LRU-bounded)."""
+"""What a GPU worker process keeps loaded: models and tokenizers by directory (loaded once, LRU-bounded).
+
+Models are the engine's (speculation.engine.load_causal_lm: float32, static KV cache held by the model), so one
+loaded model serves one generation at a time: the worker runs one task per process (prefork, concurrency 1).
+"""
 
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ def tokenizer(directory: str) -> Any:
 
 
 def model(directory: str) -> Loaded:
-    """The causal LM in `directory` (float32, eval mode) with its tokenizer; loaded on first use."""
-    from speculation.paths.drafting import load_model
+    """The causal LM in `directory` (the engine's Transformer, float32) with its tokenizer; loaded on first use."""
+    from speculation.engine import load_causal_lm
     from speculation.paths.text import eos_token_ids
 
     with _lock:
@@ -52,7 +56,7 @@ def model(directory: str) -> Loaded:
     logger.info("loading %s", directory)
     tok = tokenizer(directory)
     loaded = Loaded(
-        directory=directory, model=load_model(directory), tokenizer=tok, eos_ids=eos_token_ids(directory, tok)
+        directory=directory, model=load_causal_lm(directory), tokenizer=tok, eos_ids=eos_token_ids(directory, tok)
     )
     with _lock:
         _loaded[directory] = loaded

@@ -1,9 +1,16 @@
-"""Prod generation in the GPU worker: draft + verify on the chosen path, tokens streamed through Redis."""
+"""Prod generation in the GPU worker: draft + verify on the chosen path, tokens streamed through Redis.
+
+Both paths draft with the engine's proposers (speculation.engine). The local path is the engine's own loop
+(`generate` on a LocalTarget); the remote path verifies through the target's scoring API, one call per step
+(speculation.paths.loop.greedy_speculate with speculation.paths.remote.RemoteGreedyVerifier).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -12,10 +19,18 @@ from django.conf import settings
 
 from fleet.models import Endpoint
 from speculation.channel import WorkerChannel
+from speculation.engine import (
+    DraftModelProposer,
+    GenerationConfig,
+    LocalTarget,
+    NgramProposer,
+    Proposal,
+    SamplingParams,
+    generate,
+)
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
-from speculation.paths import SpecRunStats, resources
-from speculation.paths.drafting import GreedyDraft, NgramDraft
-from speculation.paths.local import LocalGreedyVerifier
+from speculation.paths import CommittedBatch, SpecRunStats, resources
+from speculation.paths.drafting import StepProposer
 from speculation.paths.loop import greedy_speculate
 from speculation.paths.remote import RemoteGreedyVerifier
 from speculation.paths.text import IncrementalText, eos_token_ids
@@ -54,10 +69,51 @@ def _text_source(policy: SpeculationPolicy) -> str:
     raise PathUnavailable("no tokenizer in the worker: n-gram drafting needs target_path (the target's model dir)")
 
 
-def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str):
-    """(proposer, verifier, tokenizer, eos ids) for this policy on this worker."""
+class StepLog:
+    """An engine proposer that also notes each step's (accepted, drafted), so the record keeps SpecRunStats'
+    per-step counts (speculation.paths.base) whichever path ran."""
+
+    def __init__(self, proposer: Any) -> None:
+        self.proposer = proposer
+        self.wants_hidden = proposer.wants_hidden
+        self.last: tuple[int, int] = (0, 0)
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.proposer.begin(prompt_ids)
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: Any) -> Proposal:
+        return self.proposer.propose(committed, k, params, generator)
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        self.last = (num_accepted, num_drafted)
+        self.proposer.on_verified(num_accepted, num_drafted)
+
+    def observe_target(self, hidden: Any, num_accepted: int) -> None:
+        self.proposer.observe_target(hidden, num_accepted)
+
+
+@dataclass
+class Prepared:
+    """What one prod request runs with on this worker."""
+
+    proposer: Any  # an engine proposer
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    verifier: RemoteGreedyVerifier | None = None  # remote path
+    target: LocalTarget | None = None  # local path
+
+
+def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
+    """The engine proposer, the verifier or local target, tokenizer and eos ids for this policy on this worker."""
+    target: LocalTarget | None = None
+    if path == VerificationPath.LOCAL:
+        if not policy.target_path:
+            raise PathUnavailable("path local needs the policy's target_path")
+        target = LocalTarget(resources.model(policy.target_path).model)
+    elif path != VerificationPath.REMOTE:
+        raise PathUnavailable(f"path {path!r} does not run in the worker")
     if policy.mechanism == Mechanism.NGRAM:
-        proposer: Any = NgramDraft()
+        proposer: Any = NgramProposer()
         source = _text_source(policy)
         tok = resources.tokenizer(source)
         eos = eos_token_ids(source, tok)
@@ -68,19 +124,45 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str):
             draft = resources.model(policy.draft.path)
         except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
             raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
-        proposer = GreedyDraft(draft.model)
+        vocab = target.vocab_size if target is not None else draft.model.vocab_size
+        proposer = DraftModelProposer(draft.model, target_vocab_size=vocab)
         tok, eos = draft.tokenizer, draft.eos_ids
-    if path == VerificationPath.REMOTE:
-        verifier: Any = RemoteGreedyVerifier(
-            client=http(), base_url=endpoint.base_url, model=endpoint.served_model, headers=_headers(endpoint)
-        )
-    elif path == VerificationPath.LOCAL:
-        if not policy.target_path:
-            raise PathUnavailable("path local needs the policy's target_path")
-        verifier = LocalGreedyVerifier(resources.model(policy.target_path).model)
-    else:
-        raise PathUnavailable(f"path {path!r} does not run in the worker")
-    return proposer, verifier, tok, eos
+    if target is not None:
+        return Prepared(proposer=proposer, tokenizer=tok, eos_ids=eos, target=target)
+    verifier = RemoteGreedyVerifier(
+        client=http(), base_url=endpoint.base_url, model=endpoint.served_model, headers=_headers(endpoint)
+    )
+    return Prepared(proposer=proposer, tokenizer=tok, eos_ids=eos, verifier=verifier)
+
+
+def speculate(
+    prepared: Prepared, *, prompt_ids: list[int], max_tokens: int, k: int, emit: Callable[[CommittedBatch], None]
+) -> None:
+    """Run the prepared path (greedy, fixed K); emit gets each target verification's committed batch."""
+    if prepared.verifier is not None:
+        for batch in greedy_speculate(
+            proposer=StepProposer(prepared.proposer),
+            verifier=prepared.verifier,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            k=k,
+            eos_ids=prepared.eos_ids,
+        ):
+            emit(batch)
+        return
+    # The local path is the engine's loop (same draft length rule as greedy_speculate's step_k); each step's
+    # tokens come through on_tokens: the accepted drafts + the target's token, cut after a stop token.
+    log = StepLog(prepared.proposer)
+
+    def on_tokens(ids: list[int]) -> None:
+        accepted, drafted = log.last
+        finished = bool(ids) and ids[-1] in prepared.eos_ids
+        emit(CommittedBatch(ids=ids, drafted=drafted, accepted=min(accepted, len(ids)), finished=finished))
+
+    config = GenerationConfig(
+        max_new_tokens=max_tokens, k=k, temperature=0.0, stop_token_ids=tuple(sorted(prepared.eos_ids))
+    )
+    generate(prepared.target, log, prompt_ids, config, on_tokens=on_tokens)
 
 
 def run_prod_generation(job: dict[str, Any]) -> None:
@@ -90,7 +172,7 @@ def run_prod_generation(job: dict[str, Any]) -> None:
     try:
         endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
         policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
-        proposer, verifier, tok, eos = build(endpoint, policy, job["path"])
+        prepared = build(endpoint, policy, job["path"])
         base = baseline.baseline_tok_s(
             redis_client=client,
             endpoint_id=endpoint.pk,
@@ -104,21 +186,18 @@ def run_prod_generation(job: dict[str, Any]) -> None:
             ),
         )
         channel.send({"type": "ready"})  # loaded and calibrated: from here the gateway's step timeout applies
-        text = IncrementalText(tok)
+        text = IncrementalText(prepared.tokenizer)
         stats = SpecRunStats(k=job["k"])
         finished = False
-        started = time.perf_counter()
-        for batch in greedy_speculate(
-            proposer=proposer,
-            verifier=verifier,
-            prompt_ids=job["prompt_ids"],
-            max_tokens=job["max_tokens"],
-            k=job["k"],
-            eos_ids=eos,
-        ):
+
+        def emit(batch: CommittedBatch) -> None:
+            nonlocal finished
             stats.add(batch)
             finished = batch.finished
             channel.send({"type": "tokens", "ids": batch.ids, "text": text.add(batch.ids)})
+
+        started = time.perf_counter()
+        speculate(prepared, prompt_ids=job["prompt_ids"], max_tokens=job["max_tokens"], k=job["k"], emit=emit)
         elapsed = time.perf_counter() - started
         tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
         record = {

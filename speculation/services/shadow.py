@@ -14,12 +14,11 @@ import math
 import time
 from typing import Any
 
-import torch
-
 from fleet.models import Endpoint
+from speculation.engine import DraftModelProposer, NgramProposer, Transformer
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
 from speculation.paths import SpecRunStats, resources
-from speculation.paths.drafting import GreedyDraft, NgramDraft, teacher_forced_next
+from speculation.paths.drafting import StepProposer, teacher_forced_next
 from speculation.paths.loop import replay_greedy_batches, step_k
 from speculation.services.records import record_stage
 
@@ -28,14 +27,15 @@ logger = logging.getLogger(__name__)
 _draft_step_s: dict[str, float] = {}
 
 
-def draft_step_seconds(draft_model: torch.nn.Module, key: str, context: list[int]) -> float:
+def draft_step_seconds(draft_model: Transformer, key: str, context: list[int]) -> float:
     """Measured once per worker and draft: the time of one greedy draft step with a warm cache."""
     if key not in _draft_step_s:
-        runner = GreedyDraft(draft_model)
-        runner.propose(context[:64], 1)  # warm-up
+        runner = StepProposer(DraftModelProposer(draft_model, target_vocab_size=draft_model.vocab_size))
+        head = context[:64]
+        head = head + runner.propose(head, 1)  # warm-up; the next proposal continues from the cached prefix
         steps = 8
         started = time.perf_counter()
-        runner.propose(context[:64], steps)
+        runner.propose(head, steps)
         _draft_step_s[key] = (time.perf_counter() - started) / steps
     return _draft_step_s[key]
 
@@ -44,10 +44,10 @@ def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_to
     """The n-gram proposer is a function of the context, so its replay calls it on each committed prefix."""
     from speculation.paths.base import CommittedBatch
 
-    proposer = NgramDraft()
+    proposer = NgramProposer()
     n, i = len(output_ids), 0
     while i < n:
-        drafts = proposer.propose(prompt_ids + output_ids[:i], step_k(k, max_tokens, i))
+        drafts = proposer.lookup(prompt_ids + output_ids[:i], step_k(k, max_tokens, i))
         accepted = 0
         while accepted < len(drafts) and i + accepted < n and drafts[accepted] == output_ids[i + accepted]:
             accepted += 1
