@@ -17,23 +17,22 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fleet.adapters.base import (
-    CANARY_TEXT,
     FailureKind,
     ProbeError,
     ServerClient,
     expect_dict,
     expect_list,
-    expect_token_ids,
-    fingerprint,
     shape_error,
 )
 from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
+from fleet.adapters.tokenizer_routes import TokenizerRoutes
 
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 
 
-class SglangAdapter(OpenAICompatibleAdapter):
+class SglangAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "sglang"
+    detokenized_key: ClassVar[str] = "text"
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
@@ -80,30 +79,6 @@ class SglangAdapter(OpenAICompatibleAdapter):
             key: info.get(key)
             for key in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
         }
-
-    def discover_tokenizer(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        body = expect_dict(
-            client.post_json(
-                "/tokenize", {"model": caps["served_model"], "prompt": CANARY_TEXT, "add_special_tokens": True}
-            ),
-            "/tokenize",
-        )
-        ids = expect_token_ids(body.get("tokens"), "/tokenize tokens")
-        caps["tokenize"] = True
-        caps["canary_token_ids"] = ids
-        caps["tokenizer_fingerprint"] = fingerprint(ids)
-
-    def discover_detokenize(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        ids = caps.get("canary_token_ids")
-        if not ids:
-            raise ProbeError(FailureKind.UNSUPPORTED, "skipped: no token ids to detokenize (tokenize failed)")
-        body = expect_dict(
-            client.post_json("/detokenize", {"model": caps["served_model"], "tokens": ids}), "/detokenize"
-        )
-        if not isinstance(body.get("text"), str):
-            raise shape_error("/detokenize has no text string")
-        caps["detokenize"] = True
-        caps["detokenize_roundtrip"] = CANARY_TEXT in body["text"]
 
     def discover_token_id_prompts(self, client: ServerClient, caps: dict[str, Any]) -> None:
         ids = caps.get("canary_token_ids") or FALLBACK_TOKEN_IDS

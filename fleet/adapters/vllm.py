@@ -22,11 +22,10 @@ from fleet.adapters.base import (
     ServerClient,
     expect_dict,
     expect_list,
-    expect_token_ids,
-    fingerprint,
     shape_error,
 )
 from fleet.adapters.openai import OpenAICompatibleAdapter
+from fleet.adapters.tokenizer_routes import TokenizerRoutes
 
 # /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
 SERVER_INFO_TIMEOUTS = 3
@@ -34,8 +33,9 @@ SPEC_DECODE_COUNTER = "vllm:spec_decode_num_drafts"
 PER_POSITION_SERIES = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos(?:_total)?\{[^}]*position="(\d+)"')
 
 
-class VllmAdapter(OpenAICompatibleAdapter):
+class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "vllm"
+    detokenized_key: ClassVar[str] = "prompt"
 
     def discover_version(self, client: ServerClient, caps: dict[str, Any]) -> None:
         body = expect_dict(client.get_json("/version"), "/version")
@@ -43,31 +43,11 @@ class VllmAdapter(OpenAICompatibleAdapter):
             raise shape_error("/version has no version string")
         caps["server_version"] = body["version"]
 
-    def discover_tokenizer(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        body = expect_dict(
-            client.post_json(
-                "/tokenize", {"model": caps["served_model"], "prompt": CANARY_TEXT, "add_special_tokens": True}
-            ),
-            "/tokenize",
-        )
-        ids = expect_token_ids(body.get("tokens"), "/tokenize tokens")
-        caps["tokenize"] = True
-        caps["canary_token_ids"] = ids
-        caps["tokenizer_fingerprint"] = fingerprint(ids)
+    def discover_tokenizer(self, client: ServerClient, caps: dict[str, Any]) -> dict[str, Any]:
+        body = super().discover_tokenizer(client, caps)
         if caps["max_context"] is None and isinstance(body.get("max_model_len"), int):
             caps["max_context"] = body["max_model_len"]
-
-    def discover_detokenize(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        ids = caps.get("canary_token_ids")
-        if not ids:
-            raise ProbeError(FailureKind.UNSUPPORTED, "skipped: no token ids to detokenize (tokenize failed)")
-        body = expect_dict(
-            client.post_json("/detokenize", {"model": caps["served_model"], "tokens": ids}), "/detokenize"
-        )
-        if not isinstance(body.get("prompt"), str):
-            raise shape_error("/detokenize has no prompt string")
-        caps["detokenize"] = True
-        caps["detokenize_roundtrip"] = CANARY_TEXT in body["prompt"]
+        return body
 
     def discover_prompt_scoring(self, client: ServerClient, caps: dict[str, Any]) -> None:
         """vLLM's own `prompt_logprobs`; OpenAI echo+logprobs only if that is refused."""
