@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,19 +206,34 @@ def main(argv: list[str] | None = None) -> int:
     target_model.setup_cache(1024)
     draft_model.setup_cache(1024)
 
-    results: dict[Mechanism, list[tuple[Prompt, list[int], SpecStats]]] = defaultdict(list)
+    results, wall_s = run_interleaved(prompts, mechanisms, run)
+    report = build_report(results, costs, prompts, max_new, pair, args)
+    report["wall_s"] = wall_s
+    print_table(report)
+    write_json(report, args.json)
+    return 0
+
+
+Results = dict[Mechanism, list[tuple[Prompt, list[int], SpecStats]]]
+
+
+def run_interleaved(
+    prompts: list[Prompt], mechanisms: list[Mechanism], run: Callable[[Mechanism, Prompt], tuple[list[int], SpecStats]]
+) -> tuple[Results, float]:
+    """Every mechanism on each prompt in turn, so load changes on the machine hit every mechanism alike."""
+    results: Results = defaultdict(list)
     started = time.perf_counter()
-    for prompt in prompts:  # interleaved, so load changes on the machine hit every mechanism alike
+    for prompt in prompts:
         for mech in mechanisms:
             tokens, stats = run(mech, prompt)
             results[mech].append((prompt, tokens, stats))
-    report = build_report(results, costs, prompts, max_new, pair, args)
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    print_table(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return results, round(time.perf_counter() - started, 1)
+
+
+def write_json(report: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 def build_report(results, costs, prompts, max_new, pair, args) -> dict:

@@ -17,7 +17,6 @@ import platform
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -117,18 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     draft_model.setup_cache(1024)
     costs["eagle_step_s"] = head_step_s(eagle, prompts[0].ids)
 
-    results: dict[bench.Mechanism, list[tuple[bench.Prompt, list[int], SpecStats]]] = defaultdict(list)
-    started = time.perf_counter()
-    for prompt in prompts:  # interleaved, so load changes on the shared machine hit every mechanism alike
-        for mech in MECHANISMS:
-            tokens, stats = run(mech, prompt)
-            results[mech].append((prompt, tokens, stats))
+    results, wall_s = bench.run_interleaved(prompts, MECHANISMS, run)
     report = build_report(results, costs, prompts, max_new, head_dir, args)
-    report["wall_s"] = round(time.perf_counter() - started, 1)
+    report["wall_s"] = wall_s
     print_table(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    bench.write_json(report, args.json)
     return 0
 
 
