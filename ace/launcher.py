@@ -83,7 +83,9 @@ class Launcher:
         child_env = {"REDIS_URL": redis.url}
         self._keep(processes.start_celery_worker(env=child_env, log_dir=log_dir, queues="control,gpu.cpu"))
         self._keep(processes.start_celery_beat(env=child_env, log_dir=log_dir, workdir=data_dir / "beat"))
-        web = self._keep(start_web(host=web_host, port=web_port, env=child_env, log_dir=log_dir))
+        web = self._keep(
+            processes.start_asgi(name="web", host=web_host, port=web_port, env=child_env, log_dir=log_dir, quiet=False)
+        )
 
         say("")
         say(f"ACE is running: {web.url}/")
@@ -114,15 +116,6 @@ class Launcher:
         self.stopping = True
         for proc in reversed(self.started):
             proc.stop()
-
-
-def start_web(*, host: str, port: int, env: dict[str, str], log_dir: Path) -> processes.ManagedProcess:
-    argv = [sys.executable, "-m", "uvicorn", "ace.asgi:application", "--host", host, "--port", str(port)]
-    proc = processes.spawn("web", argv, log_path=log_dir / "web.log", env=env)
-    url = f"http://{host}:{port}"
-    processes.wait_until(proc, lambda: processes.http_ok(url + "/login/"), timeout_s=60, what="serving pages")
-    proc.url = url
-    return proc
 
 
 def ensure_admin(data_dir: Path) -> tuple[str, str]:

@@ -238,6 +238,27 @@ def start_vllm(
 # --- Celery ----------------------------------------------------------------------------------------------------
 
 
+def start_asgi(
+    *,
+    name: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    quiet: bool = True,
+    timeout_s: float = 60,
+) -> ManagedProcess:
+    """ACE's web process: uvicorn serving ace.asgi:application; `.url` set once it accepts connections."""
+    port = port or free_port(host)
+    argv = [sys.executable, "-m", "uvicorn", "ace.asgi:application", "--host", host, "--port", str(port)]
+    if quiet:
+        argv += ["--log-level", "warning", "--no-access-log"]
+    proc = spawn(name, argv, log_path=log_dir / f"{name}.log", env=env)
+    wait_until(proc, lambda: _tcp_open(host, port), timeout_s=timeout_s, what="listening")
+    proc.url = f"http://{host}:{port}"
+    return proc
+
+
 def celery_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "ace", *args]
 

@@ -111,28 +111,9 @@ class BenchStack:
         self.endpoints = setup["endpoints"]
         worker = processes.start_celery_worker(env=self.env, log_dir=self.log_dir, queues="control,gpu.cpu")
         self._stack.callback(worker.stop)
-        port = processes.free_port()
-        ace = processes.spawn(
-            "ace-bench",
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "ace.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-            ],
-            log_path=self.log_dir / "ace.log",
-            env=self.env,
-        )
+        ace = processes.start_asgi(name="ace-bench", log_dir=self.log_dir, env=self.env)
         self._stack.callback(ace.stop)
-        self.ace_url = f"http://127.0.0.1:{port}"
-        processes.wait_until(ace, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=60, what="listening")
+        self.ace_url = ace.url
         return self
 
     def stop(self) -> None:

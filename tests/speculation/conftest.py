@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,7 +82,6 @@ def start_ace(
     *, redis_url: str, log_dir: Path, name: str = "ace-uvicorn", extra_env: dict[str, str] | None = None
 ) -> processes.ManagedProcess:
     """ACE itself under uvicorn (ASGI), on the session's test database."""
-    port = processes.free_port()
     env = {
         **(extra_env or {}),
         **os.environ,
@@ -92,23 +90,7 @@ def start_ace(
         "DJANGO_SETTINGS_MODULE": "ace.settings",
         "ACE_CELERY_EAGER": "false",
     }
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "ace.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    proc = processes.spawn(name, argv, log_path=log_dir / f"{name}.log", env=env, cwd=processes.REPO_ROOT)
-    proc.url = f"http://127.0.0.1:{port}"
-    processes.wait_until(proc, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=30, what="uvicorn")
-    return proc
+    return processes.start_asgi(name=name, log_dir=log_dir, env=env, timeout_s=30)
 
 
 @pytest.fixture(scope="session")
