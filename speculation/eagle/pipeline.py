@@ -10,75 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from speculation.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.eagle.prompts import read_prompts, split_prompts
-from speculation.eagle.train import EpochReport, TrainSettings, train_head
+from speculation.eagle.settings import PipelineResult, PipelineSettings, Progress
+from speculation.eagle.train import train_head
 from speculation.engine.eagle import EagleConfig, EagleHead, param_count
 
 logger = logging.getLogger(__name__)
 
 WORK = "_work"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-
-
-@dataclass(frozen=True)
-class PipelineSettings:
-    prompts: str = "spec_bench"
-    max_prompts: int = 0  # 0: all
-    held_out: float = 0.15
-    max_prompt_tokens: int = 64
-    new_tokens: int = 64
-    intermediate_size: int = 0  # 0: the target's
-    # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
-    text_windows: int = 0
-    window_tokens: int = 128
-    train: TrainSettings = field(default_factory=TrainSettings)
-
-    def collect_key(self) -> dict:
-        keys = (
-            "prompts",
-            "max_prompts",
-            "held_out",
-            "max_prompt_tokens",
-            "new_tokens",
-            "text_windows",
-            "window_tokens",
-        )
-        return {**{k: getattr(self, k) for k in keys}, "seed": self.train.seed}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> PipelineSettings:
-        data = dict(data)
-        train = TrainSettings(**data.pop("train", {}))
-        return cls(train=train, **data)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class PipelineResult:
-    head_dir: Path
-    reports: list[EpochReport]
-    param_count: int
-    train_sequences: int
-    held_out_sequences: int
-    train_tokens: int
-
-
-class Progress:
-    """Callbacks the pipeline reports through (the CLI prints, the Celery task writes the TrainingRun row)."""
-
-    def stage(self, name: str, detail: str = "") -> None:  # noqa: B027 - optional hook
-        pass
-
-    def epoch(self, report: EpochReport) -> None:  # noqa: B027 - optional hook
-        pass
 
 
 def _collected(

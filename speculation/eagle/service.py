@@ -16,9 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from speculation.eagle.pipeline import PipelineResult, PipelineSettings, Progress, run_pipeline
-from speculation.eagle.train import EpochReport, TrainSettings
-from speculation.engine.eagle import default_target_name
+from speculation.eagle.settings import (
+    EpochReport,
+    PipelineResult,
+    PipelineSettings,
+    Progress,
+    TrainSettings,
+    default_target_name,
+)
 from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.services.drafts import register_draft
 
@@ -110,6 +115,8 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
     run.error = ""
     run.started_at = run.started_at or timezone.now()
     run.save(update_fields=["status", "error", "started_at", "updated_at"])
+    from speculation.eagle.pipeline import run_pipeline  # torch: imported by the worker only
+
     try:
         result = run_pipeline(
             target_dir=Path(run.target_dir),

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -22,45 +22,14 @@ import torch.nn.functional as F
 
 from speculation.eagle.collect import Sequences
 from speculation.eagle.evaluate import replay
+from speculation.eagle.settings import EpochReport, TrainSettings
 from speculation.engine.eagle import EagleHead, init_weights
+
+__all__ = ["EpochReport", "TrainSettings", "TrainingInterrupted", "train_head"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    epochs: int = 4
-    lr: float = 2e-3
-    batch_size: int = 8
-    feature_weight: float = 1.0
-    token_weight: float = 0.1
-    noise: float = 0.1  # uniform noise amplitude on input features, relative to their RMS
-    grad_clip: float = 0.5
-    warmup_steps: int = 20
-    eval_k: int = 5
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class EpochReport:
-    epoch: int
-    epochs: int
-    loss: float
-    feature_loss: float
-    token_loss: float
-    alpha: float
-    mean_accepted_len: float
-    acceptance_rate: float
-    seconds: float
-    categories: dict
-
-    def as_dict(self) -> dict:
-        out = asdict(self)
-        for key in ("loss", "feature_loss", "token_loss", "seconds"):
-            out[key] = round(out[key], 5)
-        return out
 
 
 class TrainingInterrupted(RuntimeError):

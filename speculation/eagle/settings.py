@@ -1,0 +1,105 @@
+"""EAGLE training settings, reports and progress hooks: plain dataclasses without torch.
+
+The web process validates and stores a training run's settings with these; only the worker that trains imports
+`speculation.eagle.train` / `pipeline` (and so torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int = 4
+    lr: float = 2e-3
+    batch_size: int = 8
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    noise: float = 0.1  # uniform noise amplitude on input features, relative to their RMS
+    grad_clip: float = 0.5
+    warmup_steps: int = 20
+    eval_k: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    epoch: int
+    epochs: int
+    loss: float
+    feature_loss: float
+    token_loss: float
+    alpha: float
+    mean_accepted_len: float
+    acceptance_rate: float
+    seconds: float
+    categories: dict
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("loss", "feature_loss", "token_loss", "seconds"):
+            out[key] = round(out[key], 5)
+        return out
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    prompts: str = "spec_bench"
+    max_prompts: int = 0  # 0: all
+    held_out: float = 0.15
+    max_prompt_tokens: int = 64
+    new_tokens: int = 64
+    intermediate_size: int = 0  # 0: the target's
+    # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
+    text_windows: int = 0
+    window_tokens: int = 128
+    train: TrainSettings = field(default_factory=TrainSettings)
+
+    def collect_key(self) -> dict:
+        keys = (
+            "prompts",
+            "max_prompts",
+            "held_out",
+            "max_prompt_tokens",
+            "new_tokens",
+            "text_windows",
+            "window_tokens",
+        )
+        return {**{k: getattr(self, k) for k in keys}, "seed": self.train.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PipelineSettings:
+        data = dict(data)
+        train = TrainSettings(**data.pop("train", {}))
+        return cls(train=train, **data)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PipelineResult:
+    head_dir: Path
+    reports: list[EpochReport]
+    param_count: int
+    train_sequences: int
+    held_out_sequences: int
+    train_tokens: int
+
+
+class Progress:
+    """Callbacks the pipeline reports through (the CLI prints, the Celery task writes the TrainingRun row)."""
+
+    def stage(self, name: str, detail: str = "") -> None:  # noqa: B027 - optional hook
+        pass
+
+    def epoch(self, report: EpochReport) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def default_target_name(target_dir: Path) -> str:
+    """The directory's last two parts ("demo-v3/target"): model directories are often just "target"."""
+    path = Path(target_dir).resolve()
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
