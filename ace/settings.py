@@ -73,6 +73,16 @@ PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
 PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
 
+# /metrics (ace.ops): served to loopback clients (unless ACE_METRICS_LOOPBACK=false) and to any client sending
+# `Authorization: Bearer <ACE_METRICS_TOKEN>`.
+METRICS_TOKEN = env_str("ACE_METRICS_TOKEN", "")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ConfigError("ACE_METRICS_TOKEN must be at least 16 characters long")
+METRICS_ALLOW_LOOPBACK = env_bool("ACE_METRICS_LOOPBACK", True)
+# Prometheus multiprocess mode (several uvicorn or Celery processes): every process writes its samples there.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
