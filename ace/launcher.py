@@ -39,6 +39,7 @@ class Launcher:
         log_dir = data_dir / "logs"
         web_host = os.environ.get("ACE_WEB_HOST", "127.0.0.1")
         web_port = int(os.environ.get("ACE_WEB_PORT", "8000"))
+        os.environ["ACE_WEB_PORT"] = str(web_port)  # every process refuses endpoint URLs pointing at ACE itself
         with_vllm = os.environ.get("ACE_NO_VLLM", "").lower() not in ("1", "true", "yes")
 
         from speculation.demo import ensure_demo_pair

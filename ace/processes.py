@@ -250,6 +250,7 @@ def start_asgi(
 ) -> ManagedProcess:
     """ACE's web process: uvicorn serving ace.asgi:application; `.url` set once it accepts connections."""
     port = port or free_port(host)
+    env = {**(env or {}), "ACE_WEB_PORT": str(port)}  # its network policy refuses endpoint URLs pointing at itself
     argv = [sys.executable, "-m", "uvicorn", "ace.asgi:application", "--host", host, "--port", str(port)]
     if quiet:
         argv += ["--log-level", "warning", "--no-access-log"]

@@ -60,12 +60,17 @@ ALLOWED_HOSTS = [
 ]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("ACE_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
-# Which networks probing and the gateway may reach. Loopback and private ranges by default; link-local
-# (169.254.0.0/16, which holds the cloud metadata service) and everything else is refused unless listed.
+# Which networks probing, the gateway and the worker may reach (fleet.netpolicy). Loopback and private ranges
+# by default. Cloud metadata addresses in every form (169.254.0.0/16, fd00:ec2::254, 100.100.100.200, ...)
+# and ACE's own Redis, database and web ports are refused even inside these networks.
 ALLOWED_ENDPOINT_NETWORKS = env_networks(
     "ACE_ALLOWED_ENDPOINT_NETWORKS",
     "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7",
 )
+
+# The web server's port, which no endpoint URL may point back at (the run command, ace.processes.start_asgi and
+# docker-compose set it; 0: unknown, not checked).
+WEB_PORT = env_int("ACE_WEB_PORT", 0, minimum=0)
 
 PROBE_TIMEOUT_S = env_float("ACE_PROBE_TIMEOUT", 10.0, minimum=0.1)
 PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)

@@ -37,6 +37,8 @@ from typing import Any, ClassVar, Protocol
 
 import httpx
 
+from fleet import netpolicy
+
 logger = logging.getLogger(__name__)
 
 # Fixed text whose token ids identify a tokenizer. Changing it changes every fingerprint: bump CANARY_VERSION.
@@ -116,7 +118,8 @@ class ServerClient:
     """A thin httpx client that turns every transport or protocol problem into a ProbeError.
 
     The API key travels only in the Authorization header; it is never part of a message or a log line.
-    Redirects are not followed: a redirect could lead outside the allowed networks.
+    Redirects are not followed: a redirect could lead outside the allowed networks. Sockets connect only to
+    addresses the network policy checked (fleet.netpolicy.PinnedTransport).
     """
 
     def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float) -> None:
@@ -126,7 +129,11 @@ class ServerClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._client = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s), follow_redirects=False
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=netpolicy.PinnedTransport(),
         )
 
     def __enter__(self) -> ServerClient:
@@ -220,6 +227,9 @@ def _decode_json(response: httpx.Response, path: str) -> Any:
 def _transport_error(exc: httpx.HTTPError, url: str, timeout_s: float) -> ProbeError:
     if isinstance(exc, httpx.TimeoutException):
         return ProbeError(FailureKind.TIMEOUT, f"{url}: no answer within {timeout_s:g} s ({type(exc).__name__})")
+    refused = netpolicy.refusal(exc)
+    if refused:
+        return ProbeError(FailureKind.NOT_ALLOWED, f"{url}: {refused}")
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, ssl.SSLError):

@@ -13,6 +13,7 @@ from typing import Protocol
 import httpx
 from django.http import HttpResponse, StreamingHttpResponse
 
+from fleet import netpolicy
 from speculation.gateway import upstream
 from speculation.gateway.call import Call
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
@@ -49,9 +50,10 @@ async def forward(call: Call, *, content: bytes | None = None, observer: Observe
         logger.warning("request %s: endpoint %s unreachable: %s", call.request_id, call.route.name, exc)
         if observer is not None:
             await observer.on_done(502, f"endpoint unreachable: {type(exc).__name__}")
+        why = "refused by ACE's network policy" if netpolicy.refusal(exc) else type(exc).__name__
         return error_response(
             502,
-            f"endpoint {call.route.name} unreachable: {type(exc).__name__}",
+            f"endpoint {call.route.name} unreachable: {why}",
             code="upstream_unreachable",
             request_id=call.request_id,
         )

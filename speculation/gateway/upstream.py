@@ -1,10 +1,15 @@
-"""One pooled httpx.AsyncClient per event loop for everything the gateway sends to model servers."""
+"""One pooled httpx.AsyncClient per event loop for everything the gateway sends to model servers.
+
+Its sockets connect only to addresses the network policy checked at connect time (fleet.netpolicy).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 import httpx
+
+from fleet.netpolicy import AsyncPinnedTransport
 
 # Long generations stream for minutes; connecting must be quick.
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
@@ -17,5 +22,5 @@ def client() -> httpx.AsyncClient:
     loop_id = id(asyncio.get_running_loop())
     found = _clients.get(loop_id)
     if found is None or found.is_closed:
-        found = _clients[loop_id] = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS, http2=False)
+        found = _clients[loop_id] = httpx.AsyncClient(timeout=TIMEOUT, transport=AsyncPinnedTransport(limits=LIMITS))
     return found

@@ -18,6 +18,7 @@ import redis
 from django.conf import settings
 
 from fleet.models import Endpoint
+from fleet.netpolicy import PinnedTransport
 from speculation.channel import WorkerChannel
 from speculation.engine import (
     DraftModelProposer,
@@ -44,7 +45,9 @@ _http: httpx.Client | None = None
 def http() -> httpx.Client:
     global _http
     if _http is None:
-        _http = httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+        # Sockets go only to addresses the network policy checked at connect time (fleet.netpolicy).
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+        _http = httpx.Client(transport=PinnedTransport(limits=limits))
     return _http
 
 
