@@ -8,6 +8,7 @@ from django.conf import settings
 
 from fleet.adapters.base import CANARY_TEXT, FailureKind, ProbeError, ProbeReport, ServerAdapter, fingerprint
 from fleet.adapters.openai import OpenAICompatibleAdapter
+from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.sglang import SglangAdapter
 from fleet.adapters.vllm import VllmAdapter
 
@@ -29,6 +30,12 @@ def adapter_for(kind: str, *, base_url: str, api_key: str = "", timeout_s: float
     return cls(base_url=base_url, api_key=api_key, timeout_s=timeout_s or settings.PROBE_TIMEOUT_S)
 
 
+def semantics_for(kind: str) -> RequestSemantics:
+    """What this server kind means by a request's length fields (vLLM's when the kind is unknown)."""
+    cls = ADAPTERS.get(kind)
+    return cls.semantics if cls is not None else VllmAdapter.semantics
+
+
 def get_adapter(endpoint: Endpoint) -> ServerAdapter:
     """The adapter for an endpoint's server kind, carrying its base URL and decrypted API key."""
     return adapter_for(endpoint.kind, base_url=endpoint.base_url, api_key=endpoint.api_key)
@@ -47,4 +54,5 @@ __all__ = [
     "adapter_for",
     "fingerprint",
     "get_adapter",
+    "semantics_for",
 ]

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from fleet.adapters import semantics
 from fleet.adapters.base import (
     CANARY_TEXT,
     CANARY_VERSION,
@@ -26,6 +27,7 @@ from fleet.adapters.base import (
     run_step,
     shape_error,
 )
+from fleet.adapters.semantics import RequestSemantics
 from fleet.netpolicy import URLNotAllowed, check_url
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ class OpenAICompatibleAdapter:
     """Any server speaking the OpenAI completions API: models, token-id prompts, echo+logprobs scoring, streaming."""
 
     kind: ClassVar[str] = "openai"
+    semantics: ClassVar[RequestSemantics] = semantics.OPENAI
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from fleet.adapters import semantics
 from fleet.adapters.base import (
     FailureKind,
     ProbeError,
@@ -25,6 +26,7 @@ from fleet.adapters.base import (
     shape_error,
 )
 from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
+from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.tokenizer_routes import TokenizerRoutes
 
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
@@ -32,6 +34,7 @@ SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 
 class SglangAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "sglang"
+    semantics: ClassVar[RequestSemantics] = semantics.SGLANG
     detokenized_key: ClassVar[str] = "text"
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:

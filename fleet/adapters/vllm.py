@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+from fleet.adapters import semantics
 from fleet.adapters.base import (
     CANARY_TEXT,
     FailureKind,
@@ -25,6 +26,7 @@ from fleet.adapters.base import (
     shape_error,
 )
 from fleet.adapters.openai import OpenAICompatibleAdapter
+from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.tokenizer_routes import TokenizerRoutes
 
 # /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
@@ -35,6 +37,7 @@ PER_POSITION_SERIES = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos
 
 class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "vllm"
+    semantics: ClassVar[RequestSemantics] = semantics.VLLM
     detokenized_key: ClassVar[str] = "prompt"
 
     def discover_version(self, client: ServerClient, caps: dict[str, Any]) -> None:

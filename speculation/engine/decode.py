@@ -21,7 +21,7 @@ from speculation.engine.stats import SpecStats
 from speculation.engine.target import Target
 from speculation.engine.verify import verify_greedy, verify_sampled
 
-OnTokens = Callable[[list[int]], None]
+OnTokens = Callable[[list[int]], "bool | None"]  # returns True to end the request after these tokens
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's min_tokens: the target may not produce suppress_ids before min_tokens output tokens.
+    min_tokens: int = 0
+    suppress_ids: tuple[int, ...] = ()
     seed: int = 0
     max_context: int | None = None  # None: the target's
 
@@ -97,6 +100,7 @@ def generate(
     elif lookahead is None:
         lookahead = DynamicLookahead(k_max=config.k, k_start=config.k)
     stop_ids = frozenset(config.stop_token_ids)
+    suppress = torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=target.device)
     wants_hidden = bool(proposer is not None and proposer.wants_hidden)
     committed = list(prompt_ids)
     out: list[int] = []
@@ -125,6 +129,7 @@ def generate(
         t1 = time.perf_counter()
         last = torch.tensor([committed[-1]], device=target.device)
         result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
+        _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
         if params.greedy:
             num_accepted, tokens = verify_greedy(drafts, result.logits)
         else:
@@ -153,8 +158,8 @@ def generate(
             k_history.append(drafted)
         committed.extend(new)
         out.extend(new)
-        if on_tokens is not None:
-            on_tokens(new)
+        if on_tokens is not None and on_tokens(new):
+            stopped = True  # the caller ended the request (a stop string matched)
         if stopped:
             finish = "stop"
             break
@@ -168,6 +173,13 @@ def generate_plain(
 ) -> GenerationResult:
     """Plain decoding through the same target and loop: one target pass per token (the baseline)."""
     return generate(target, None, prompt_ids, config, on_tokens)
+
+
+def _suppress_before_min_tokens(logits: torch.Tensor, produced: int, min_tokens: int, ids: torch.Tensor) -> None:
+    """Row j of logits [K+1, V] picks output token produced + j: rows before min_tokens cannot pick ids."""
+    rows = min(min_tokens - produced, logits.shape[0])
+    if rows > 0 and ids.numel():
+        logits[:rows, ids] = float("-inf")
 
 
 def _truncate_at_stop(

@@ -17,6 +17,7 @@ class Shape:
     prompt_ids: list[int]
     return_token_ids: bool = False
     include_usage: bool = False
+    echo_text: str = ""  # completions with echo: the prompt text, before the first generated text
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -50,7 +51,17 @@ class Shape:
             payload["prompt_token_ids"] = self.prompt_ids
         return event(payload)
 
-    def chunk(self, text: str, ids: list[int], *, finish_reason: str | None = None, first: bool = False) -> bytes:
+    def chunk(
+        self,
+        text: str,
+        ids: list[int],
+        *,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        first: bool = False,
+    ) -> bytes:
+        if first and self.echo_text:
+            text = self.echo_text + text
         payload = self._head(chunk=True)
         if self.kind == "chat":
             choice: dict[str, Any] = {
@@ -62,7 +73,7 @@ class Shape:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None or self.kind == "completion":
-            choice["stop_reason"] = None
+            choice["stop_reason"] = stop_reason
         if self.return_token_ids:
             if self.kind == "completion":
                 choice["prompt_token_ids"] = self.prompt_ids if first else None
@@ -79,7 +90,9 @@ class Shape:
         return event(payload)
 
     # --- whole response ----------------------------------------------------------------------------------------
-    def response(self, text: str, ids: list[int], finish_reason: str) -> dict[str, Any]:
+    def response(
+        self, text: str, ids: list[int], finish_reason: str, stop_reason: int | str | None = None
+    ) -> dict[str, Any]:
         payload = self._head(chunk=False)
         if self.kind == "chat":
             choice: dict[str, Any] = {
@@ -87,10 +100,16 @@ class Shape:
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish_reason,
-                "stop_reason": None,
+                "stop_reason": stop_reason,
             }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            choice = {
+                "index": 0,
+                "text": self.echo_text + text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
         if self.return_token_ids:
             choice["token_ids"] = ids
             if self.kind == "completion":
