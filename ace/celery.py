@@ -10,6 +10,8 @@ app = Celery("ace")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+from ace import heartbeat  # noqa: E402, F401 - connects the worker heartbeat (worker_ready / worker_shutdown)
+
 
 def gpu_queue(node_class: str) -> str:
     """The queue a node class's GPU worker pool consumes."""

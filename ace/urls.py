@@ -4,6 +4,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from ace import ops
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="fleet:endpoint-list", permanent=False)),
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -17,4 +19,7 @@ urlpatterns = [
     path("api/v1/", include("speculation.dashboard_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
 ]

@@ -7,7 +7,7 @@ from django import forms
 
 from speculation.models import Action, DraftKind, Mechanism, Mode, VerificationPath
 from speculation.rollups import RANGES
-from speculation.services.policies import K_MAX, K_MIN
+from speculation.limits import K_MAX, K_MIN
 
 
 class PolicyForm(forms.Form):

@@ -113,6 +113,9 @@ class StageRecord(models.Model):
     alpha = models.FloatField(null=True, blank=True)
     # tokens per verification step, bonus token included (EAGLE's tau).
     mean_accepted_len = models.FloatField(null=True, blank=True)
+    # shadow of sampled traffic from a server's top-N log-probabilities: alpha is then a lower bound, and this is
+    # the mean probability mass (per position) the bound could not attribute; null when alpha is exact.
+    unseen_mass = models.FloatField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(default=0)
     tok_s = models.FloatField(null=True, blank=True)
     baseline_tok_s = models.FloatField(null=True, blank=True)
@@ -136,8 +139,8 @@ class StageRollup(models.Model):
     """Stage records summed per endpoint, minute, mode and action (speculation.rollups keeps it filled).
 
     Only sums and counts, so buckets add up to any coarser bucket; the charts read these rows plus the raw
-    records of the last minutes that are not rolled up yet. p1..p8: per-position acceptance rate times
-    target passes, summed (the passes-weighted rate is p_i / passes); h0..h8: accepted-length histogram.
+    records of the last minutes that are not rolled up yet. p1..p16 (K_MAX): per-position acceptance rate times
+    target passes, summed (the passes-weighted rate is p_i / passes); h0..h16: accepted-length histogram.
     """
 
     endpoint = models.ForeignKey(Endpoint, related_name="stage_rollups", on_delete=models.CASCADE)
@@ -169,6 +172,14 @@ class StageRollup(models.Model):
     p6 = models.FloatField(default=0.0)
     p7 = models.FloatField(default=0.0)
     p8 = models.FloatField(default=0.0)
+    p9 = models.FloatField(default=0.0)
+    p10 = models.FloatField(default=0.0)
+    p11 = models.FloatField(default=0.0)
+    p12 = models.FloatField(default=0.0)
+    p13 = models.FloatField(default=0.0)
+    p14 = models.FloatField(default=0.0)
+    p15 = models.FloatField(default=0.0)
+    p16 = models.FloatField(default=0.0)
     h0 = models.BigIntegerField(default=0)
     h1 = models.BigIntegerField(default=0)
     h2 = models.BigIntegerField(default=0)
@@ -178,6 +189,14 @@ class StageRollup(models.Model):
     h6 = models.BigIntegerField(default=0)
     h7 = models.BigIntegerField(default=0)
     h8 = models.BigIntegerField(default=0)
+    h9 = models.BigIntegerField(default=0)
+    h10 = models.BigIntegerField(default=0)
+    h11 = models.BigIntegerField(default=0)
+    h12 = models.BigIntegerField(default=0)
+    h13 = models.BigIntegerField(default=0)
+    h14 = models.BigIntegerField(default=0)
+    h15 = models.BigIntegerField(default=0)
+    h16 = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -25,6 +25,8 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from speculation.limits import K_MAX, K_MIN
+
 
 class DraftKind:
     """The draft kinds of speculation.models.DraftKind (kept import-free: this module needs no Django)."""
@@ -36,7 +38,6 @@ class DraftKind:
 
 
 DEFAULT_K = 5
-MAX_K = 16
 # vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
 NGRAM_LOOKUP_MAX = 3
 NGRAM_LOOKUP_MIN = 1
@@ -79,8 +80,8 @@ class NativeFlags:
 def _check(draft_kind: str, draft_path: str, k: int) -> None:
     if draft_kind not in DraftKind.values:
         raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
-    if not 1 <= k <= MAX_K:
-        raise NativeFlagsError(f"K must be between 1 and {MAX_K}, got {k}")
+    if not K_MIN <= k <= K_MAX:
+        raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
     if draft_kind != DraftKind.NGRAM and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
 

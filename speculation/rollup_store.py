@@ -23,11 +23,12 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from speculation.limits import K_MAX
 from speculation.models import Action, RollupState, StageRecord, StageRollup
 
 logger = logging.getLogger(__name__)
 
-MAX_K = 8  # per-position acceptance p1..p8, accepted-length histogram h0..h8
+MAX_K = K_MAX  # per-position acceptance p1..p16, accepted-length histogram h0..h16: every K a policy may use
 GRACE = timedelta(minutes=2)
 ROLLUP_SECONDS = 60
 STATE_NAME = "stage_records"

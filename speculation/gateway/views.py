@@ -12,6 +12,7 @@ import time
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from speculation import metrics as stage_metrics
 from speculation.gateway import passthrough
 from speculation.gateway.auth import authenticate
 from speculation.gateway.call import Call, new_request_id
@@ -57,6 +58,8 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
             request_id=request_id,
         )
     call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id)
+    if route.mode != Mode.PROD:  # prod requests count when their stage record is written
+        stage_metrics.count_passthrough(endpoint=route.name, mode=route.mode)
     if route.mode == Mode.SHADOW:
         from speculation.gateway import shadow
 

@@ -19,6 +19,7 @@ from speculation.models import (
     SpeculationPolicy,
     VerificationPath,
 )
+from speculation.limits import K_MAX, K_MIN
 from speculation.services import capabilities
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-K_MIN, K_MAX = 1, 16
 EDITABLE_FIELDS = ("mode", "mechanism", "draft", "k", "dynamic_k", "shadow_sample_rate", "path", "target_path")
 
 

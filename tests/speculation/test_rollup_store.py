@@ -105,3 +105,26 @@ def test_rebuild_counts_records_imported_behind_the_watermark(endpoint):
     call_command("refresh_rollups", "--rebuild", stdout=io.StringIO())
 
     assert StageRollup.objects.aggregate(n=Sum("n"))["n"] == 2
+
+
+def test_positions_past_eight_are_kept_for_k_up_to_sixteen(endpoint):
+    # given a K=16 record, old enough to be rolled up, accepting at every position and 16 tokens in its one step
+    record = StageRecord.objects.create(
+        endpoint=endpoint,
+        request_id="k16",
+        mode=Mode.SHADOW,
+        action=Action.WOULD_SPECULATE,
+        drafted_tokens=16,
+        accepted_tokens=16,
+        target_passes=1,
+        k=16,
+        per_position_acceptance=[1.0] * 16,
+        accepted_length_hist=[0] * 16 + [1],
+    )
+    StageRecord.objects.filter(pk=record.pk).update(created_at=timezone.now() - timedelta(minutes=10))
+    # when
+    rollup_store.refresh_rollups()
+    # then positions 9..16 and the 16-accepted bucket are in the rollup (they were dropped with 8 columns)
+    (row,) = StageRollup.objects.all()
+    assert [getattr(row, f"p{i}") for i in range(9, 17)] == [1.0] * 8
+    assert row.h16 == 1

@@ -1,0 +1,210 @@
+"""Operations endpoints: /healthz (the process answers), /readyz (database and Redis reachable), /metrics.
+
+/metrics is Prometheus text format (prometheus_client): the stage's counters and histograms
+(speculation.metrics; summed over every process in multiprocess mode) plus gauges read at scrape time from
+Redis: queue depth per Celery queue and worker saturation from the workers' heartbeats (ace.heartbeat).
+It is served to loopback clients (ACE_METRICS_LOOPBACK) and to `Authorization: Bearer <ACE_METRICS_TOKEN>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable, Iterator
+
+import redis
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from ace import heartbeat
+from ace.celery import gpu_queue
+from speculation import metrics as stage_metrics
+
+logger = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_S = 2.0
+# kombu's Redis transport keeps priorities 3, 6 and 9 of a queue in lists named queue + "\x06\x16" + priority.
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+
+
+# --- /healthz and /readyz ------------------------------------------------------------------------------------
+
+
+@login_not_required
+async def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def _database_ok() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+async def _check(name: str, check) -> dict:
+    try:
+        await asyncio.wait_for(check(), timeout=CHECK_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the check failed; the type is reported, no details
+        logger.warning("readyz: %s check failed: %s", name, type(exc).__name__)
+        return {"ok": False, "error": f"{type(exc).__name__}" if not isinstance(exc, TimeoutError) else "timeout"}
+    return {"ok": True}
+
+
+async def _redis_ok() -> None:
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=1.0)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
+
+
+@login_not_required
+async def readyz(request: HttpRequest) -> JsonResponse:
+    """200 when the database and Redis answer; 503 naming the ones that did not (no addresses, no secrets)."""
+    database, redis_check = await asyncio.gather(
+        _check("database", sync_to_async(_database_ok, thread_sensitive=True)), _check("redis", _redis_ok)
+    )
+    checks = {"database": database, "redis": redis_check}
+    failed = [name for name, result in checks.items() if not result["ok"]]
+    return JsonResponse(
+        {"status": "not ready" if failed else "ready", "failed": failed, "checks": checks},
+        status=503 if failed else 200,
+    )
+
+
+# --- /metrics --------------------------------------------------------------------------------------------------
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def metrics_denied(request: HttpRequest) -> HttpResponse | None:
+    """None when the caller may read /metrics; else the 401/403 to send."""
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    if settings.METRICS_ALLOW_LOOPBACK and _loopback(request.META.get("REMOTE_ADDR", "")):
+        return None
+    if token:
+        response = JsonResponse({"error": "/metrics needs Authorization: Bearer <ACE_METRICS_TOKEN>."}, status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="ace-metrics"'
+        return response
+    return JsonResponse(
+        {"error": "/metrics is served to loopback clients only; set ACE_METRICS_TOKEN to scrape it from elsewhere."},
+        status=403,
+    )
+
+
+class QueueCollector:
+    """Gauges read from Redis at scrape time: queue depth, live workers, busy worker processes, saturation."""
+
+    def __init__(self, queues: Iterable[str]) -> None:
+        self.queues = set(queues)
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("ace_redis_up", "1 when /metrics could read Redis (queues, worker heartbeats).")
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=1.0)
+        try:
+            beats = heartbeat.read(client)
+            queues = sorted(self.queues | {q for beat in beats for q in beat.queues})
+            pipe = client.pipeline(transaction=False)
+            for queue in queues:
+                for suffix in PRIORITY_SUFFIXES:
+                    pipe.llen(queue + suffix)
+            lengths = pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("/metrics: Redis unreadable: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        finally:
+            client.close()
+        up.add_metric([], 1)
+        yield up
+        depth = GaugeMetricFamily(
+            "ace_queue_depth", "Tasks waiting in a Celery queue (gpu.<node class>: prod and shadow).", labels=["queue"]
+        )
+        workers = GaugeMetricFamily(
+            "ace_worker_processes",
+            "Worker processes (pool slots) of live workers consuming the queue.",
+            labels=["queue"],
+        )
+        busy = GaugeMetricFamily(
+            "ace_worker_busy",
+            "Worker processes executing a task, of live workers consuming the queue.",
+            labels=["queue"],
+        )
+        saturation = GaugeMetricFamily(
+            "ace_worker_saturation",
+            "ace_worker_busy / ace_worker_processes (absent while no worker is live).",
+            labels=["queue"],
+        )
+        width = len(PRIORITY_SUFFIXES)
+        for index, queue in enumerate(queues):
+            depth.add_metric([queue], sum(lengths[index * width : (index + 1) * width]))
+            mine = [beat for beat in beats if queue in beat.queues]
+            slots, active = sum(b.processes for b in mine), sum(min(b.busy, b.processes) for b in mine)
+            workers.add_metric([queue], slots)
+            busy.add_metric([queue], active)
+            if slots:
+                saturation.add_metric([queue], active / slots)
+        yield from (depth, workers, busy, saturation)
+
+
+class _Registered:
+    """A registry's metrics, as a collector of another registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return self.registry.collect()
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def render(queues: Iterable[str]) -> bytes:
+    registry = CollectorRegistry()
+    if multiprocess():
+        MultiProcessCollector(registry)
+    else:
+        registry.register(_Registered(stage_metrics.REGISTRY))
+    registry.register(QueueCollector(queues))
+    return generate_latest(registry)
+
+
+async def _known_queues() -> set[str]:
+    queues = {settings.CONTROL_QUEUE, gpu_queue(settings.DEFAULT_NODE_CLASS)}
+    try:
+        from speculation.gateway.routes import route_cache
+
+        queues |= {gpu_queue(route.node_class) for route in (await route_cache().table()).values()}
+    except Exception as exc:  # noqa: BLE001 - the database may be down; the default queues are still reported
+        logger.warning("/metrics: endpoint node classes unreadable: %s", type(exc).__name__)
+    return queues
+
+
+@login_not_required
+async def metrics(request: HttpRequest) -> HttpResponse:
+    denied = metrics_denied(request)
+    if denied is not None:
+        return denied
+    body = await asyncio.to_thread(render, await _known_queues())
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
