@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from django import forms
 
+from speculation.limits import K_MAX, K_MIN
 from speculation.models import Action, DraftKind, Mechanism, Mode, VerificationPath
 from speculation.rollups import RANGES
-from speculation.limits import K_MAX, K_MIN
 
 
 class PolicyForm(forms.Form):
