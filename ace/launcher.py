@@ -152,6 +152,7 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
     """Register (or point at this run's port) the demo endpoint and queue its probe; register the demo draft
     and give the endpoint's policy the target's directory, so that prod (remote or local path) is one click away.
     """
+    from django.contrib.auth import get_user_model
     from django.db import transaction
 
     from fleet.models import Endpoint, ServerKind
@@ -161,8 +162,10 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
     from speculation.services.policies import get_policy, update_policy
 
     with transaction.atomic():
+        defaults = {"base_url": base_url, "kind": ServerKind.VLLM, "node_class": "cpu"}
+        admin = get_user_model().objects.filter(username=ADMIN_USERNAME).first()
         endpoint, _ = Endpoint.objects.update_or_create(
-            name=DEMO_ENDPOINT, defaults={"base_url": base_url, "kind": ServerKind.VLLM, "node_class": "cpu"}
+            name=DEMO_ENDPOINT, defaults=defaults, create_defaults={**defaults, "owner": admin, "created_by": admin}
         )
         start_probe(endpoint)
     if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():

@@ -2,7 +2,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from ace.api import ApiRootView, docs_view, schema_view
 
 from ace import ops
 
@@ -12,13 +13,14 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),
+    path("api/v1/", ApiRootView.as_view(), name="api-root"),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("speculation.api.urls")),
     path("v1/", include("speculation.gateway.urls")),
     path("dashboard/", include("speculation.urls")),
     path("api/v1/", include("speculation.dashboard_api")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/schema/", schema_view, name="schema"),
+    path("api/docs/", docs_view, name="api-docs"),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),

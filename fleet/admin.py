@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from fleet import selectors
-from fleet.models import Endpoint, Probe
+from fleet import permissions, selectors
+from fleet.models import Endpoint, GatewayTokenScope, Probe
 
 
 class ProbeInline(admin.TabularInline):
@@ -43,9 +43,26 @@ class EndpointAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "created_by",
+        "owner",
+        "team",
     )
-    readonly_fields = fields
+    # Only ownership is edited here (by admins); the rest goes through the pages and the API (URL policy).
+    readonly_fields = tuple(f for f in fields if f not in ("owner", "team"))
     inlines = [ProbeInline]
+
+    def get_queryset(self, request: HttpRequest):
+        return permissions.visible_endpoints(request.user, super().get_queryset(request))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Endpoint | None = None) -> tuple[str, ...]:
+        return self.readonly_fields if permissions.is_admin(request.user) else self.fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Endpoint | None = None) -> bool:
+        return super().has_change_permission(request, obj) and permissions.is_admin(request.user)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Endpoint | None = None) -> bool:
+        if obj is not None and not permissions.can_operate(request.user, obj):
+            return False
+        return super().has_delete_permission(request, obj) and permissions.can_write(request.user)
 
     @admin.display(boolean=True, description="API key set")
     def has_api_key(self, obj: Endpoint) -> bool:
@@ -67,8 +84,26 @@ class ProbeAdmin(admin.ModelAdmin):
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in Probe._meta.fields]
 
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).filter(endpoint__in=permissions.visible_endpoints(request.user))
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Probe | None = None) -> bool:
         return False
+
+
+@admin.register(GatewayTokenScope)
+class GatewayTokenScopeAdmin(admin.ModelAdmin):
+    """Which endpoints a token may call through the gateway (no row: every endpoint its user can see)."""
+
+    list_display = ("token", "all_visible")
+    filter_horizontal = ("endpoints",)
+    raw_id_fields = ("token",)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return permissions.is_admin(request.user)
+
+    def has_view_permission(self, request: HttpRequest, obj: GatewayTokenScope | None = None) -> bool:
+        return permissions.is_admin(request.user)

@@ -38,9 +38,20 @@ class Endpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # Who may operate it (fleet.permissions): its owner, members of its team, and admins.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_endpoints"
+    )
+    team = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="team_endpoints"
+    )
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            ("operate_endpoint", "Can change modes, policies, drafts and probes of own or team endpoints"),
+            ("manage_all_endpoints", "Can see and change every endpoint, whoever owns it"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -60,6 +71,20 @@ class Endpoint(models.Model):
     @property
     def has_api_key(self) -> bool:
         return bool(self.api_key_encrypted)
+
+
+class GatewayTokenScope(models.Model):
+    """Which endpoints an API token may call through the gateway: all its user's visible ones, or a listed set.
+
+    A token without a scope row calls every endpoint its user can see (fleet.permissions.visible_endpoints).
+    """
+
+    token = models.OneToOneField("authtoken.Token", on_delete=models.CASCADE, related_name="ace_scope")
+    all_visible = models.BooleanField(default=True)
+    endpoints = models.ManyToManyField(Endpoint, blank=True, related_name="token_scopes")
+
+    def __str__(self) -> str:
+        return f"scope of {self.token.user}'s token"
 
 
 class ProbeStatus(models.TextChoices):

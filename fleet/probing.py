@@ -16,6 +16,7 @@ from django.utils import timezone
 from fleet.adapters import CANARY_TEXT, FailureKind, ProbeError, ProbeReport, get_adapter
 from fleet.adapters import fingerprint as fingerprint_token_ids
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
+from fleet.selectors import served_model_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ def run_probe(probe_id: int) -> Probe | None:
     report = _probe_endpoint(endpoint)
     duration_ms = (time.perf_counter() - t0) * 1000
     outcome, reason = summarize(report)
+    conflict = served_model_conflict(endpoint_id=endpoint.pk, served_model=_served_model(report)) if report.ok else ""
+    if conflict:  # routed by name only (speculation.gateway.routes); shown as a problem on the endpoint
+        report.errors.append({"step": "routing", "kind": "ambiguous_model", "message": conflict})
+        reason = f"{reason}; routing problem: {conflict}"
     finished = timezone.now()
 
     probe.status = ProbeStatus.DONE
@@ -131,9 +136,13 @@ def _record_on_endpoint(endpoint_id: int, probe: Probe, report: ProbeReport) -> 
     }
     if report.ok:  # a failed probe keeps what the last good one found
         fields["capabilities"] = report.capabilities
-        fields["served_model"] = report.capabilities.get("served_model", "")[:255]
+        fields["served_model"] = _served_model(report)
     # update(), not save(): an edit made while the probe ran must not be overwritten.
     Endpoint.objects.filter(pk=endpoint_id).update(**fields)
+
+
+def _served_model(report: ProbeReport) -> str:
+    return (report.capabilities.get("served_model") or "")[:255]
 
 
 def reprobe_all() -> int:

@@ -72,6 +72,30 @@ def endpoint_get(*, pk: int) -> Endpoint:
     return get_object_or_404(Endpoint, pk=pk)
 
 
+def served_model_conflict(*, endpoint_id: int, served_model: str) -> str:
+    """Why the gateway cannot route `served_model` to this endpoint alone ("" when it can).
+
+    Names and served model ids are one namespace: the id may be another endpoint's name, or served by another
+    endpoint too. Either way the gateway routes the id to no endpoint (each stays reachable by its own name).
+    """
+    if not served_model:
+        return ""
+    others = Endpoint.objects.exclude(pk=endpoint_id)
+    named = others.filter(name=served_model).values_list("name", flat=True).first()
+    if named:
+        return (
+            f"the served model id {served_model!r} is the name of endpoint {named!r}: requests for it go to "
+            f"{named!r}, never here; call this endpoint by its own name"
+        )
+    also = others.filter(served_model=served_model).values_list("name", flat=True).first()
+    if also:
+        return (
+            f"endpoint {also!r} serves the same model id {served_model!r}: the gateway routes that id to neither; "
+            "call each endpoint by its own name"
+        )
+    return ""
+
+
 def probe_list(*, endpoint: Endpoint | None = None, status: str | None = None) -> QuerySet[Probe]:
     qs = Probe.objects.select_related("endpoint").order_by("-created_at", "-id")
     if endpoint is not None:

@@ -19,7 +19,7 @@ from fleet.models import Endpoint, Probe, ServerKind
 from fleet.netpolicy import URLNotAllowed, check_url
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import AbstractBaseUser, Group
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ NODE_CLASS_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
 API_KEY_MAX_LEN = 4096
 # Printable ASCII without spaces: the key goes into an HTTP header, so control characters are refused.
 API_KEY_RE = re.compile(r"^[\x21-\x7e]+$")
+# "Leave this field alone" for arguments where None is a value.
+UNCHANGED = object()
 # Fields whose change makes the last probe stale.
 _PROBE_RELEVANT = ("base_url", "kind", "api_key")
 
@@ -40,16 +42,35 @@ def _validate_name(name: str, *, exclude_pk: int | None = None) -> str:
         raise ValidationError(
             "Use 1-64 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit."
         )
-    taken = Endpoint.objects.filter(name=name)
-    if exclude_pk is not None:
-        taken = taken.exclude(pk=exclude_pk)
-    if taken.exists():
+    others = Endpoint.objects.exclude(pk=exclude_pk) if exclude_pk is not None else Endpoint.objects.all()
+    if others.filter(name=name).exists():
         raise ValidationError(f"An endpoint named {name!r} already exists.")
+    # Names and served model ids are one namespace for the gateway: a name equal to another endpoint's served
+    # model id would take that model's traffic (prompts included).
+    shadowed = others.filter(served_model=name).first()
+    if shadowed is not None:
+        raise ValidationError(
+            f"{name!r} is the model id served by endpoint {shadowed.name!r}: the gateway routes model names to "
+            "exactly one endpoint, so choose another name."
+        )
     return name
 
 
+V1_SUFFIX = "/v1"
+
+
+def normalise_base_url(base_url: str) -> tuple[str, str]:
+    """The base URL without a trailing "/v1" (ACE adds it itself), and a sentence saying so ("" when unchanged)."""
+    url = (base_url or "").strip()
+    stripped = url.rstrip("/")
+    if stripped.lower().endswith(V1_SUFFIX) and "://" in stripped and stripped.count("/") > 2:
+        url = stripped[: -len(V1_SUFFIX)]
+        return url, f"The trailing /v1 was removed from the base URL ({url}): ACE adds /v1/... itself."
+    return url, ""
+
+
 def _validate_base_url(base_url: str) -> str:
-    base_url = (base_url or "").strip()
+    base_url, _ = normalise_base_url(base_url)
     if not base_url:
         raise ValidationError("A base URL is required.")
     if len(base_url) > Endpoint._meta.get_field("base_url").max_length:
@@ -110,8 +131,12 @@ def create_endpoint(
     node_class: str | None = None,
     api_key: str = "",
     created_by: AbstractBaseUser | None = None,
+    team: Group | None = None,
 ) -> Endpoint:
-    """Register an endpoint and queue its first probe (sent to the worker when the transaction commits)."""
+    """Register an endpoint and queue its first probe (sent to the worker when the transaction commits).
+
+    Its owner is the user who registers it; `team` (a Django group) lets the team's members operate it too.
+    """
     checks: dict[str, tuple] = {
         "name": (_validate_name, name, {}),
         "base_url": (_validate_base_url, base_url, {}),
@@ -127,7 +152,9 @@ def create_endpoint(
         kind=cleaned["kind"],
         node_class=cleaned["node_class"],
         created_by=created_by if created_by is not None and created_by.is_authenticated else None,
+        team=team,
     )
+    endpoint.owner = endpoint.created_by
     endpoint.api_key = cleaned.get("api_key", "")
     try:
         with transaction.atomic():
@@ -155,10 +182,13 @@ def update_endpoint(
     node_class: str | None = None,
     api_key: str | None = None,
     clear_api_key: bool = False,
+    team: Group | None | object = UNCHANGED,
 ) -> Endpoint:
     """Change the given fields (None leaves a field alone); re-probe when what probing depends on changed.
 
     `api_key=None` keeps the stored key, a non-empty string replaces it, `clear_api_key=True` removes it.
+    A new base URL needs the key again (or `clear_api_key`): the stored key is never sent to another server.
+    `team` (a group, or None for no team) is left alone unless given.
     """
     checks: dict[str, tuple] = {}
     if name is not None:
@@ -172,8 +202,21 @@ def update_endpoint(
     if api_key and not clear_api_key:
         checks["api_key"] = (_validate_api_key, api_key, {})
     cleaned = _collect(checks)
+    moved = "base_url" in cleaned and cleaned["base_url"] != endpoint.base_url
+    if moved and endpoint.has_api_key and not clear_api_key and "api_key" not in cleaned:
+        raise ValidationError(
+            {
+                "api_key": [
+                    "The base URL changes: enter the API key again (or clear the stored key). The stored key is "
+                    "never sent to a different URL."
+                ]
+            }
+        )
 
     changed: list[str] = []
+    if team is not UNCHANGED and endpoint.team != team:
+        endpoint.team = team  # type: ignore[assignment]
+        changed.append("team")
     for field in ("name", "base_url", "kind", "node_class"):
         if field in cleaned and getattr(endpoint, field) != cleaned[field]:
             setattr(endpoint, field, cleaned[field])

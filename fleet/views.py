@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from fleet import selectors, services
+from fleet import permissions, selectors, services
 from fleet.forms import EndpointForm
 from fleet.models import Endpoint
 
@@ -28,11 +28,21 @@ def _detail_context(endpoint: Endpoint) -> dict:
     }
 
 
+def _visible_list(request: HttpRequest):
+    endpoints = selectors.endpoint_list(status=request.GET.get("status"), kind=request.GET.get("kind"))
+    return permissions.visible_endpoints(request.user, endpoints)
+
+
+def _say_normalised(request: HttpRequest, base_url: str) -> None:
+    notice = services.normalise_base_url(base_url)[1]
+    if notice:
+        messages.info(request, notice)
+
+
 @login_required
 @require_GET
 def endpoint_list(request: HttpRequest) -> HttpResponse:
-    endpoints = selectors.endpoint_list(status=request.GET.get("status"), kind=request.GET.get("kind"))
-    context = {"endpoints": endpoints, "pending": selectors.any_endpoint_pending()}
+    context = {"endpoints": _visible_list(request), "pending": selectors.any_endpoint_pending()}
     return render(request, "fleet/endpoint_list.html", context)
 
 
@@ -40,14 +50,14 @@ def endpoint_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def endpoint_rows(request: HttpRequest) -> HttpResponse:
     """The fleet table's body alone, for the list page to poll while probes run."""
-    endpoints = selectors.endpoint_list(status=request.GET.get("status"), kind=request.GET.get("kind"))
-    context = {"endpoints": endpoints, "pending": selectors.any_endpoint_pending()}
+    context = {"endpoints": _visible_list(request), "pending": selectors.any_endpoint_pending()}
     return render(request, "fleet/_endpoint_rows.html", context)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def endpoint_create(request: HttpRequest) -> HttpResponse:
+    permissions.require_write(request.user, "register endpoints")
     form = EndpointForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -55,6 +65,7 @@ def endpoint_create(request: HttpRequest) -> HttpResponse:
         except ValidationError as exc:
             form.apply_service_errors(exc)
         else:
+            _say_normalised(request, form.cleaned_data["base_url"])
             messages.success(request, f"Endpoint {endpoint.name} registered; probing it now.")
             return redirect("fleet:endpoint-detail", pk=endpoint.pk)
     return render(request, "fleet/endpoint_form.html", {"form": form, "endpoint": None})
@@ -63,7 +74,7 @@ def endpoint_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def endpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = selectors.endpoint_get(pk=pk)
+    endpoint = permissions.endpoint_for(request.user, pk)
     return render(request, "fleet/endpoint_detail.html", _detail_context(endpoint))
 
 
@@ -71,7 +82,7 @@ def endpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def endpoint_status(request: HttpRequest, pk: int) -> HttpResponse:
     """What the detail page polls: the status panel as HTML, or `?format=json` for scripts."""
-    endpoint = selectors.endpoint_get(pk=pk)
+    endpoint = permissions.endpoint_for(request.user, pk)
     context = _detail_context(endpoint)
     if request.GET.get("format") == "json":
         latest = context["latest_probe"]
@@ -102,18 +113,19 @@ def endpoint_status(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def endpoint_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = selectors.endpoint_get(pk=pk)
+    endpoint = permissions.endpoint_for(request.user, pk, operate=True)
     initial = {f: getattr(endpoint, f) for f in ("name", "base_url", "kind", "node_class")}
     form = EndpointForm(request.POST or None, initial=initial, endpoint=endpoint)
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
-        data["api_key"] = data.get("api_key") or None  # blank keeps the stored key
+        data["api_key"] = data.get("api_key") or None  # blank keeps the stored key (unless the URL changes)
         try:
             services.update_endpoint(endpoint=endpoint, **data)
         except ValidationError as exc:
             endpoint.refresh_from_db()
             form.apply_service_errors(exc)
         else:
+            _say_normalised(request, data["base_url"])
             messages.success(request, f"Endpoint {endpoint.name} saved.")
             return redirect("fleet:endpoint-detail", pk=endpoint.pk)
     return render(request, "fleet/endpoint_form.html", {"form": form, "endpoint": endpoint})
@@ -122,7 +134,7 @@ def endpoint_edit(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def endpoint_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = selectors.endpoint_get(pk=pk)
+    endpoint = permissions.endpoint_for(request.user, pk, operate=True)
     if request.method == "POST":
         name = endpoint.name
         services.delete_endpoint(endpoint=endpoint)
@@ -134,7 +146,7 @@ def endpoint_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def endpoint_probe(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = selectors.endpoint_get(pk=pk)
+    endpoint = permissions.endpoint_for(request.user, pk, operate=True)
     services.reprobe_endpoint(endpoint=endpoint)
     messages.info(request, f"Re-probing {endpoint.name}.")
     return redirect("fleet:endpoint-detail", pk=endpoint.pk)

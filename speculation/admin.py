@@ -5,10 +5,18 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from fleet import permissions
 from speculation.models import DraftModel, PolicyChange, SpeculationPolicy, StageRecord
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    # The lookup from a row to its endpoint: staff who are not admins see only their endpoints' rows.
+    endpoint_lookup = "endpoint"
+
+    def get_queryset(self, request: HttpRequest):
+        visible = permissions.visible_endpoints(request.user)
+        return super().get_queryset(request).filter(**{f"{self.endpoint_lookup}__in": visible})
+
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
         return [f.name for f in self.model._meta.fields]
 
@@ -50,6 +58,7 @@ class SpeculationPolicyAdmin(ReadOnlyAdmin):
 
 @admin.register(PolicyChange)
 class PolicyChangeAdmin(ReadOnlyAdmin):
+    endpoint_lookup = "policy__endpoint"
     list_display = ("policy", "changed_at", "changed_by")
     list_select_related = ("policy__endpoint", "changed_by")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from django.shortcuts import get_object_or_404
 from django.urls import path
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -25,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.models import Endpoint
+from fleet.permissions import endpoint_for, visible_endpoints
 from speculation import options, rollups
 from speculation.models import DraftModel, SpeculationPolicy
 from speculation.projection import project
@@ -84,7 +84,7 @@ class TimeseriesView(APIView):
         responses={200: TimeseriesSerializer},
     )
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint, pk=pk)
+        endpoint = endpoint_for(request.user, pk)
         metric = request.query_params.get("metric", "")
         if metric not in rollups.METRICS:
             raise ValidationError({"metric": [f"choose one of {', '.join(rollups.METRICS)}"]})
@@ -108,7 +108,7 @@ class DistributionsView(APIView):
         },
     )
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint, pk=pk)
+        endpoint = endpoint_for(request.user, pk)
         time_range = _range(request)
         now = timezone.now()
         since = time_range.since(now)
@@ -134,7 +134,7 @@ class ProjectionView(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+        endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
         time_range = _range(request)
         measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
         costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
@@ -198,7 +198,7 @@ class PolicyOptionsView(APIView):
         },
     )
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+        endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
         try:
             policy = endpoint.policy
         except SpeculationPolicy.DoesNotExist:
@@ -220,7 +220,8 @@ class FleetSummaryView(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request) -> Response:
-        summary = rollups.fleet_summary()
+        visible = list(visible_endpoints(request.user).values_list("pk", flat=True))
+        summary = rollups.fleet_summary(endpoint_ids=visible)
         names = dict(Endpoint.objects.filter(pk__in=summary).values_list("pk", "name"))
         return Response([{"endpoint": pk, "name": names.get(pk, ""), **windows} for pk, windows in summary.items()])
 

@@ -12,14 +12,16 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from fleet import permissions
 from fleet import selectors as fleet_selectors
 from fleet.models import Endpoint
+from fleet.permissions import endpoint_for, visible_endpoints
 from speculation import options, rollups
 from speculation.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
 from speculation.models import DraftModel, SpeculationPolicy
@@ -60,7 +62,7 @@ def _back(request: HttpRequest, default: str) -> str:
 @login_required
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
-    endpoints = list(Endpoint.objects.select_related("policy__draft").order_by("name"))
+    endpoints = list(visible_endpoints(request.user, Endpoint.objects.select_related("policy__draft")).order_by("name"))
     summary = rollups.fleet_summary(endpoint_ids=[e.pk for e in endpoints])
     rows = []
     for endpoint in endpoints:
@@ -94,7 +96,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_POST
 def endpoint_mode(request: HttpRequest, pk: int) -> HttpResponse:
     """The overview's off / shadow / prod toggle."""
-    endpoint = get_object_or_404(Endpoint, pk=pk)
+    endpoint = endpoint_for(request.user, pk, operate=True)
     form = ModeForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Choose off, shadow or prod.")
@@ -177,7 +179,7 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
 @login_required
 @require_GET
 def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
     return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint))
 
 
@@ -185,7 +187,7 @@ def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
     """The settings form: every field through the policy service (validated as a whole, change recorded)."""
-    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    endpoint = endpoint_for(request.user, pk, operate=True, queryset=Endpoint.objects.select_related("policy__draft"))
     form = PolicyForm(request.POST, draft_names=list(DraftModel.objects.values_list("name", flat=True)))
     if form.is_valid():
         fields = dict(form.cleaned_data)
@@ -215,7 +217,7 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
 @login_required
 @require_GET
 def projection(request: HttpRequest, pk: int) -> HttpResponse:
-    endpoint = get_object_or_404(Endpoint.objects.select_related("policy__draft"), pk=pk)
+    endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
     time_range = _time_range(request)
     measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
     costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
@@ -250,6 +252,8 @@ def projection(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def draft_list(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        permissions.require_write(request.user, "register drafts")
     form = DraftRegisterForm(request.POST or None, initial={"node_class": "cpu"})
     if request.method == "POST" and form.is_valid():
         try:
@@ -260,7 +264,7 @@ def draft_list(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Draft {draft.name} registered.")
             return redirect("speculation:draft-list")
     drafts = list(DraftModel.objects.all())
-    endpoints = list(Endpoint.objects.order_by("name"))
+    endpoints = list(visible_endpoints(request.user).order_by("name"))
     matrix = [
         {
             "draft": draft,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from rest_framework import serializers
 
+from ace.api import RejectUnknownFieldsMixin
 from fleet import selectors
 from fleet.models import Endpoint, Probe, ServerKind
+from fleet.permissions import ROLES
 
 
 class ProbeSerializer(serializers.ModelSerializer):
@@ -35,6 +38,8 @@ class EndpointSerializer(serializers.ModelSerializer):
     """What the API returns for an endpoint. The API key itself is never part of it."""
 
     has_api_key = serializers.BooleanField(read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    team = serializers.CharField(source="team.name", read_only=True, default=None)
     api_key_masked = serializers.SerializerMethodField(help_text="A mask showing at most the key's last characters.")
 
     class Meta:
@@ -47,6 +52,8 @@ class EndpointSerializer(serializers.ModelSerializer):
             "node_class",
             "has_api_key",
             "api_key_masked",
+            "owner",
+            "team",
             "status",
             "status_reason",
             "served_model",
@@ -61,8 +68,11 @@ class EndpointSerializer(serializers.ModelSerializer):
         return selectors.masked_api_key(endpoint=endpoint)
 
 
-class EndpointInputSerializer(serializers.Serializer):
-    """Register or change an endpoint. `api_key` is write-only; send "" with PATCH to keep, or clear_api_key."""
+class EndpointInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """Register or change an endpoint. `api_key` is write-only; send "" with PATCH to keep, or clear_api_key.
+
+    Changing `base_url` needs `api_key` again (or `clear_api_key`): a stored key never goes to a new URL.
+    """
 
     name = serializers.CharField(max_length=64)
     base_url = serializers.CharField(max_length=500)
@@ -79,4 +89,11 @@ class EndpointInputSerializer(serializers.Serializer):
     )
     clear_api_key = serializers.BooleanField(
         required=False, default=False, write_only=True, help_text="Remove the stored API key (updates only)."
+    )
+    team = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Group.objects.exclude(name__in=ROLES),
+        required=False,
+        allow_null=True,
+        help_text="A team (Django group) whose members may operate the endpoint too; null for none.",
     )

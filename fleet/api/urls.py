@@ -1,10 +1,10 @@
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import SimpleRouter
 
 from fleet.api.views import EndpointViewSet, ProbeViewSet
 
 app_name = "fleet-api"
 
-router = DefaultRouter()
+router = SimpleRouter()
 router.register("endpoints", EndpointViewSet, basename="endpoint")
 router.register("probes", ProbeViewSet, basename="probe")
 

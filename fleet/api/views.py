@@ -13,9 +13,9 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet import selectors, services
+from fleet import permissions, selectors, services
 from fleet.api.serializers import EndpointInputSerializer, EndpointSerializer, ProbeSerializer
-from fleet.models import EndpointStatus, ProbeStatus, ServerKind
+from fleet.models import Endpoint, EndpointStatus, ProbeStatus, ServerKind
 
 T = TypeVar("T")
 
@@ -59,15 +59,24 @@ class EndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     serializer_class = EndpointSerializer
 
     def get_queryset(self):
-        return selectors.endpoint_list(
-            status=self.request.query_params.get("status"), kind=self.request.query_params.get("kind")
+        # Only what the user may see: another owner's endpoint answers 404, as if it did not exist.
+        return permissions.visible_endpoints(
+            self.request.user,
+            selectors.endpoint_list(
+                status=self.request.query_params.get("status"), kind=self.request.query_params.get("kind")
+            ),
         )
+
+    def _operable(self) -> Endpoint:
+        return permissions.check_endpoint(self.request.user, self.get_object(), operate=True)
 
     def create(self, request: Request) -> Response:
         data = self._input(request, partial=False)
         data.pop("clear_api_key", None)
+        call_service(permissions.check_team, user=request.user, team=data.get("team"))
+        notice = services.normalise_base_url(data["base_url"])[1]
         endpoint = call_service(services.create_endpoint, **data, created_by=request.user)
-        return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
+        return Response(_with_notices(endpoint, notice), status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, pk: str | None = None) -> Response:
         return self._update(request, partial=False)
@@ -76,13 +85,13 @@ class EndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return self._update(request, partial=True)
 
     def destroy(self, request: Request, pk: str | None = None) -> Response:
-        services.delete_endpoint(endpoint=self.get_object())
+        services.delete_endpoint(endpoint=self._operable())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(summary="Queue a probe of this endpoint now", request=None, responses={202: ProbeSerializer})
     @action(detail=True, methods=["post"])
     def probe(self, request: Request, pk: str | None = None) -> Response:
-        probe = services.reprobe_endpoint(endpoint=self.get_object())
+        probe = services.reprobe_endpoint(endpoint=self._operable())
         return Response(ProbeSerializer(probe).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(summary="This endpoint's probe history, newest first", responses=ProbeSerializer(many=True))
@@ -101,12 +110,22 @@ class EndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return data
 
     def _update(self, request: Request, *, partial: bool) -> Response:
-        endpoint = self.get_object()
+        endpoint = self._operable()
         data = self._input(request, partial=partial)
-        # A blank or absent key keeps the stored one; clear_api_key removes it.
+        # A blank or absent key keeps the stored one (unless the URL changes); clear_api_key removes it.
         data["api_key"] = data.get("api_key") or None
+        if "team" in data:
+            call_service(permissions.check_team, user=request.user, team=data["team"])
+        notice = services.normalise_base_url(data["base_url"])[1] if "base_url" in data else ""
         endpoint = call_service(services.update_endpoint, endpoint=endpoint, **data)
-        return Response(EndpointSerializer(endpoint).data)
+        return Response(_with_notices(endpoint, notice))
+
+
+def _with_notices(endpoint: Endpoint, *notices: str) -> dict:
+    """The endpoint, plus `notices`: what ACE changed in the input on its own (e.g. a /v1 suffix removed)."""
+    body = dict(EndpointSerializer(endpoint).data)
+    body["notices"] = [n for n in notices if n]
+    return body
 
 
 @extend_schema_view(
@@ -124,6 +143,7 @@ class ProbeViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = selectors.probe_list(status=self.request.query_params.get("status"))
+        qs = qs.filter(endpoint__in=permissions.visible_endpoints(self.request.user))
         endpoint_id = self.request.query_params.get("endpoint")
         if endpoint_id:
             if not endpoint_id.isdigit():

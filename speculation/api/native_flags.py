@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -10,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet.models import Endpoint
+from fleet.permissions import endpoint_for
 from speculation import native_flags
 from speculation.models import DraftModel
 
@@ -62,7 +61,7 @@ class NativeFlagsView(APIView):
         responses=_RESPONSE,
     )
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint, pk=pk)
+        endpoint = endpoint_for(request.user, pk)
         draft = _draft_from(request.query_params.get("draft"))
         k = _k_from(request.query_params.get("k"))
         try:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from ace.api import RejectUnknownFieldsMixin
 from speculation.models import DraftKind, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
 
 
-class PolicySerializer(serializers.ModelSerializer):
+class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    """A policy; PUT/PATCH with a field it does not know answers 400 naming it (a typo is never ignored)."""
+
     endpoint = serializers.IntegerField(source="endpoint_id", read_only=True)
     endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
     draft = serializers.SlugRelatedField(

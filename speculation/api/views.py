@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.shortcuts import get_object_or_404
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -12,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet.models import Endpoint
+from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.api.serializers import (
     DraftSerializer,
     PolicyChangeSerializer,
@@ -33,15 +32,12 @@ class PolicyView(APIView):
 
     serializer_class = PolicySerializer
 
-    def _endpoint(self, pk: int) -> Endpoint:
-        return get_object_or_404(Endpoint, pk=pk)
-
     def get(self, request: Request, pk: int) -> Response:
-        policy = policy_service.get_policy(endpoint=self._endpoint(pk))
+        policy = policy_service.get_policy(endpoint=endpoint_for(request.user, pk))
         return Response(PolicySerializer(policy).data)
 
     def _change(self, request: Request, pk: int, *, partial: bool) -> Response:
-        endpoint = self._endpoint(pk)
+        endpoint = endpoint_for(request.user, pk, operate=True)
         policy = policy_service.get_policy(endpoint=endpoint)
         serializer = PolicySerializer(policy, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
@@ -63,7 +59,7 @@ class PolicyChangesView(APIView):
 
     @extend_schema(responses=PolicyChangeSerializer(many=True))
     def get(self, request: Request, pk: int) -> Response:
-        endpoint = get_object_or_404(Endpoint, pk=pk)
+        endpoint = endpoint_for(request.user, pk)
         policy = policy_service.get_policy(endpoint=endpoint)
         changes = policy.changes.select_related("changed_by").all()[:500]
         return Response(PolicyChangeSerializer(changes, many=True).data)
@@ -122,7 +118,9 @@ class StageRecordViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         params = self.request.query_params
-        records = StageRecord.objects.select_related("endpoint")
+        records = StageRecord.objects.select_related("endpoint").filter(
+            endpoint__in=visible_endpoints(self.request.user)
+        )
         if params.get("endpoint"):
             try:
                 records = records.filter(endpoint_id=int(params["endpoint"]))

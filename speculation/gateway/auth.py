@@ -1,24 +1,44 @@
 """Gateway authentication: an ACE API token (DRF Token), sent the OpenAI way (`Authorization: Bearer ...`).
 
-Valid tokens are cached per process for TOKEN_TTL_S, so a revoked token stops working within that time.
+Every request looks the token up in the database (one small query batch, no cache), so a revoked token, a
+deactivated user or a narrowed scope takes effect on the very next request. The token's scope says which
+endpoints it may call: every endpoint its user can see (fleet.permissions.visible_endpoints), or a listed
+subset of those (fleet.models.GatewayTokenScope).
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 from rest_framework.authtoken.models import Token
 
-TOKEN_TTL_S = 10.0
-_valid: dict[str, tuple[int, float]] = {}
+from fleet.models import GatewayTokenScope
+from fleet.permissions import visible_endpoints
+
+MAX_KEY_LEN = 128
 
 
-def _lookup(key: str) -> int | None:
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, and the ids of the endpoints this token may call."""
+
+    user_id: int
+    endpoint_ids: frozenset[int]
+
+    def may_call(self, endpoint_id: int) -> bool:
+        return endpoint_id in self.endpoint_ids
+
+
+def _lookup(key: str) -> Principal | None:
     row = Token.objects.select_related("user").filter(key=key).first()
     if row is None or not row.user.is_active:
         return None
-    return row.user_id
+    visible = visible_endpoints(row.user)
+    scope = GatewayTokenScope.objects.filter(token_id=row.pk).first()
+    if scope is not None and not scope.all_visible:
+        visible = visible.filter(pk__in=scope.endpoints.values("pk"))
+    return Principal(user_id=row.user_id, endpoint_ids=frozenset(visible.values_list("pk", flat=True)))
 
 
 def _key_from_header(header: str) -> str:
@@ -28,18 +48,9 @@ def _key_from_header(header: str) -> str:
     return key.strip()
 
 
-async def authenticate(header: str) -> int | None:
-    """The user id the Authorization header belongs to, or None."""
+async def authenticate(header: str) -> Principal | None:
+    """The caller the Authorization header belongs to, with the endpoints it may call; None when invalid."""
     key = _key_from_header(header or "")
-    if not key or len(key) > 128:
+    if not key or len(key) > MAX_KEY_LEN:
         return None
-    now = time.monotonic()
-    hit = _valid.get(key)
-    if hit is not None and now - hit[1] < TOKEN_TTL_S:
-        return hit[0]
-    user_id = await sync_to_async(_lookup, thread_sensitive=True)(key)
-    if user_id is None:
-        _valid.pop(key, None)
-        return None
-    _valid[key] = (user_id, now)
-    return user_id
+    return await sync_to_async(_lookup, thread_sensitive=True)(key)

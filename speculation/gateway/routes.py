@@ -55,8 +55,14 @@ def _build_table() -> dict[str, Route]:
     from speculation.services.policies import resolve_path
 
     policies = {p.endpoint_id: p for p in SpeculationPolicy.objects.select_related("draft").all()}
+    endpoints = list(Endpoint.objects.all())
+    names = {endpoint.name for endpoint in endpoints}
+    served_by: dict[str, int] = {}
+    for endpoint in endpoints:
+        if endpoint.served_model:
+            served_by[endpoint.served_model] = served_by.get(endpoint.served_model, 0) + 1
     table: dict[str, Route] = {}
-    for endpoint in Endpoint.objects.all():
+    for endpoint in endpoints:
         policy = policies.get(endpoint.pk)
         try:
             api_key = endpoint.api_key
@@ -90,9 +96,12 @@ def _build_table() -> dict[str, Route]:
             upstream_headers=headers,
             **extra,
         )
-        if endpoint.served_model:
-            table.setdefault(endpoint.served_model, route)
-        table[endpoint.name] = route  # the endpoint's own name wins over another's served model id
+        table[endpoint.name] = route
+        # A served model id routes only when exactly one endpoint serves it and no endpoint is named so: a model
+        # name never resolves to two endpoints (the probe records the conflict on the endpoint).
+        model = endpoint.served_model
+        if model and model != endpoint.name and served_by[model] == 1 and model not in names:
+            table[model] = route
     return table
 
 

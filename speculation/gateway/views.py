@@ -1,7 +1,8 @@
 """The OpenAI-compatible views: async, so a streaming response holds no thread.
 
-Each request: authenticate (cached token), find the route (cached table, version-checked), then hand the
-call to its mode: off relays bytes, shadow relays and samples a measurement, prod speculates.
+Each request: authenticate (the token and its scope, read from the database), find the route (cached table,
+version-checked), then hand the call to its mode: off relays bytes, shadow relays and samples a measurement,
+prod speculates.
 """
 
 from __future__ import annotations
@@ -21,25 +22,23 @@ from speculation.gateway.routes import route_cache
 from speculation.models import Mode
 
 
-async def _unauthorized(request: HttpRequest, request_id: str) -> HttpResponse | None:
-    if await authenticate(request.headers.get("Authorization", "")) is None:
-        return error_response(
-            401,
-            "A valid ACE API token is required (Authorization: Bearer <token>).",
-            code="invalid_api_key",
-            request_id=request_id,
-            kind="authentication_error",
-        )
-    return None
+def _unauthorized(request_id: str) -> HttpResponse:
+    return error_response(
+        401,
+        "A valid ACE API token is required (Authorization: Bearer <token>).",
+        code="invalid_api_key",
+        request_id=request_id,
+        kind="authentication_error",
+    )
 
 
 async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
     request_id = new_request_id()
     if request.method != "POST":
         return error_response(405, "Use POST.", code="method_not_allowed", request_id=request_id)
-    denied = await _unauthorized(request, request_id)
-    if denied is not None:
-        return denied
+    principal = await authenticate(request.headers.get("Authorization", ""))
+    if principal is None:
+        return _unauthorized(request_id)
     raw = request.body
     try:
         body = json.loads(raw)
@@ -50,7 +49,8 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
             400, "The body must be a JSON object naming a model.", code="invalid_request", request_id=request_id
         )
     route = await route_cache().lookup(body["model"])
-    if route is None:
+    if route is None or not principal.may_call(route.endpoint_id):
+        # Outside the token's scope reads exactly like an unknown name: other teams' endpoints stay unseen.
         return error_response(
             404,
             f"The model {body['model']!r} does not name a registered endpoint.",
@@ -83,15 +83,15 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
 
 async def models(request: HttpRequest) -> HttpResponse:
     request_id = new_request_id()
-    denied = await _unauthorized(request, request_id)
-    if denied is not None:
-        return denied
+    principal = await authenticate(request.headers.get("Authorization", ""))
+    if principal is None:
+        return _unauthorized(request_id)
     table = await route_cache().table()
     created = int(time.time())
     seen: set[int] = set()
     data = []
     for route in table.values():
-        if route.endpoint_id in seen:
+        if route.endpoint_id in seen or not principal.may_call(route.endpoint_id):
             continue
         seen.add(route.endpoint_id)
         data.append(
