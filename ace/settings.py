@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_paths, env_str, env_url
+from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("ACE_DATA_DIR", str(BASE_DIR / "var")))
@@ -72,16 +72,21 @@ ALLOWED_ENDPOINT_NETWORKS = env_networks(
 # docker-compose set it; 0: unknown, not checked).
 WEB_PORT = env_int("ACE_WEB_PORT", 0, minimum=0)
 
-# The only directories ACE reads model files from or writes them to (drafts, policy targets, EAGLE training
-# runs), separated by ':'. ACE_HOME holds the demo models; speculation.services.model_files enforces this.
-ACE_HOME = Path(env_str("ACE_HOME", "") or Path.home() / ".cache" / "ace")
-MODEL_ROOTS = env_paths("ACE_MODEL_ROOTS", str(ACE_HOME / "models"))
-
 PROBE_TIMEOUT_S = env_float("ACE_PROBE_TIMEOUT", 10.0, minimum=0.1)
 PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
 # prod: how long the gateway waits for a worker to take a request, and for its next tokens, before falling back.
 PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
+
+# /metrics (ace.ops): served to loopback clients (unless ACE_METRICS_LOOPBACK=false) and to any client sending
+# `Authorization: Bearer <ACE_METRICS_TOKEN>`.
+METRICS_TOKEN = env_str("ACE_METRICS_TOKEN", "")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ConfigError("ACE_METRICS_TOKEN must be at least 16 characters long")
+METRICS_ALLOW_LOOPBACK = env_bool("ACE_METRICS_LOOPBACK", True)
+# Prometheus multiprocess mode (several uvicorn or Celery processes): every process writes its samples there.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
 
 # /metrics (ace.ops): served to loopback clients (unless ACE_METRICS_LOOPBACK=false) and to any client sending
 # `Authorization: Bearer <ACE_METRICS_TOKEN>`.
@@ -215,11 +220,6 @@ CELERY_BEAT_SCHEDULE = {
     "reprobe-endpoints": {
         "task": "fleet.tasks.reprobe_all_task",
         "schedule": timedelta(seconds=PROBE_INTERVAL_S),
-        "options": {"queue": "control"},
-    },
-    "refresh-rollups": {
-        "task": "speculation.tasks.refresh_rollups_task",
-        "schedule": timedelta(seconds=60),
         "options": {"queue": "control"},
     },
 }
