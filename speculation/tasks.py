@@ -50,3 +50,13 @@ def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
 
 # Additive hook (eagle): register the EAGLE training task with the worker (autodiscovery finds `tasks` only).
 from speculation.tasks_eagle import train_eagle_head_task  # noqa: E402, F401
+
+
+@shared_task(name="speculation.tasks.refresh_rollups_task", ignore_result=True)
+def refresh_rollups_task() -> int:
+    """Beat runs this on the control queue every minute, so the charts' per-minute rollups stay filled even
+    when no page is viewed (a page view still rolls up what is missing first)."""
+    from speculation.rollup_store import refresh_rollups
+
+    return refresh_rollups()
+

@@ -48,6 +48,7 @@ def test_embedded_defaults_are_safe(tmp_path):
     assert not any(n.startswith("169.254") for n in shown["networks"])
     assert shown["prefetch"] == 1
     assert "fleet.tasks.reprobe_all_task" in shown["beat"].values()
+    assert "speculation.tasks.refresh_rollups_task" in shown["beat"].values()
 
 
 def test_database_url_selects_postgresql(tmp_path):
