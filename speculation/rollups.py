@@ -1,4 +1,7 @@
-"""Chart data for the dashboard and the timeseries API: pure reads, aggregated in the database.
+"""Chart data for the dashboard and the timeseries API, aggregated in the database.
+
+Reading is not write-free: `rollup_store.sums` first rolls up closed minutes that beat's `refresh_rollups_task`
+has not summed yet (normally none; a few rows after a quiet minute), then reads.
 
 Everything is computed from sums: speculation.rollup_store adds per-minute StageRollup rows (summed once by
 the database) to aggregates of the newest raw records, so a page over 100k records reads a few thousand

@@ -42,7 +42,7 @@ def _time_range(request: HttpRequest) -> rollups.TimeRange:
 
 
 def _policy_of(endpoint: Endpoint) -> SpeculationPolicy:
-    """The stored policy, or the default (off) one unsaved: a page view never writes."""
+    """The stored policy, or the default (off) one unsaved: a page view never creates a policy."""
     try:
         return endpoint.policy
     except SpeculationPolicy.DoesNotExist:
@@ -161,6 +161,7 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         "policy": policy,
         "form": form,
         "path": options.effective_path(policy=policy, endpoint=endpoint),
+        "path_warning": policy_service.path_warning(policy=policy, endpoint=endpoint),
         "mode_options": options.mode_options(policy=policy, endpoint=endpoint),
         "draft_options": options.draft_options(policy=policy, endpoint=endpoint, drafts=drafts),
         "path_options": options.path_options(policy=policy, endpoint=endpoint),
@@ -201,6 +202,20 @@ def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
             return redirect("speculation:endpoint", pk=endpoint.pk)
     endpoint.refresh_from_db()
     return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint, form), status=400)
+
+
+@login_required
+@require_POST
+def endpoint_reevaluate_path(request: HttpRequest, pk: int) -> HttpResponse:
+    """Choose auto's verification path again (the only way, besides a policy change, that it moves)."""
+    endpoint = endpoint_for(request.user, pk, operate=True)
+    try:
+        policy = policy_service.reevaluate_path(endpoint=endpoint, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+    else:
+        messages.success(request, f"Verification path of {endpoint.name}: {policy.resolved_path or 'none fits'}.")
+    return redirect("speculation:endpoint", pk=endpoint.pk)
 
 
 # --- projection ---------------------------------------------------------------------------------------

@@ -349,19 +349,6 @@ class EagleDrafter:
             self._features.append(features)
             self._tokens.append(next_tokens.reshape(-1))
 
-    def truncate(self, length: int) -> None:
-        """Forget true pairs from position `length` on."""
-        if length >= self.observed_length:
-            return
-        if length >= self.true_length:
-            keep = length - self.true_length
-            features, tokens = torch.cat(self._features), torch.cat(self._tokens)
-            self._features, self._tokens = [features[:keep]], [tokens[:keep]]
-        else:
-            self._features.clear()
-            self._tokens.clear()
-            self.true_length = length
-
     @torch.no_grad()
     def draft(self, k: int, choose) -> tuple[torch.Tensor, torch.Tensor]:
         """K draft tokens [K] and their logits [K, V]; `choose(logits [V]) -> token []` picks each one."""

@@ -100,7 +100,6 @@ class DraftModelProposer:
         self.device = model.output.weight.device
         self.cached = 0
         self._proposed_from = 0
-        self.last_top_probs: list[float] = []
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.cached = 0
@@ -136,9 +135,7 @@ class DraftModelProposer:
         return Proposal(tokens=torch.cat(tokens), q=torch.stack(qs) if qs else None)
 
     def _below_threshold(self, logits: Tensor) -> bool:
-        top = torch.softmax(logits.float(), dim=-1).max().item()
-        self.last_top_probs.append(top)
-        return top < self.confidence_threshold
+        return torch.softmax(logits.float(), dim=-1).max().item() < self.confidence_threshold
 
     def on_verified(self, num_accepted: int, num_drafted: int) -> None:
         # drafts 1..k-1 were fed to the draft (the last one never is); accepted ones stay valid

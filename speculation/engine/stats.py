@@ -9,7 +9,7 @@ Two acceptance figures, named apart because engines mix them up (see ANCHORS sec
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -101,17 +101,6 @@ class SpecStats:
                 for i, value in enumerate(theirs):
                     mine[i] += value
         return total
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data.update(
-            acceptance_rate=self.acceptance_rate,
-            alpha=self.alpha,
-            alpha_per_position=self.alpha_per_position,
-            mean_accepted_len=self.mean_accepted_len,
-            tok_s=self.tok_s,
-        )
-        return data
 
 
 def _grow(values: list[int], size: int) -> None:

@@ -22,9 +22,3 @@ def spawn(coro: Coroutine[Any, Any, Any], *, what: str) -> None:
             logger.error("background %s failed: %r", what, t.exception())
 
     task.add_done_callback(_done)
-
-
-async def drain(timeout: float = 5.0) -> None:
-    """Wait for the pending background work (tests and shutdown)."""
-    if _pending:
-        await asyncio.wait(list(_pending), timeout=timeout)

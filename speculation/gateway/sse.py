@@ -33,10 +33,6 @@ class EventSplitter:
             events.append(self._buffer[: end + 2])
             self._buffer = self._buffer[end + 2 :]
 
-    def rest(self) -> bytes:
-        rest, self._buffer = self._buffer, b""
-        return rest
-
 
 def payload_of(raw_event: bytes) -> dict[str, Any] | None:
     """The JSON object an event carries; None for [DONE], comments and anything not JSON."""

@@ -5,6 +5,6 @@ verification, and keeps SpecRunStats. `native` needs no worker (the gateway pass
 speculation.gateway.native); `remote` and `local` run in the GPU worker (speculation.tasks).
 """
 
-from speculation.paths.base import CommittedBatch, SpecPath, SpecRunStats
+from speculation.paths.base import CommittedBatch, SpecRunStats
 
-__all__ = ["CommittedBatch", "SpecPath", "SpecRunStats"]
+__all__ = ["CommittedBatch", "SpecRunStats"]

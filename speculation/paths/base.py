@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,3 @@ class SpecRunStats:
             "alpha": self.accepted / self.compared if self.compared else None,
             "mean_accepted_len": self.output_tokens / self.passes if self.passes else None,
         }
-
-
-class SpecPath(Protocol):
-    name: str
-
-    def generate(self, *, prompt_ids: list[int], max_tokens: int, k: int) -> Iterator[CommittedBatch]:
-        """Yield committed batches until max_tokens or an end-of-sequence token."""

@@ -63,9 +63,3 @@ def model(directory: str) -> Loaded:
         while len(_loaded) > MAX_LOADED:
             _loaded.popitem(last=False)
     return loaded
-
-
-def forget(directory: str) -> None:
-    with _lock:
-        _loaded.pop(directory, None)
-        _tokenizers.pop(directory, None)

@@ -23,8 +23,3 @@ def can_score_token_prompts(endpoint: Endpoint) -> bool:
     """Remote verification needs token-id prompts scored with vLLM's prompt_logprobs."""
     caps = _caps(endpoint)
     return bool(caps.get("token_id_prompts")) and caps.get("prompt_scoring_method") == "prompt_logprobs"
-
-
-def max_context(endpoint: Endpoint) -> int | None:
-    value = _caps(endpoint).get("max_context")
-    return int(value) if value else None
