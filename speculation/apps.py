@@ -6,7 +6,7 @@ class SpeculationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Additive hook (stage): routing-table invalidation for the gateway.
+        # the gateway's routing table is invalidated when endpoints or policies change
         from speculation import signals
 
         signals.connect()

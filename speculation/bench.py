@@ -25,6 +25,7 @@ import torch
 
 from speculation.demo import ensure_demo_pair
 from speculation.demo.corpus import stdlib_corpus
+from speculation.eagle.demo_head import eagle_proposer_for
 from speculation.engine import (
     DraftModelProposer,
     DynamicLookahead,
@@ -184,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
 
-    # Additive hook (eagle): the demo target's EAGLE head, when one is trained, runs as mechanism "eagle".
-    from speculation.eagle.bench import eagle_proposer_for
-
+    # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle"
     eagle = eagle_proposer_for(pair, target_model)
     mechanisms = MECHANISMS + ([Mechanism("eagle", K)] if eagle is not None else [])
 

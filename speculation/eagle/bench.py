@@ -23,7 +23,7 @@ import torch
 
 from speculation import bench
 from speculation.demo import ensure_demo_pair
-from speculation.demo.build import ace_home
+from speculation.eagle.demo_head import default_head_dir, eagle_proposer_for
 from speculation.engine import GenerationConfig, LocalTarget, SpecStats, generate, load_causal_lm
 from speculation.engine.eagle import EagleProposer, greedy_choice
 
@@ -36,18 +36,6 @@ MECHANISMS = [
     bench.Mechanism("hf_assisted", K),
 ]
 COMPARED = ("eagle", "draft_model", "ngram")
-
-
-def default_head_dir(pair) -> Path:
-    return ace_home() / "models" / f"{pair.root.name}-eagle"
-
-
-def eagle_proposer_for(pair, target_model, head_dir: Path | None = None) -> EagleProposer | None:
-    """The demo target's EAGLE proposer when a head is there (the hook `python -m speculation.bench` can call)."""
-    head_dir = head_dir or default_head_dir(pair)
-    if not (head_dir / "config.json").is_file():
-        return None
-    return EagleProposer.from_dir(head_dir, target_model, target_dir=pair.target_dir)
 
 
 @torch.inference_mode()
