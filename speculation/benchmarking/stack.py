@@ -49,6 +49,8 @@ class BenchStack:
     ngram_url: str = ""
     model: str = "ace-demo-target"
     endpoints: dict[str, dict] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # added to every ACE process's environment
+    procs: dict[str, processes.ManagedProcess] = field(default_factory=dict)  # redis, vllm, worker, ace
     _stack: ExitStack = field(default_factory=ExitStack)
 
     def _manage(self, *args: str, extra_env: dict[str, str] | None = None) -> str:
@@ -73,6 +75,7 @@ class BenchStack:
             "DJANGO_SETTINGS_MODULE": "ace.settings",
             "ACE_CELERY_EAGER": "false",
             "ACE_LOG_LEVEL": "WARNING",
+            **self.extra_env,
         }
         # Both vLLM servers start at once (each takes tens of seconds to load). The pool's threads must outlive
         # the servers: a child started from a thread gets SIGTERM when that thread exits (PR_SET_PDEATHSIG).
@@ -114,10 +117,17 @@ class BenchStack:
         ace = processes.start_asgi(name="ace-bench", log_dir=self.log_dir, env=self.env)
         self._stack.callback(ace.stop)
         self.ace_url = ace.url
+        self.procs.update(redis=redis_proc, vllm=vllm, worker=worker, ace=ace)
         return self
 
     def stop(self) -> None:
         self._stack.close()
+
+    def adopt(self, name: str, proc: processes.ManagedProcess) -> processes.ManagedProcess:
+        """A process started again during a run (the fault run's restarts): stopped with the rest."""
+        self.procs[name] = proc
+        self._stack.callback(proc.stop)
+        return proc
 
     @property
     def headers(self) -> dict[str, str]:
