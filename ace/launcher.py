@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,7 +82,11 @@ class Launcher:
         if vllm is not None:
             register_demo_endpoint(vllm.url, target_dir=str(pair.target_dir), draft_dir=str(pair.draft_dir))
 
-        child_env = {"REDIS_URL": redis.url}
+        # Prometheus multiprocess mode: the web and the worker count into one directory, emptied at each start.
+        metrics_dir = data_dir / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        child_env = {"REDIS_URL": redis.url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
         self._keep(processes.start_celery_worker(env=child_env, log_dir=log_dir, queues="control,gpu.cpu"))
         self._keep(processes.start_celery_beat(env=child_env, log_dir=log_dir, workdir=data_dir / "beat"))
         web = self._keep(
