@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 from django.db import transaction
 
 from fleet.models import Endpoint, EndpointStatus
@@ -19,6 +20,7 @@ from speculation.models import (
     SpeculationPolicy,
     VerificationPath,
 )
+from speculation.services.path_choice import choose_path
 from speculation.limits import K_MAX, K_MIN
 from speculation.services import capabilities
 
@@ -37,16 +39,69 @@ def get_policy(*, endpoint: Endpoint) -> SpeculationPolicy:
 
 
 def resolve_path(*, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
-    """The verification path prod uses: the override, or from the probe (native > remote). "" if none fits."""
+    """The verification path prod uses: the override, or what auto was resolved to when the policy was last
+    saved or re-evaluated (speculation.services.path_choice); "" if none fits. A re-probe does not change it."""
     if policy.path != VerificationPath.AUTO:
         return policy.path
-    if capabilities.native_speculation(endpoint):
-        return VerificationPath.NATIVE
-    if capabilities.can_score_token_prompts(endpoint):
-        return VerificationPath.REMOTE
-    if policy.target_path:
-        return VerificationPath.LOCAL
-    return ""
+    if policy.path_resolved_at is None:  # saved before paths were resolved on save: choose now
+        return choose_path(policy=policy, endpoint=endpoint).path
+    return policy.resolved_path
+
+
+def _fresh_path(policy: SpeculationPolicy, endpoint: Endpoint) -> str:
+    """The path this policy would run on if saved now (auto: chosen afresh by speed)."""
+    if policy.path != VerificationPath.AUTO:
+        return policy.path
+    return choose_path(policy=policy, endpoint=endpoint).path
+
+
+def _resolve_on_save(policy: SpeculationPolicy, endpoint: Endpoint, changes: dict[str, list[Any]]) -> None:
+    """Fix what auto means now, recording the choice and its evidence in the change when it moves."""
+    if policy.path != VerificationPath.AUTO:
+        return
+    choice = choose_path(policy=policy, endpoint=endpoint)
+    if choice.path != policy.resolved_path or policy.path_resolved_at is None:
+        changes["resolved_path"] = [policy.resolved_path or None, choice.path or None]
+        changes["path_evidence"] = [None, choice.summary()]
+    policy.resolved_path = choice.path
+    policy.path_evidence = choice.as_json()
+    policy.path_resolved_at = timezone.now()
+
+
+def reevaluate_path(*, endpoint: Endpoint, user: AbstractBaseUser | None = None) -> SpeculationPolicy:
+    """Choose auto's path again from the latest probe and measurements (an explicit action, recorded like any
+    policy change). Refused (ValidationError) when prod would be left without a path."""
+    with transaction.atomic():
+        policy = get_policy(endpoint=endpoint)
+        policy = SpeculationPolicy.objects.select_for_update(of=("self",)).select_related("draft").get(pk=policy.pk)
+        if policy.path != VerificationPath.AUTO:
+            raise ValidationError({"path": [f"the path is fixed to {policy.path}: nothing to re-evaluate"]})
+        changes: dict[str, list[Any]] = {}
+        _resolve_on_save(policy, endpoint, changes)
+        if policy.mode == Mode.PROD and not policy.resolved_path:
+            raise ValidationError({"path": _check_path(policy, endpoint) or ["no verification path fits"]})
+        actor = user if user is not None and user.is_authenticated else None
+        policy.save(update_fields=["resolved_path", "path_evidence", "path_resolved_at", "updated_at"])
+        if changes:
+            PolicyChange.objects.create(policy=policy, changed_by=actor, changes=changes)
+    logger.info("path of %s re-evaluated by %s: %s", endpoint.name, actor or "system", changes or "unchanged")
+    return policy
+
+
+def path_warning(*, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
+    """What a re-probe (or new measurements) changed that the saved path does not follow yet ("" if nothing)."""
+    if policy.path != VerificationPath.AUTO or policy.path_resolved_at is None:
+        if policy.path == VerificationPath.AUTO or policy.mode != Mode.PROD:
+            return ""
+        problems = _check_path(policy, endpoint)
+        return f"the fixed path {policy.path} no longer fits: {'; '.join(problems)}" if problems else ""
+    fresh = choose_path(policy=policy, endpoint=endpoint).path
+    if fresh == policy.resolved_path:
+        return ""
+    return (
+        f"auto is fixed to {policy.resolved_path or 'no path'} (chosen {policy.path_resolved_at:%Y-%m-%d %H:%M}); "
+        f"with the latest probe and measurements it would choose {fresh or 'no path'}. Re-evaluate to apply."
+    )
 
 
 def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
@@ -74,7 +129,9 @@ def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
 
 
 def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
-    path = resolve_path(policy=policy, endpoint=endpoint)
+    path = _fresh_path(policy, endpoint)
+    if not path and policy.path == VerificationPath.AUTO:
+        return [f"no verification path fits this endpoint ({choose_path(policy=policy, endpoint=endpoint).summary()})"]
     if not path:
         return [
             "no verification path fits this endpoint: it neither speculates itself nor scores token-id "
@@ -164,3 +221,4 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
         PolicyChange.objects.create(policy=policy, changed_by=actor, changes=changes)
     logger.info("policy of %s changed by %s: %s", endpoint.name, actor or "system", changes)
     return policy
+        _resolve_on_save(policy, endpoint, changes)

@@ -9,6 +9,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
+from fleet.permissions import OPERATOR, grant_role
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +19,10 @@ ENDPOINTS = "/api/v1/endpoints/"
 
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    # An operator: registers endpoints and changes the ones it owns (roles: tests/fleet/test_roles.py).
+    user = get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    grant_role(user=user, role=OPERATOR)
+    return user
 
 
 @pytest.fixture
@@ -112,7 +116,9 @@ def test_put_replaces_and_patch_changes_some_fields(api):
     created = _create(api, api_key=SECRET).json()
     url = f"{ENDPOINTS}{created['id']}/"
 
-    put = api.put(url, {"name": "llama-2", "base_url": "http://127.0.0.1:8001", "kind": "openai"}, format="json")
+    # a new base URL needs the key again (tests/fleet/test_endpoint_key_follows_url.py)
+    replacement = {"name": "llama-2", "base_url": "http://127.0.0.1:8001", "kind": "openai", "api_key": SECRET}
+    put = api.put(url, replacement, format="json")
     patch = api.patch(url, {"node_class": "a100"}, format="json")
 
     assert put.status_code == 200, put.content
@@ -170,9 +176,9 @@ def test_probe_action_queues_a_probe_and_probes_lists_them(api):
     assert history.json()["results"][0]["id"] == queued.json()["id"]  # newest first
 
 
-def test_probes_list_shows_failures_with_their_reason_and_filters_by_endpoint(api):
-    a = Endpoint.objects.create(name="a", base_url="http://127.0.0.1:1", status=EndpointStatus.UNREACHABLE)
-    b = Endpoint.objects.create(name="b", base_url="http://127.0.0.1:2")
+def test_probes_list_shows_failures_with_their_reason_and_filters_by_endpoint(api, user):
+    a = Endpoint.objects.create(name="a", base_url="http://127.0.0.1:1", status=EndpointStatus.UNREACHABLE, owner=user)
+    b = Endpoint.objects.create(name="b", base_url="http://127.0.0.1:2", owner=user)
     Probe.objects.create(
         endpoint=a, status=ProbeStatus.DONE, outcome=EndpointStatus.UNREACHABLE, reason="connection refused"
     )

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from fleet import selectors, services
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
+from fleet.permissions import OPERATOR, grant_role
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +20,10 @@ SECRET = "sk-live-0123456789abcdef"
 
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    # An operator owning the endpoints it works with (roles: tests/fleet/test_roles.py).
+    user = get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    grant_role(user=user, role=OPERATOR)
+    return user
 
 
 @pytest.fixture
@@ -30,8 +34,8 @@ def browser(user) -> Client:
 
 
 @pytest.fixture
-def ready_endpoint() -> Endpoint:
-    endpoint = services.create_endpoint(name="llama", base_url="http://127.0.0.1:8000", api_key=SECRET)
+def ready_endpoint(user) -> Endpoint:
+    endpoint = services.create_endpoint(name="llama", base_url="http://127.0.0.1:8000", api_key=SECRET, created_by=user)
     Probe.objects.filter(endpoint=endpoint).update(
         status=ProbeStatus.DONE, outcome=EndpointStatus.READY, duration_ms=812.0, finished_at=timezone.now()
     )
@@ -86,8 +90,9 @@ def test_an_empty_fleet_tells_what_to_do_next(browser):
     assert reverse("fleet:endpoint-create") in html
 
 
-def test_the_fleet_list_shows_status_kind_model_node_class_and_last_probe(browser, ready_endpoint):
+def test_the_fleet_list_shows_status_kind_model_node_class_and_last_probe(browser, ready_endpoint, user):
     Endpoint.objects.create(
+        owner=user,
         name="down",
         base_url="http://127.0.0.1:9",
         status=EndpointStatus.UNREACHABLE,

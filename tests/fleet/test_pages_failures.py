@@ -10,6 +10,7 @@ from django.urls import reverse
 from ace.processes import free_port
 from fleet import services
 from fleet.models import Probe
+from fleet.permissions import ADMIN, grant_role
 from fleet.probing import run_probe
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +21,9 @@ SECRET = "sk-wrong-key-0123456789"
 @pytest.fixture
 def browser() -> Client:
     client = Client()
-    client.force_login(get_user_model().objects.create_user(username="ops", password="pw-ops-123456"))
+    user = get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    grant_role(user=user, role=ADMIN)  # sees every endpoint: these tests are about probe failures, not roles
+    client.force_login(user)
     return client
 
 

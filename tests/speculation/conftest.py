@@ -13,7 +13,12 @@ from ace import processes
 
 @pytest.fixture
 def user(django_user_model):
-    return django_user_model.objects.create_user(username="operator", password="pw-for-tests-only")
+    # An admin: the stage tests are about speculation, not ownership (roles: tests/fleet/test_roles.py).
+    from fleet.permissions import ADMIN, grant_role
+
+    user = django_user_model.objects.create_user(username="stage-admin", password="pw-for-tests-only")
+    grant_role(user=user, role=ADMIN)
+    return user
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.models import Endpoint, EndpointStatus
+from fleet.permissions import ADMIN, grant_role
 from speculation.models import Action, DraftKind, DraftModel, Mode, PolicyChange, SpeculationPolicy, StageRecord
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +22,10 @@ FP = "f" * 64
 
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user("ops", password="pw-for-tests-only")
+    # An admin: the dashboard tests are about the pages, not ownership (roles: tests/fleet/test_roles.py).
+    user = get_user_model().objects.create_user("ops", password="pw-for-tests-only")
+    grant_role(user=user, role=ADMIN)
+    return user
 
 
 @pytest.fixture
