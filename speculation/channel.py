@@ -6,6 +6,7 @@ them. Messages:
     {"type": "tokens", "ids": [...], "text": "..."}       tokens committed by one verification step
     {"type": "done", "finish_reason": "stop"|"length", "stats": {...}}
     {"type": "error", "reason": "..."}                    the speculative path failed (the gateway falls back)
+    {"type": "cancelled", "tokens": n}                    the worker stopped after n tokens (speculation.admission)
 Lists expire after EXPIRE_S so an abandoned request leaves nothing behind.
 """
 
@@ -30,11 +31,20 @@ class WorkerChannel:
         self.client = client
         self.key = key(request_id)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], *, slot: Any = None, release: Any = None) -> None:
+        """Push one message; with the job's slot (speculation.admission.JobSlot) the same round trip refreshes
+        it and raises Cancelled when the gateway asked the job to stop. ``release`` (a JobSlot) frees the slot
+        before the message goes out: the job's last message, so the client's next request finds it free."""
         pipe = self.client.pipeline(transaction=False)
+        if release is not None:
+            release.release(pipe)
         pipe.rpush(self.key, json.dumps(message))
         pipe.expire(self.key, EXPIRE_S)
-        pipe.execute()
+        if slot is not None:
+            slot.check(pipe)
+        results = pipe.execute()
+        if slot is not None:
+            slot.raise_if_cancelled(results[-1])
 
 
 def announce_started(request_id: str) -> None:

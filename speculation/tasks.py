@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from ace.celery import gpu_queue
 
@@ -18,6 +18,34 @@ def _preload(**_: Any) -> None:
     """Import torch and transformers once per worker process, before any request waits on them."""
     import speculation.services.generation  # noqa: F401
     import speculation.services.shadow  # noqa: F401
+
+
+_heartbeat: Any = None
+
+
+@worker_ready.connect
+def _declare_capacity(sender: Any = None, **_: Any) -> None:
+    """Declare how many prod jobs this worker runs at once, per GPU node class it consumes (admission control)."""
+    global _heartbeat
+    from django.conf import settings
+
+    from speculation.admission import CapacityHeartbeat
+
+    queues = list(sender.app.amqp.queues.consume_from or {})
+    node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
+    if not node_classes:
+        return
+    concurrency = int(getattr(sender.controller, "concurrency", 1) or 1)
+    _heartbeat = CapacityHeartbeat(
+        redis_url=settings.REDIS_URL, node_classes=node_classes, member=sender.hostname, concurrency=concurrency
+    )
+    _heartbeat.start()
+
+
+@worker_shutdown.connect
+def _withdraw_capacity(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
 
 
 @shared_task(name="speculation.tasks.prod_generate_task", acks_late=False, ignore_result=True)

@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 from speculation.gateway import background, passthrough
+from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
 from speculation.gateway.sse import EventSplitter, dumps, payload_of
 
@@ -93,6 +94,10 @@ class ShadowCapture:
         from speculation.tasks import enqueue_shadow
 
         route = self.call.route
+        sampling = request_sampling.parse(self.call.body)
+        if isinstance(sampling, str):
+            logger.info("request %s: shadow sample not measured: %s", self.call.request_id, sampling)
+            return
         await asyncio.to_thread(
             enqueue_shadow,
             endpoint_id=route.endpoint_id,
@@ -102,17 +107,11 @@ class ShadowCapture:
             output_ids=self.output_ids,
             finish_reason=self.finish_reason or "",
             max_tokens=_max_tokens(self.call.body),
-            temperature=_temperature(self.call.body),
-            plain_sampling=self.call.body.get("top_p") in (None, 1, 1.0)
-            and self.call.body.get("top_k") in (None, 0, -1),
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
             latency_ms=latency_ms,
         )
-
-
-def _temperature(body: dict[str, Any]) -> float:
-    """The request's temperature; vLLM's default (from the model's generation config) is taken as 1."""
-    value = body.get("temperature")
-    return 1.0 if value is None else float(value)
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -2,8 +2,10 @@
 
 Greedy traffic: one teacher-forced draft pass over prompt + produced tokens gives the draft's proposal at
 every position; replaying the verification steps with lookahead K (speculation.paths.loop) gives exactly
-what prod would have accepted. Sampled traffic: the expected acceptance sum_x min(p, q) per position from
-the target's top log-probabilities (a lower bound: mass outside the returned top tokens is not counted).
+what prod would have accepted. Sampled traffic: the expected acceptance sum_x min(p, q) per position with p
+and q processed as the request asked (temperature, top-k, top-p): exact from the target's logits when the
+worker holds the target, else from the server's top-N log-probabilities (exact when top-k < N, otherwise a
+lower bound recorded with the mass it could not see: speculation.engine.acceptance).
 The projection uses measured costs: c = draft step / target step, v = one verification call / target step.
 """
 
@@ -15,7 +17,7 @@ import time
 from typing import Any
 
 from fleet.models import Endpoint
-from speculation.engine import DraftModelProposer, NgramProposer, Transformer
+from speculation.engine import DraftModelProposer, NgramProposer, SamplingParams, Transformer
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
 from speculation.paths import SpecRunStats, resources
 from speculation.paths.drafting import StepProposer, teacher_forced_next
@@ -68,7 +70,9 @@ def measure_shadow(
     max_tokens: int | None,
     temperature: float,
     latency_ms: float,
-    plain_sampling: bool = True,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    plain_sampling: bool = True,  # queued by an older gateway: top_p / top_k now say it
 ) -> None:
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
@@ -83,16 +87,16 @@ def measure_shadow(
     }
     target_step_s = (latency_ms / 1000.0) / max(1, len(output_ids))
     baseline_tok_s = len(output_ids) / (latency_ms / 1000.0) if latency_ms > 0 else None
-    if temperature != 0.0:
+    if temperature >= GREEDY_BELOW:
         _measure_sampled(
             endpoint=endpoint,
             policy=policy,
             request_id=request_id,
             prompt_ids=prompt_ids,
             output_ids=output_ids,
-            temperature=temperature,
-            plain_sampling=plain_sampling,
+            params=SamplingParams(temperature=temperature, top_k=max(0, int(top_k or 0)), top_p=float(top_p)),
             baseline_tok_s=baseline_tok_s,
+            target_step_s=target_step_s,
             common=common,
         )
         return
@@ -131,48 +135,13 @@ def measure_shadow(
 
 
 SCORING_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (as speculation.gateway.sampling)
 
 
-def _measure_sampled(
-    *,
-    endpoint: Endpoint,
-    policy: SpeculationPolicy,
-    request_id: str,
-    prompt_ids: list[int],
-    output_ids: list[int],
-    temperature: float,
-    plain_sampling: bool,
-    baseline_tok_s: float | None,
-    common: dict[str, Any],
-) -> None:
-    """Expected acceptance sum_x min(p, q) per output position, p from the target's top log-probabilities.
-
-    Measured for temperature 1 without top-p/top-k (the server's raw log-probabilities are then the sampling
-    distribution); anything else is recorded as not measured, with the reason."""
-    from speculation.engine import expected_acceptance
-    from speculation.paths.drafting import teacher_forced_probs
+def _target_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list, int]:
+    """The server's top-N raw log-probabilities at every output position (one scoring call), and N."""
     from speculation.services.generation import _headers, http
 
-    def unmeasured(reason: str) -> None:
-        record_stage(
-            endpoint_id=endpoint.pk,
-            request_id=request_id,
-            mode=Mode.SHADOW,
-            action=Action.WOULD_SPECULATE,
-            reason=reason,
-            baseline_tok_s=baseline_tok_s,
-            **common,
-        )
-
-    if temperature != 1.0 or not plain_sampling:
-        unmeasured(
-            f"sampled traffic at temperature {temperature} (or with top-p/top-k): expected acceptance is "
-            "measured for temperature 1 only"
-        )
-        return
-    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
-        unmeasured("sampled traffic with n-gram drafts: no draft distribution to compare")
-        return
     top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
     response = http().post(
         endpoint.base_url.rstrip("/") + "/v1/completions",
@@ -188,20 +157,83 @@ def _measure_sampled(
     )
     response.raise_for_status()
     scores = response.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
-    target = [{int(t): v["logprob"] for t, v in entry.items()} for entry in scores]
-    q = teacher_forced_probs(resources.model(policy.draft.path).model, prompt_ids, output_ids)
-    alpha = expected_acceptance(target, q)
+    # the output token itself is returned too (with its rank): only the top-N by rank are a complete head
+    top = [{int(t): v["logprob"] for t, v in entry.items() if (v.get("rank") or 1) <= top_n} for entry in scores]
+    return top, top_n
+
+
+def _measure_sampled(
+    *,
+    endpoint: Endpoint,
+    policy: SpeculationPolicy,
+    request_id: str,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    params: SamplingParams,
+    baseline_tok_s: float | None,
+    target_step_s: float,
+    common: dict[str, Any],
+) -> None:
+    """Expected acceptance sum_x min(p(x), q(x)) per output position, p and q processed as the request asked.
+
+    Exact when the worker holds the target (the policy's target_path): both distributions from teacher-forced
+    logits. Otherwise p comes from the server's top-N log-probabilities: exact when 0 < top_k < N, else a lower
+    bound, recorded with the mass it could not attribute (speculation.engine.acceptance)."""
+    from speculation.engine.acceptance import expected_acceptance_exact, expected_acceptance_from_top
+    from speculation.engine.sampling import probs_from_logits
+    from speculation.paths.drafting import teacher_forced_logits
+    from speculation.projection import expected_tokens
+
+    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
+        record_stage(
+            endpoint_id=endpoint.pk,
+            request_id=request_id,
+            mode=Mode.SHADOW,
+            action=Action.WOULD_SPECULATE,
+            reason="sampled traffic with n-gram drafts: no draft distribution to compare",
+            baseline_tok_s=baseline_tok_s,
+            **common,
+        )
+        return
+    draft = resources.model(policy.draft.path)
+    q = probs_from_logits(teacher_forced_logits(draft.model, prompt_ids, output_ids), params)  # [n, V]
+    unseen_mass: float | None = None
+    if policy.target_path:
+        target = resources.model(policy.target_path).model
+        p = probs_from_logits(teacher_forced_logits(target, prompt_ids, output_ids), params)  # [n, V]
+        per_position = expected_acceptance_exact(p, q)
+        source = "exact, from the target's logits in the worker"
+    else:
+        top, top_n = _target_top_logprobs(endpoint, prompt_ids, output_ids)
+        per_position, unseen, exact = expected_acceptance_from_top(top, q, params)
+        if exact:
+            source = f"exact, from the server's top-{top_n} log-probabilities (top_k {params.top_k} < {top_n})"
+        else:
+            unseen_mass = float(unseen.mean()) if unseen.numel() else 0.0
+            source = (
+                f"a lower bound from the server's top-{top_n} log-probabilities; "
+                f"mean unseen probability mass {unseen_mass:.4f}"
+            )
+    alpha = float(per_position.mean()) if per_position.numel() else 0.0
     k = policy.k
-    tau = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+    tau = expected_tokens(alpha=min(1.0, max(0.0, alpha)), k=k)
+    c = draft_step_seconds(draft.model, policy.draft.path, prompt_ids + output_ids) / target_step_s
+    projected = tau / (1.0 + k * c) if math.isfinite(c) else None
     record_stage(
         endpoint_id=endpoint.pk,
         request_id=request_id,
         mode=Mode.SHADOW,
         action=Action.WOULD_SPECULATE,
-        reason=f"sampled traffic (temperature 1): expected acceptance from the target's top-{top_n} "
-        "log-probabilities (a lower bound); mean accepted length from the i.i.d. formula",
+        reason=f"sampled traffic (temperature {params.temperature:g}, top_k {params.top_k}, top_p "
+        f"{params.top_p:g}): expected acceptance sum_x min(p, q) {source}; mean accepted length from the "
+        f"i.i.d. formula; projection with measured c={c:.3f}, v=1",
         alpha=alpha,
+        unseen_mass=unseen_mass,
+        acceptance_rate=(tau - 1.0) / k if k else None,
+        per_position_acceptance=[alpha ** (j + 1) for j in range(k)],
         mean_accepted_len=tau,
         baseline_tok_s=baseline_tok_s,
+        multiplier=projected,
+        tok_s=baseline_tok_s * projected if baseline_tok_s and projected else None,
         **common,
     )

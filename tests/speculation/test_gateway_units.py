@@ -20,7 +20,6 @@ def test_a_greedy_chat_request_is_served_exactly():
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [
-        ({"temperature": 0.7}, "temperature 0.7"),
         ({"temperature": None}, "temperature not given"),
         ({"n": 2}, "n > 1"),
         ({"logprobs": True}, "logprobs"),
