@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -75,6 +76,23 @@ def env_networks(name: str, default: str) -> list[ipaddress.IPv4Network | ipaddr
     if not networks:
         raise ConfigError(f"{name} lists no network")
     return networks
+
+
+def env_paths(name: str, default: str) -> list[Path]:
+    """A list of absolute directories separated by ':' (like PATH); each kept as given, made canonical."""
+    raw = os.environ.get(name) or default
+    paths = []
+    for part in raw.split(os.pathsep):
+        part = part.strip()
+        if not part:
+            continue
+        path = Path(part).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"{name}: {part!r} is not an absolute path")
+        paths.append(Path(os.path.realpath(path)))
+    if not paths:
+        raise ConfigError(f"{name} lists no directory")
+    return paths
 
 
 def _redact(url: str) -> str:

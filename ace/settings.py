@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_str, env_url
+from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_paths, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("ACE_DATA_DIR", str(BASE_DIR / "var")))
@@ -71,6 +71,11 @@ ALLOWED_ENDPOINT_NETWORKS = env_networks(
 # The web server's port, which no endpoint URL may point back at (the run command, ace.processes.start_asgi and
 # docker-compose set it; 0: unknown, not checked).
 WEB_PORT = env_int("ACE_WEB_PORT", 0, minimum=0)
+
+# The only directories ACE reads model files from or writes them to (drafts, policy targets, EAGLE training
+# runs), separated by ':'. ACE_HOME holds the demo models; speculation.services.model_files enforces this.
+ACE_HOME = Path(env_str("ACE_HOME", "") or Path.home() / ".cache" / "ace")
+MODEL_ROOTS = env_paths("ACE_MODEL_ROOTS", str(ACE_HOME / "models"))
 
 PROBE_TIMEOUT_S = env_float("ACE_PROBE_TIMEOUT", 10.0, minimum=0.1)
 PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)

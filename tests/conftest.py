@@ -55,6 +55,17 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         database.setdefault("TEST", {})["NAME"] = str(settings.DATA_DIR / f"test-{os.getpid()}.sqlite3")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_roots_include_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Model files may lie only under ACE_MODEL_ROOTS: the tests' tmp dirs join the default root (the demo
+    models), here and in every process a test starts (the worker registers trained EAGLE heads)."""
+    from django.conf import settings
+
+    base = Path(os.path.realpath(tmp_path_factory.getbasetemp()))
+    settings.MODEL_ROOTS = [*settings.MODEL_ROOTS, base]
+    os.environ["ACE_MODEL_ROOTS"] = os.pathsep.join(str(root) for root in settings.MODEL_ROOTS)
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

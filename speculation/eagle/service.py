@@ -25,6 +25,7 @@ from speculation.eagle.settings import (
     default_target_name,
 )
 from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
+from speculation.services import model_files
 from speculation.services.drafts import register_draft
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,11 @@ def create_training_run(
     options: dict[str, Any] | None = None,
 ) -> TrainingRun:
     """Validate and record a training run (queued). options: PipelineSettings / TrainSettings fields."""
-    if not (Path(target_dir) / "config.json").is_file():
-        raise ValidationError({"target_dir": [f"{target_dir!r} is not a model directory (no config.json)"]})
+    # Both under the model roots: the worker reads the target and writes (then reloads) its work files there.
+    target_dir = str(model_files.inspect_model_dir(target_dir, field="target_dir", llama=True).directory)
+    out_dir = str(model_files.under_roots(out_dir, field="out_dir"))
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValidationError({"out_dir": [f"{out_dir} exists and is not a directory"]})
     if epochs < 1:
         raise ValidationError({"epochs": ["must be at least 1"]})
     options = dict(options or {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -102,7 +103,11 @@ def train_head(
     first_epoch = 1
     checkpoint = work_dir / CHECKPOINT
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False, map_location=embed.device)
+        # weights_only: a checkpoint is tensors, numbers, strings and containers; never unpickle code.
+        try:
+            state = torch.load(checkpoint, weights_only=True, map_location=embed.device)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{checkpoint} is not a checkpoint ACE wrote (refused to unpickle it)") from exc
         if state["settings"] != asdict(settings):
             raise ValueError(f"{checkpoint} was written with other settings: {state['settings']}; use a new --out")
         head.load_state_dict(state["head"])

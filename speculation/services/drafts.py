@@ -2,68 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
-from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from speculation.models import DraftKind, DraftModel
-from speculation.services.fingerprint import tokenizer_fingerprint_of_dir
+from speculation.services.model_files import inspect_model_dir
 
 logger = logging.getLogger(__name__)
 
 # Weights plus activations and a short KV cache: a deliberately simple estimate, stated as such in the API.
 VRAM_OVERHEAD = 1.2
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-def _safetensors_sizes(directory: Path) -> tuple[int, int]:
-    """(parameter count, weight bytes) read from the safetensors headers, without loading any tensor."""
-    params = 0
-    nbytes = 0
-    for file in sorted(directory.glob("*.safetensors")):
-        with file.open("rb") as fh:
-            (header_len,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(header_len))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
-            params += count
-            nbytes += count * _DTYPE_BYTES.get(info["dtype"], 4)
-    return params, nbytes
+def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[str, Any]:
+    """What a draft directory holds: vocab size, parameter count, VRAM estimate, tokenizer fingerprint.
 
-
-def inspect_draft_dir(path: str) -> dict[str, Any]:
-    """What a draft directory holds: vocab size, parameter count, VRAM estimate, tokenizer fingerprint."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ValidationError({"path": [f"{path!r} is not a directory on this node"]})
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise ValidationError({"path": [f"{path!r} holds no config.json (a Hugging Face model directory)"]})
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValidationError({"path": [f"config.json is not JSON: {exc}"]}) from exc
-    params, nbytes = _safetensors_sizes(directory)
-    if not params:
-        raise ValidationError({"path": [f"{path!r} holds no *.safetensors weights"]})
-    try:
-        fingerprint = tokenizer_fingerprint_of_dir(directory)
-    except (OSError, ValueError) as exc:
-        raise ValidationError({"path": [f"cannot read the tokenizer in {path!r}: {exc}"]}) from exc
+    The directory must lie under the model roots; every malformed file is a ValidationError on `path`
+    naming the file and the problem (speculation.services.model_files).
+    """
+    facts = inspect_model_dir(path, field="path", llama=kind == DraftKind.DRAFT_MODEL)
+    config = facts.config
     return {
+        "path": str(facts.directory),
         "vocab_size": config.get("vocab_size"),
-        "param_count": params,
-        "vram_bytes": int(nbytes * VRAM_OVERHEAD),
-        "tokenizer_fingerprint": fingerprint,
+        "param_count": facts.param_count,
+        "vram_bytes": int(facts.weight_bytes * VRAM_OVERHEAD),
+        "tokenizer_fingerprint": facts.tokenizer_fingerprint,
         "config": {key: config.get(key) for key in ("model_type", "hidden_size", "num_hidden_layers", "torch_dtype")},
     }
 
@@ -81,7 +48,8 @@ def register_draft(
     else:
         if not path:
             raise ValidationError({"path": [f"a {kind} needs the directory of its weights"]})
-        facts = inspect_draft_dir(path)
+        facts = inspect_draft_dir(path, kind=kind)
+        path = facts.pop("path")
     draft = DraftModel(name=name, kind=kind, path=path, node_class=node_class, target_name=target_name, **facts)
     try:
         draft.full_clean()

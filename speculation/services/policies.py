@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
@@ -22,7 +21,7 @@ from speculation.models import (
 )
 from speculation.services.path_choice import choose_path
 from speculation.limits import K_MAX, K_MIN
-from speculation.services import capabilities
+from speculation.services import capabilities, model_files
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -141,14 +140,30 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
         return ["path native needs a server that speculates itself (the probe found no speculative decoding)"]
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):
         return ["path remote needs an endpoint that scores token-id prompts (prompt_logprobs); the probe found none"]
-    if path == VerificationPath.LOCAL:
-        if not policy.target_path:
-            return ["path local needs target_path: the target's model directory on the node class"]
-        if not (Path(policy.target_path) / "config.json").is_file():
-            return [f"target_path {policy.target_path!r} holds no config.json"]
+    if path == VerificationPath.LOCAL and not policy.target_path:
+        return ["path local needs target_path: the target's model directory on the node class"]
     if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
         return ["an EAGLE head reads the target's hidden states: it needs path local"]
     return []
+
+
+def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint) -> None:
+    """In every mode: target_path is a Llama-style model under the model roots, with the endpoint's tokenizer.
+
+    Stores the canonical path (symlinks resolved) on the policy.
+    """
+    facts = model_files.inspect_model_dir(policy.target_path, field="target_path", llama=True)
+    endpoint_fp = capabilities.tokenizer_fingerprint(endpoint)
+    if endpoint_fp and facts.tokenizer_fingerprint != endpoint_fp:
+        raise ValidationError(
+            {
+                "target_path": [
+                    f"the tokenizer in target_path (fingerprint {facts.tokenizer_fingerprint[:12]}) does not match "
+                    f"the endpoint's ({endpoint_fp[:12]}): target_path must hold the endpoint's own model"
+                ]
+            }
+        )
+    policy.target_path = str(facts.directory)
 
 
 def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint) -> None:
@@ -167,6 +182,8 @@ def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint) -> None:
         errors.setdefault("path", []).append(f"unknown path {policy.path!r}")
     if errors:
         raise ValidationError(errors)
+    if policy.target_path:
+        _check_target_path(policy, endpoint)
     if policy.mode == Mode.OFF:
         return
     if policy.mode == Mode.PROD and endpoint.status != EndpointStatus.READY:
@@ -215,10 +232,10 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
         if not changes:
             return policy
         validate_policy(policy=policy, endpoint=endpoint)
+        _resolve_on_save(policy, endpoint, changes)
         actor = user if user is not None and user.is_authenticated else None
         policy.updated_by = actor
         policy.save()
         PolicyChange.objects.create(policy=policy, changed_by=actor, changes=changes)
     logger.info("policy of %s changed by %s: %s", endpoint.name, actor or "system", changes)
     return policy
-        _resolve_on_save(policy, endpoint, changes)
