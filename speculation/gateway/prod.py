@@ -2,8 +2,8 @@
 
 Requests prod cannot serve exactly go plain (skipped + reason). When the speculative path fails (Redis down,
 no worker, timeout, draft error) the request is answered by plain generation (fell_back + reason): from
-scratch when nothing was sent yet, or, mid-stream, by letting the endpoint continue greedily from the tokens
-already committed (exact at temperature 0, the only prod case).
+scratch when nothing was sent yet, or, mid-stream, by letting the endpoint continue from the tokens already
+committed with the request's own sampling (speculation.gateway.sampling says which sampling each path serves).
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import httpx
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from speculation.gateway import native, passthrough, upstream
+from fleet.adapters import semantics_for
+from speculation.gateway import admission, native, passthrough, upstream
+from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
 from speculation.gateway.channel import ChannelError, GatewayChannel
 from speculation.gateway.errors import REQUEST_ID_HEADER
-from speculation.gateway.exactness import unservable_reason
+from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 from speculation.gateway.openai_format import Shape
 from speculation.gateway.recording import PlainRecorder
 from speculation.gateway.sse import DONE, EventSplitter, dumps, payload_of
@@ -33,6 +35,9 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = settings.PROD_START_TIMEOUT_S
 STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
 DEFAULT_MAX_CONTEXT = 2048
+# Applied by the worker exactly as the server applies them (speculation.paths.stopping).
+STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output")
+SLOT_SLACK_S = 30.0  # a queued job's slot outlives its queue expiry by this much unless a worker refreshes it
 
 
 async def plain(call: Call, *, action: str, reason: str, extra: dict | None = None):
@@ -78,19 +83,32 @@ async def serve(call: Call):
         return await native.serve(call)
     if route.path not in (VerificationPath.REMOTE, VerificationPath.LOCAL):
         return await plain(call, action=Action.SKIPPED, reason="no verification path fits this endpoint")
+    sampling = request_sampling.parse(call.body)
+    if isinstance(sampling, str):
+        return await plain(call, action=Action.SKIPPED, reason=sampling)
+    reason = request_sampling.path_reason(sampling, path=route.path, capabilities=route.capabilities)
+    if reason:
+        return await plain(call, action=Action.SKIPPED, reason=reason)
+    reason = stop_fields_reason(call.body, kind=call.kind, path=route.path)
+    if reason:
+        return await plain(call, action=Action.SKIPPED, reason=reason)
     try:
         prompt_ids = await prompt_token_ids(call)
     except (UpstreamError, KeyError, ValueError) as exc:
         return await plain(call, action=Action.FELL_BACK, reason=f"tokenize failed: {exc}")
     max_context = int(route.capabilities.get("max_context") or DEFAULT_MAX_CONTEXT)
-    asked = call.body.get("max_completion_tokens") or call.body.get("max_tokens")
-    max_tokens = int(asked) if asked else max_context - len(prompt_ids)
-    if len(prompt_ids) + max_tokens > max_context or max_tokens < 1:
+    # The length fields as the server reads them (vLLM's completions ignore max_completion_tokens, ...).
+    max_tokens = semantics_for(route.kind).max_new_tokens(
+        kind=call.kind, body=call.body, prompt_len=len(prompt_ids), max_context=max_context
+    )
+    if max_tokens < 1:
         return await plain(
             call,
             action=Action.SKIPPED,
-            reason=f"too long: {len(prompt_ids)} prompt + {max_tokens} new tokens > context {max_context}",
+            reason=f"too long: the {len(prompt_ids)} prompt tokens leave no room in the context of {max_context}",
         )
+    if int(call.body.get("min_tokens") or 0) > max_tokens:
+        return await plain(call, action=Action.SKIPPED, reason="min_tokens > max_tokens (the server refuses it)")
     channel = GatewayChannel(call.request_id)
     job = {
         "request_id": call.request_id,
@@ -99,28 +117,45 @@ async def serve(call: Call):
         "max_tokens": max_tokens,
         "k": route.k,
         "path": route.path,
+        "sampling": sampling.job(),
+        "stop": {name: call.body[name] for name in STOP_FIELDS if call.body.get(name) is not None},
+        "node_class": route.node_class,
     }
     try:
         await channel.check()
+        slot = await admission.admit(
+            node_class=route.node_class, request_id=call.request_id, hold_s=START_TIMEOUT_S + SLOT_SLACK_S
+        )
+    except ChannelError as exc:
+        return await plain(call, action=Action.FELL_BACK, reason=str(exc))
+    if not slot.admitted:  # every worker of the node class is busy: plain at once rather than wait
+        return await plain(call, action=Action.SKIPPED, reason=slot.reason(route.node_class))
+    stop_job = {"node_class": route.node_class, "request_id": call.request_id}
+    try:
         from speculation.tasks import enqueue_prod
 
         await asyncio.to_thread(enqueue_prod, job=job, node_class=route.node_class, expires_s=START_TIMEOUT_S)
     except ChannelError as exc:
         return await plain(call, action=Action.FELL_BACK, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever the broker raises, the client gets a plain answer
+        await admission.cancel_now(**stop_job)
         return await plain(call, action=Action.FELL_BACK, reason=f"could not enqueue: {type(exc).__name__}: {exc}")
     try:
         first = await channel.receive(START_TIMEOUT_S)
     except ChannelError as exc:
         return await plain(call, action=Action.FELL_BACK, reason=str(exc))
+    except asyncio.CancelledError:  # the client went away before the worker started
+        admission.cancel(**stop_job)
+        raise
     if first is None:
+        await admission.cancel_now(**stop_job)  # a worker that takes it late stops at once
         await channel.discard()
         return await plain(
             call,
             action=Action.FELL_BACK,
             reason=f"no worker on gpu.{route.node_class} took the request within {START_TIMEOUT_S:g} s",
         )
-    if first.get("type") == "error":
+    if first.get("type") in ("error", "cancelled"):
         return await plain(call, action=Action.FELL_BACK, reason=first.get("reason", "worker error"))
     shape = Shape(
         kind=call.kind,
@@ -129,8 +164,12 @@ async def serve(call: Call):
         prompt_ids=prompt_ids,
         return_token_ids=bool(call.body.get("return_token_ids")),
         include_usage=bool((call.body.get("stream_options") or {}).get("include_usage")),
+        # vLLM echoes the prompt text, or "" when token ids are returned (completions only; see exactness)
+        echo_text=call.body["prompt"] if call.body.get("echo") and not call.body.get("return_token_ids") else "",
     )
-    run = ProdRun(call=call, channel=channel, shape=shape, prompt_ids=prompt_ids, max_tokens=max_tokens)
+    run = ProdRun(
+        call=call, channel=channel, shape=shape, prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=sampling
+    )
     if call.stream:
         reply = StreamingHttpResponse(run.stream(), content_type="text/event-stream; charset=utf-8")
         reply[REQUEST_ID_HEADER] = call.request_id
@@ -141,16 +180,25 @@ async def serve(call: Call):
 
 class ProdRun:
     def __init__(
-        self, *, call: Call, channel: GatewayChannel, shape: Shape, prompt_ids: list[int], max_tokens: int
+        self,
+        *,
+        call: Call,
+        channel: GatewayChannel,
+        shape: Shape,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: request_sampling.RequestSampling,
     ) -> None:
         self.call = call
         self.channel = channel
         self.shape = shape
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
+        self.sampling = sampling
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason = ""
+        self.stop_reason: int | str | None = None
         self.stats: dict[str, Any] = {}
         self.failure = ""
         self.recorded = False
@@ -165,6 +213,7 @@ class ProdRun:
                 return
             if message is None:
                 self.failure = f"worker sent nothing for {STEP_TIMEOUT_S:g} s after {len(self.ids)} tokens"
+                self.stop_worker()
                 await self.channel.discard()
                 return
             kind = message.get("type")
@@ -174,15 +223,21 @@ class ProdRun:
                 yield message
             elif kind == "done":
                 self.finish_reason = message.get("finish_reason", "length")
+                self.stop_reason = message.get("stop_reason")
                 self.stats = message.get("stats", {})
                 tail = message.get("text", "")
                 self.text += tail
                 if tail:
                     yield {"type": "tokens", "ids": [], "text": tail}
                 return
-            elif kind == "error":
+            elif kind in ("error", "cancelled"):
                 self.failure = f"{message.get('reason', 'worker error')} (after {len(self.ids)} tokens)"
                 return
+
+    def stop_worker(self) -> None:
+        """Tell the worker to stop this job within one step and free its slot (never awaited: also runs while
+        the request task is being cancelled)."""
+        admission.cancel(node_class=self.call.route.node_class, request_id=self.call.request_id)
 
     def _record(self) -> None:
         """Written once, as soon as the outcome is known (before the last bytes go out)."""
@@ -214,13 +269,19 @@ class ProdRun:
         )
 
     async def whole(self):
-        async for _ in self.messages():
-            pass
+        try:
+            async for _ in self.messages():
+                pass
+        except asyncio.CancelledError:  # the client went away (Django cancels the view on disconnect)
+            self.failure = f"client went away after {len(self.ids)} tokens; the worker was told to stop"
+            self.stop_worker()
+            self._record()
+            raise
         if self.failure:
             return await plain(self.call, action=Action.FELL_BACK, reason=self.failure)
         self._record()
         reply = HttpResponse(
-            dumps(self.shape.response(self.text, self.ids, self.finish_reason)).encode(),
+            dumps(self.shape.response(self.text, self.ids, self.finish_reason, self.stop_reason)).encode(),
             content_type="application/json",
         )
         reply[REQUEST_ID_HEADER] = self.call.request_id
@@ -242,17 +303,31 @@ class ProdRun:
                 self._record()
             else:
                 self._record()
-                yield self.shape.chunk("", [], finish_reason=self.finish_reason, first=not sent_any)
+                yield self.shape.chunk(
+                    "", [], finish_reason=self.finish_reason, stop_reason=self.stop_reason, first=not sent_any
+                )
             yield self.shape.usage_chunk(len(self.ids))
             yield DONE
         finally:
             if not self.recorded:
                 if not self.failure and not self.finish_reason:
-                    self.failure = f"client went away after {len(self.ids)} tokens"
+                    self.failure = f"client went away after {len(self.ids)} tokens; the worker was told to stop"
+                    self.stop_worker()
                 self._record()
 
+    def _stop_fields_left(self) -> dict[str, Any]:
+        """The request's stop fields for the rest of the generation (a stop string that began in text already
+        sent is not seen by the server: the continuation is a fallback, recorded as such)."""
+        fields = {name: self.call.body[name] for name in STOP_FIELDS if self.call.body.get(name) is not None}
+        if "min_tokens" in fields:
+            fields["min_tokens"] = max(0, int(fields["min_tokens"]) - len(self.ids))
+        return fields
+
     async def _continue_plain(self, *, first_sent: bool) -> AsyncIterator[bytes]:
-        """Let the endpoint finish greedily from the committed tokens (the prod request is greedy)."""
+        """Let the endpoint finish from the committed tokens with the request's sampling.
+
+        Exact in distribution: the committed prefix follows the target's, and the server samples the rest from
+        the same processed distribution (a seeded request loses only its reproducibility)."""
         remaining = self.max_tokens - len(self.ids)
         logger.warning(
             "request %s: speculative path failed (%s); continuing plain for %d tokens",
@@ -267,7 +342,8 @@ class ProdRun:
             "model": self.call.upstream_model,
             "prompt": self.prompt_ids + self.ids,
             "max_tokens": remaining,
-            "temperature": 0,
+            **self.sampling.upstream(),
+            **self._stop_fields_left(),
             "stream": True,
             "return_token_ids": True,
         }
@@ -290,7 +366,13 @@ class ProdRun:
                         self.ids.extend(ids)
                         self.text += choice.get("text", "")
                         finish = choice.get("finish_reason")
-                        yield self.shape.chunk(choice.get("text", ""), ids, finish_reason=finish, first=not first_sent)
+                        yield self.shape.chunk(
+                            choice.get("text", ""),
+                            ids,
+                            finish_reason=finish,
+                            stop_reason=choice.get("stop_reason"),
+                            first=not first_sent,
+                        )
                         first_sent = True
         except httpx.HTTPError as exc:
             self.failure += f"; plain continuation failed too: {type(exc).__name__}"

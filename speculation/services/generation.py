@@ -19,6 +19,7 @@ from django.conf import settings
 
 from fleet.models import Endpoint
 from fleet.netpolicy import PinnedTransport
+from speculation.admission import Cancelled, JobSlot
 from speculation.channel import WorkerChannel
 from speculation.engine import (
     DraftModelProposer,
@@ -33,7 +34,8 @@ from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
 from speculation.paths import CommittedBatch, SpecRunStats, resources
 from speculation.paths.drafting import StepProposer
 from speculation.paths.loop import greedy_speculate
-from speculation.paths.remote import RemoteGreedyVerifier
+from speculation.paths.remote import RemoteGreedyVerifier, RemoteTopKTarget
+from speculation.paths.stopping import StopMatcher, StopRule
 from speculation.paths.text import IncrementalText, eos_token_ids
 from speculation.services import baseline
 
@@ -104,6 +106,23 @@ class Prepared:
     eos_ids: frozenset[int]
     verifier: RemoteGreedyVerifier | None = None  # remote path
     target: LocalTarget | None = None  # local path
+    vocab_size: int = 0
+    capabilities: dict[str, Any] | None = None  # the endpoint's probe (remote sampled: max_logprobs, max_context)
+
+    def remote_target(self, top_k: int) -> RemoteTopKTarget:
+        """The remote path for a sampled request (0 < top_k < the server's max logprobs)."""
+        assert self.verifier is not None
+        caps = self.capabilities or {}
+        return RemoteTopKTarget(
+            client=self.verifier.client,
+            base_url=self.verifier.url.removesuffix("/v1/completions"),
+            model=self.verifier.model,
+            headers=self.verifier.headers,
+            vocab_size=self.vocab_size,
+            max_context=int(caps.get("max_context") or 1 << 30),
+            top_k=top_k,
+            top_n=int(caps.get("max_logprobs") or 0),
+        )
 
 
 def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
@@ -120,6 +139,7 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
         source = _text_source(policy)
         tok = resources.tokenizer(source)
         eos = eos_token_ids(source, tok)
+        vocab = target.vocab_size if target is not None else len(tok)
     else:
         if policy.draft is None or not policy.draft.path:
             raise PathUnavailable("the policy has no draft weights")
@@ -135,44 +155,85 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
     verifier = RemoteGreedyVerifier(
         client=http(), base_url=endpoint.base_url, model=endpoint.served_model, headers=_headers(endpoint)
     )
-    return Prepared(proposer=proposer, tokenizer=tok, eos_ids=eos, verifier=verifier)
+    return Prepared(
+        proposer=proposer,
+        tokenizer=tok,
+        eos_ids=eos,
+        verifier=verifier,
+        vocab_size=vocab,
+        capabilities=dict(endpoint.capabilities or {}),
+    )
+
+
+SLOT_HOLD_S = settings.PROD_STEP_TIMEOUT_S + 60.0  # a step refreshes the job's slot; a dead worker's expires
+
+GREEDY_JOB = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 
 def speculate(
-    prepared: Prepared, *, prompt_ids: list[int], max_tokens: int, k: int, emit: Callable[[CommittedBatch], None]
+    prepared: Prepared,
+    *,
+    prompt_ids: list[int],
+    max_tokens: int,
+    k: int,
+    emit: Callable[[CommittedBatch], bool | None],
+    sampling: dict[str, Any] | None = None,
+    stop: StopRule | None = None,
 ) -> None:
-    """Run the prepared path (greedy, fixed K); emit gets each target verification's committed batch."""
-    if prepared.verifier is not None:
+    """Run the prepared path (fixed K); emit gets each target verification's committed batch.
+
+    sampling: temperature / top_k / top_p / seed as the gateway parsed them (speculation.gateway.sampling);
+    None = greedy. Sampled requests run the engine's exact rejection sampling on either path.
+    stop: the request's stop rule (its stop tokens, min_tokens); None = the model's end tokens. emit returns
+    True when the request is finished (a stop string matched): no further step runs.
+    """
+    stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
+    sampling = {**GREEDY_JOB, **(sampling or {})}
+    if prepared.verifier is not None and sampling["temperature"] == 0.0:
         for batch in greedy_speculate(
             proposer=StepProposer(prepared.proposer),
             verifier=prepared.verifier,
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             k=k,
-            eos_ids=prepared.eos_ids,
+            eos_ids=stop_ids,
         ):
-            emit(batch)
+            if emit(batch):
+                return
         return
-    # The local path is the engine's loop (same draft length rule as greedy_speculate's step_k); each step's
-    # tokens come through on_tokens: the accepted drafts + the target's token, cut after a stop token.
+    # The local path (and the remote path for sampled requests) is the engine's loop (same draft length rule as
+    # greedy_speculate's step_k); each step's tokens come through on_tokens: the accepted drafts + the target's
+    # token, cut after a stop token.
     log = StepLog(prepared.proposer)
+    target = prepared.target if prepared.target is not None else prepared.remote_target(int(sampling["top_k"]))
 
-    def on_tokens(ids: list[int]) -> None:
+    def on_tokens(ids: list[int]) -> bool | None:
         accepted, drafted = log.last
-        finished = bool(ids) and ids[-1] in prepared.eos_ids
-        emit(CommittedBatch(ids=ids, drafted=drafted, accepted=min(accepted, len(ids)), finished=finished))
+        finished = bool(ids) and ids[-1] in stop_ids
+        return emit(CommittedBatch(ids=ids, drafted=drafted, accepted=min(accepted, len(ids)), finished=finished))
 
     config = GenerationConfig(
-        max_new_tokens=max_tokens, k=k, temperature=0.0, stop_token_ids=tuple(sorted(prepared.eos_ids))
+        max_new_tokens=max_tokens,
+        k=k,
+        temperature=float(sampling["temperature"]),
+        top_k=int(sampling["top_k"]),
+        top_p=float(sampling["top_p"]),
+        seed=int(sampling["seed"]),
+        stop_token_ids=tuple(sorted(stop_ids)),
+        min_tokens=stop.min_tokens if stop is not None else 0,
+        suppress_ids=tuple(sorted(stop.suppressed_ids)) if stop is not None else (),
     )
-    generate(prepared.target, log, prompt_ids, config, on_tokens=on_tokens)
+    generate(target, log, prompt_ids, config, on_tokens=on_tokens)
 
 
 def run_prod_generation(job: dict[str, Any]) -> None:
     """Generate one prod request; every outcome ends with a done or error message on the channel."""
     client = redis_client()
     channel = WorkerChannel(client, job["request_id"])
+    slot = JobSlot(client, request_id=job["request_id"], node_class=job.get("node_class", ""), hold_s=SLOT_HOLD_S)
+    stats = SpecRunStats(k=job["k"])
     try:
+        slot.check()  # a job the gateway stopped waiting for never starts
         endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
         policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
         prepared = build(endpoint, policy, job["path"])
@@ -188,19 +249,38 @@ def run_prod_generation(job: dict[str, Any]) -> None:
                 max_tokens=job["max_tokens"],
             ),
         )
-        channel.send({"type": "ready"})  # loaded and calibrated: from here the gateway's step timeout applies
-        text = IncrementalText(prepared.tokenizer)
-        stats = SpecRunStats(k=job["k"])
-        finished = False
+        channel.send({"type": "ready"}, slot=slot)  # loaded and calibrated: the gateway's step timeout applies
+        rule = StopRule.from_fields(
+            job.get("stop") or {},
+            max_tokens=job["max_tokens"],
+            eos_token_id=prepared.tokenizer.eos_token_id,
+            eos_ids=prepared.eos_ids,
+        )
+        matcher = StopMatcher(rule, decode=IncrementalText(prepared.tokenizer).add)
 
-        def emit(batch: CommittedBatch) -> None:
-            nonlocal finished
+        def emit(batch: CommittedBatch) -> bool:
+            kept, delta = matcher.feed(batch.ids)  # tokens past a stop were never generated by plain decoding
+            batch = CommittedBatch(
+                ids=batch.ids[:kept],
+                drafted=batch.drafted,
+                accepted=min(batch.accepted, kept),
+                finished=matcher.finished,
+            )
             stats.add(batch)
-            finished = batch.finished
-            channel.send({"type": "tokens", "ids": batch.ids, "text": text.add(batch.ids)})
+            # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
+            channel.send({"type": "tokens", "ids": batch.ids, "text": delta}, slot=slot)
+            return matcher.finished
 
         started = time.perf_counter()
-        speculate(prepared, prompt_ids=job["prompt_ids"], max_tokens=job["max_tokens"], k=job["k"], emit=emit)
+        speculate(
+            prepared,
+            prompt_ids=job["prompt_ids"],
+            max_tokens=job["max_tokens"],
+            k=job["k"],
+            emit=emit,
+            sampling=job.get("sampling"),
+            stop=rule,
+        )
         elapsed = time.perf_counter() - started
         tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
         record = {
@@ -209,11 +289,27 @@ def run_prod_generation(job: dict[str, Any]) -> None:
             "baseline_tok_s": base,
             "multiplier": tok_s / base if tok_s and base else None,
         }
-        channel.send({"type": "done", "finish_reason": "stop" if finished else "length", "stats": record})
+        tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
+        channel.send(
+            {
+                "type": "done",
+                "finish_reason": matcher.finish_reason,
+                "stop_reason": matcher.stop_reason,
+                "text": tail,
+                "stats": record,
+            },
+            release=slot,
+        )
+    except Cancelled:
+        logger.info("prod generation %s cancelled after %d tokens", job["request_id"], stats.output_tokens)
+        channel.send({"type": "cancelled", "tokens": stats.output_tokens}, release=slot)
     except PathUnavailable as exc:
-        channel.send({"type": "error", "reason": str(exc)})
+        channel.send({"type": "error", "reason": str(exc)}, release=slot)
     except Exception as exc:  # noqa: BLE001 - the gateway falls back; the reason says what broke
         logger.exception("prod generation %s failed", job.get("request_id"))
-        channel.send({"type": "error", "reason": f"speculative path failed: {type(exc).__name__}: {exc}"})
+        channel.send(
+            {"type": "error", "reason": f"speculative path failed: {type(exc).__name__}: {exc}"}, release=slot
+        )
     finally:
+        slot.release()
         client.close()
