@@ -64,6 +64,11 @@ class SpeculationPolicy(models.Model):
     path = models.CharField(max_length=8, choices=VerificationPath.choices, default=VerificationPath.AUTO)
     # For path local: the target's model directory on the node class, loaded by ACE's own GPU worker.
     target_path = models.CharField(max_length=1000, blank=True, default="")
+    # What path auto means, fixed when the policy is saved or re-evaluated (speculation.services.path_choice):
+    # the chosen path ("" when none is eligible) and the evidence of every path at that moment.
+    resolved_path = models.CharField(max_length=8, blank=True, default="")
+    path_evidence = models.JSONField(default=list, blank=True)
+    path_resolved_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 

@@ -16,7 +16,15 @@ class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     draft = serializers.SlugRelatedField(
         slug_field="name", queryset=DraftModel.objects.all(), allow_null=True, required=False
     )
-    resolved_path = serializers.SerializerMethodField(help_text="The verification path prod uses now.")
+    resolved_path = serializers.SerializerMethodField(
+        help_text="The verification path prod uses now (auto: fixed when the policy was saved or re-evaluated)."
+    )
+    path_evidence = serializers.JSONField(
+        read_only=True, help_text="Every path's measured / projected multiplier when auto was last resolved."
+    )
+    path_warning = serializers.SerializerMethodField(
+        help_text="What the latest probe or measurements would change (re-evaluate to apply); empty if nothing."
+    )
     updated_by = serializers.CharField(source="updated_by.username", read_only=True, default=None)
 
     class Meta:
@@ -33,15 +41,23 @@ class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "path",
             "target_path",
             "resolved_path",
+            "path_evidence",
+            "path_resolved_at",
+            "path_warning",
             "updated_at",
             "updated_by",
         ]
-        read_only_fields = ["updated_at"]
+        read_only_fields = ["updated_at", "path_resolved_at"]
 
     def get_resolved_path(self, policy: SpeculationPolicy) -> str:
         from speculation.services.policies import resolve_path
 
         return resolve_path(policy=policy, endpoint=policy.endpoint)
+
+    def get_path_warning(self, policy: SpeculationPolicy) -> str:
+        from speculation.services.policies import path_warning
+
+        return path_warning(policy=policy, endpoint=policy.endpoint)
 
 
 class PolicyChangeSerializer(serializers.ModelSerializer):

@@ -14,6 +14,7 @@ router.register("training-runs", TrainingRunViewSet, basename="training-run")
 
 urlpatterns = [
     path("endpoints/<int:pk>/policy/", views.PolicyView.as_view(), name="policy"),
+    path("endpoints/<int:pk>/policy/path/", views.PolicyPathView.as_view(), name="policy-path"),
     path("endpoints/<int:pk>/policy/changes/", views.PolicyChangesView.as_view(), name="policy-changes"),
     path("endpoints/<int:pk>/native-flags/", NativeFlagsView.as_view(), name="native-flags"),
     *router.urls,

@@ -54,6 +54,19 @@ class PolicyView(APIView):
         return self._change(request, pk, partial=True)
 
 
+class PolicyPathView(APIView):
+    """POST: choose auto's verification path again from the latest probe and measurements (recorded)."""
+
+    @extend_schema(request=None, responses=PolicySerializer)
+    def post(self, request: Request, pk: int) -> Response:
+        endpoint = endpoint_for(request.user, pk, operate=True)
+        try:
+            policy = policy_service.reevaluate_path(endpoint=endpoint, user=request.user)
+        except DjangoValidationError as exc:
+            raise _as_drf(exc) from exc
+        return Response(PolicySerializer(policy).data)
+
+
 class PolicyChangesView(APIView):
     """Every change of the endpoint's policy, newest first: who, when, {field: [old, new]}."""
 

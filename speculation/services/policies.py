@@ -6,8 +6,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 from django.db import transaction
+from django.utils import timezone
 
 from fleet.models import Endpoint, EndpointStatus
 from speculation.models import (
@@ -19,9 +19,9 @@ from speculation.models import (
     SpeculationPolicy,
     VerificationPath,
 )
-from speculation.services.path_choice import choose_path
 from speculation.limits import K_MAX, K_MIN
 from speculation.services import capabilities, model_files
+from speculation.services.path_choice import choose_path
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
