@@ -12,10 +12,9 @@ Shapes as a real vLLM 0.32 answers them (see shared/ANCHORS.md section 5):
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
-from fleet.adapters import semantics
+from fleet.adapters import semantics, vllm_metrics
 from fleet.adapters.base import (
     CANARY_TEXT,
     FailureKind,
@@ -31,8 +30,6 @@ from fleet.adapters.tokenizer_routes import TokenizerRoutes
 
 # /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
 SERVER_INFO_TIMEOUTS = 3
-SPEC_DECODE_COUNTER = "vllm:spec_decode_num_drafts"
-PER_POSITION_SERIES = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos(?:_total)?\{[^}]*position="(\d+)"')
 
 
 class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
@@ -74,13 +71,13 @@ class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
             raise shape_error(f"asked for {n} prompt logprobs, got {len(entry)}")
 
     def discover_native_speculation(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        metrics = client.get_text("/metrics")
-        enabled = any(line.startswith(SPEC_DECODE_COUNTER) for line in metrics.splitlines())
+        counters = vllm_metrics.parse_spec_counters(client.get_text("/metrics"))
+        enabled = vllm_metrics.speculates(counters)
         caps["native_speculation"] = enabled
         caps["native_speculation_source"] = "metrics"
         if not enabled:
             return
-        positions = {int(m.group(1)) for line in metrics.splitlines() if (m := PER_POSITION_SERIES.match(line))}
+        positions = vllm_metrics.positions(counters)
         caps["native_speculation_k"] = max(positions) + 1 if positions else None
         caps["native_speculation_method"] = self._speculative_method(client, caps)
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections import defaultdict
 
 import httpx
 
+from fleet.adapters.vllm_metrics import parse_spec_counters, stats_from_deltas, stats_from_request_metrics
 from speculation.gateway import background, passthrough, upstream
 from speculation.gateway.call import Call
 from speculation.gateway.recording import output_tokens_of
@@ -21,26 +20,6 @@ from speculation.services.records import keep_record
 
 logger = logging.getLogger(__name__)
 
-_LINE = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$")
-_POSITION = re.compile(r'position="(\d+)"')
-
-
-def parse_spec_counters(text: str) -> dict[str, float]:
-    """Sum vLLM's spec-decode counters over engines; per-position counters keyed "...per_pos:<i>"."""
-    totals: dict[str, float] = defaultdict(float)
-    for line in text.splitlines():
-        match = _LINE.match(line.strip())
-        if not match or line.endswith("_created"):
-            continue
-        name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
-        if name.endswith("_created"):
-            continue
-        position = _POSITION.search(labels)
-        if position:
-            name = f"{name}:{position.group(1)}"
-        totals[name] += value
-    return dict(totals)
-
 
 async def scrape(call: Call) -> dict[str, float] | None:
     try:
@@ -49,47 +28,6 @@ async def scrape(call: Call) -> dict[str, float] | None:
         logger.warning("request %s: /metrics unreachable: %s", call.request_id, exc)
         return None
     return parse_spec_counters(response.text) if response.status_code == 200 else None
-
-
-def stats_from_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    drafts = delta("vllm:spec_decode_num_drafts")
-    drafted = delta("vllm:spec_decode_num_draft_tokens")
-    accepted = delta("vllm:spec_decode_num_accepted_tokens")
-    positions = sorted(
-        int(name.rsplit(":", 1)[1])
-        for name in after
-        if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos:")
-    )
-    per_position = [
-        delta(f"vllm:spec_decode_num_accepted_tokens_per_pos:{i}") / drafts if drafts else 0.0 for i in positions
-    ]
-    return {
-        "target_passes": int(drafts),
-        "drafted_tokens": int(drafted),
-        "accepted_tokens": int(accepted),
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_len": 1.0 + accepted / drafts if drafts else None,
-        "per_position_acceptance": per_position,
-        "k": len(positions) or None,
-    }
-
-
-def stats_from_request_metrics(spec: dict) -> dict:
-    drafts = spec.get("num_drafts") or 0
-    drafted = spec.get("num_draft_tokens") or 0
-    accepted = spec.get("num_accepted_tokens") or 0
-    per_pos = spec.get("num_accepted_tokens_per_pos") or []
-    return {
-        "target_passes": drafts,
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_len": 1.0 + accepted / drafts if drafts else None,
-        "per_position_acceptance": [n / drafts for n in per_pos] if drafts else [],
-    }
 
 
 class NativeRecorder:

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from speculation.gateway.native import parse_spec_counters
+from fleet.adapters.vllm_metrics import parse_spec_counters
 from speculation.models import StageRecord
 from speculation.services.policies import update_policy
 from tests.speculation.conftest import register_probed_endpoint

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.adapters.vllm_metrics import parse_spec_counters, stats_from_deltas
 from speculation.gateway.exactness import unservable_reason
-from speculation.gateway.native import parse_spec_counters, stats_from_deltas
 from speculation.gateway.sse import EventSplitter, payload_of
 
 GREEDY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 8}
