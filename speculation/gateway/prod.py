@@ -98,9 +98,12 @@ async def serve(call: Call):
         return await plain(call, action=Action.FELL_BACK, reason=f"tokenize failed: {exc}")
     max_context = int(route.capabilities.get("max_context") or DEFAULT_MAX_CONTEXT)
     # The length fields as the server reads them (vLLM's completions ignore max_completion_tokens, ...).
-    max_tokens = semantics_for(route.kind).max_new_tokens(
-        kind=call.kind, body=call.body, prompt_len=len(prompt_ids), max_context=max_context
-    )
+    try:
+        max_tokens = semantics_for(route.kind).max_new_tokens(
+            kind=call.kind, body=call.body, prompt_len=len(prompt_ids), max_context=max_context
+        )
+    except ValueError as exc:
+        return await plain(call, action=Action.SKIPPED, reason=f"too long: {exc}")
     if max_tokens < 1:
         return await plain(
             call,
