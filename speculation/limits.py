@@ -1,7 +1,7 @@
 """Limits of the speculation stage, torch-free so the web process, the worker and the REST layer share them.
 
-The engine (speculation.engine.lookahead) keeps the same K range as its own constants, because it imports
-nothing outside torch and the standard library; tests/speculation/test_limits.py checks that the two agree.
+Standard library only: the engine imports it too (tests/speculation/engine/test_engine_imports.py keeps the
+engine's imports to torch, the standard library and such stdlib-only modules of the stage).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ alpha = per-position acceptance probability, c = cost of one draft step / one ta
 v = cost of verifying K+1 tokens / one target step.
 E[N] = (1 - alpha^(K+1)) / (1 - alpha) tokens per verification step (bonus token included), and the
 wall-time multiplier is S = E[N] / (v + K c) (Leviathan et al. 2023, Theorem 3.8 when v = 1).
-Pure functions: no Django, so the pages, the API and the tests share one formula.
+Pure functions, standard library only: the engine's lookahead controller, the shadow projection, the pages and the
+API share this one formula.
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from speculation.engine.errors import LookaheadError
+from speculation.limits import K_MAX, K_MIN
+from speculation.projection import expected_tokens
 
-K_MIN, K_MAX = 1, 16
+__all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "check_k", "expected_tokens"]
+
 DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before anything is measured
@@ -26,13 +29,6 @@ def check_k(k: int) -> int:
     if not isinstance(k, int) or not K_MIN <= k <= K_MAX:
         raise LookaheadError(f"lookahead K must be an integer in [{K_MIN}, {K_MAX}], got {k!r}")
     return k
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E[N] for i.i.d. acceptance alpha and k drafts (bonus included)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @dataclass
@@ -90,7 +86,7 @@ class DynamicLookahead:
         alpha = min(self.alpha, 0.999)
         best_k, best_rate = 0, 1.0 / self.verify_cost(1)
         for k in range(1, self.k_max + 1):
-            rate = expected_tokens(alpha, k) / (self.verify_cost(k + 1) + k * self.draft_step_s)
+            rate = expected_tokens(alpha=min(alpha, 1.0), k=k) / (self.verify_cost(k + 1) + k * self.draft_step_s)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

@@ -17,9 +17,9 @@ def measured(alpha: float, verify: dict[int, float], draft_step: float) -> Dynam
 
 
 def test_expected_tokens_matches_the_anchor_table():
-    assert round(expected_tokens(0.7, 5), 2) == 2.94
-    assert round(expected_tokens(0.9, 5), 2) == 4.69
-    assert expected_tokens(1.0, 5) == 6
+    assert round(expected_tokens(alpha=0.7, k=5), 2) == 2.94
+    assert round(expected_tokens(alpha=0.9, k=5), 2) == 4.69
+    assert expected_tokens(alpha=1.0, k=5) == 6
 
 
 def test_high_acceptance_and_flat_verify_cost_picks_a_long_lookahead():
