@@ -163,6 +163,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": env_str("ACE_TEST_DATABASE", str(DATA_DIR / "test.sqlite3"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Largest request body (gateway prompts, REST, forms); the gateway answers a larger one with an OpenAI-shaped 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ACE_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

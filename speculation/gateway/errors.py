@@ -9,12 +9,14 @@ from django.http import HttpResponse
 REQUEST_ID_HEADER = "X-ACE-Request-Id"
 
 
-def error_response(status: int, message: str, *, code: str, request_id: str, kind: str = "") -> HttpResponse:
+def error_response(
+    status: int, message: str, *, code: str, request_id: str, kind: str = "", param: str | None = None
+) -> HttpResponse:
     payload = {
         "error": {
             "message": message,
             "type": kind or ("invalid_request_error" if status < 500 else "upstream_error"),
-            "param": None,
+            "param": param,
             "code": code,
         }
     }

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import time
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from speculation import metrics as stage_metrics
-from speculation.gateway import passthrough
+from speculation.gateway import passthrough, validation
 from speculation.gateway.auth import authenticate
 from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
@@ -32,6 +34,17 @@ def _unauthorized(request_id: str) -> HttpResponse:
     )
 
 
+def _body(request: HttpRequest) -> bytes | None:
+    """The body, or None when it is over DATA_UPLOAD_MAX_MEMORY_SIZE (Django checks Content-Length; a chunked
+    body has none, so its length is checked after reading)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        return None
+    return None if limit is not None and len(raw) > limit else raw
+
+
 async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
     request_id = new_request_id()
     if request.method != "POST":
@@ -39,10 +52,13 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
     principal = await authenticate(request.headers.get("Authorization", ""))
     if principal is None:
         return _unauthorized(request_id)
-    raw = request.body
+    raw = _body(request)
+    if raw is None:
+        message = f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (ACE_MAX_BODY_BYTES)."
+        return error_response(413, message, code="request_too_large", request_id=request_id)
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return error_response(400, "The body must be JSON.", code="invalid_json", request_id=request_id)
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return error_response(
@@ -57,6 +73,10 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
             code="model_not_found",
             request_id=request_id,
         )
+    if route.mode != Mode.OFF:  # off relays the server's own answer, errors included
+        invalid = validation.problem(body, kind=kind)
+        if invalid is not None:
+            return invalid.response(request_id)
     call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id)
     if route.mode != Mode.PROD:  # prod requests count when their stage record is written
         stage_metrics.count_passthrough(endpoint=route.name, mode=route.mode)
