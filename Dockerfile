@@ -12,7 +12,9 @@ COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 
 COPY . .
-RUN useradd --system --create-home --home-dir /var/lib/ace ace && chown -R ace /var/lib/ace
+# /var/lib/ace/metrics: the compose file's shared `metrics` volume (prometheus_client multiprocess mode) takes this
+# directory's owner when first created.
+RUN useradd --system --create-home --home-dir /var/lib/ace ace && mkdir -p /var/lib/ace/metrics && chown -R ace /var/lib/ace
 USER ace
 
 EXPOSE 8000

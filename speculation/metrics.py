@@ -18,10 +18,18 @@ This module imports prometheus_client only (no Django), so any process can feed 
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, values
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # Files are named per process; containers sharing the directory (docker-compose's `metrics` volume) reuse
+    # the same small pids, so the host name is part of the name (distinct per container, as the rule requires).
+    _HOST = socket.gethostname().replace("_", "-")
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: f"{_HOST}-{os.getpid()}")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
