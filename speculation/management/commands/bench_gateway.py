@@ -3,7 +3,8 @@
 One run, one process, against the real vLLM serving the demo target (every process started here and stopped
 at the end): direct to vLLM vs through ACE in off mode (added latency p50/p99, throughput ratio at 1, 8, 32
 concurrent streams), then shadow and prod on the same greedy requests (tok/s multiplier per path, whether
-prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees).
+prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees), and prod_coverage:
+the share of a mixed greedy request set (stop strings, echo, min_tokens, ...) that prod speculates.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from speculation.benchmarking import coverage
 from speculation.benchmarking.load import load_prompts, paired_latencies, quantile, run_concurrent
 from speculation.benchmarking.stack import BenchStack
 
@@ -53,6 +55,7 @@ class Command(BaseCommand):
             "throughput_max_tokens": 16 if quick else 32,
             "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
             "prod_max_tokens": 32 if quick else 64,
+            "coverage_prompts": 2 if quick else 6,  # x 9 request variants (speculation.benchmarking.coverage)
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
@@ -141,11 +144,23 @@ class Command(BaseCommand):
                 f"prod {path}: x{out['prod_multiplier'][path]}, identical "
                 f"{out['prod_greedy_identical'][path]}, actions {sorted(actions)}"
             )
+        out.update(self._coverage(stack, prompts[: plan["coverage_prompts"]], plan["prod_max_tokens"]))
         stack.set_policy("demo", mode="off")
         out.update(self._alphas(shadow_records, prod_records["remote"]))
         if stack.ngram_url:
             out["prod_multiplier"]["native"], out["native"] = self._native(stack, run, off_tps)
         return out
+
+    def _coverage(self, stack: BenchStack, prompts: list[str], max_tokens: int) -> dict:
+        """prod_coverage on the local path (the policy as the prod loop left it): speculated / requests."""
+        requests = coverage.mixed_requests(prompts, model="demo", max_tokens=max_tokens)
+        seen = {r["id"] for r in stack.records("demo", mode="prod")}
+        statuses = coverage.run(stack.ace_url, requests, headers=stack.headers)
+        records = self._wait_records(stack, "demo", "prod", len(seen) + len(requests))
+        result = coverage.summarize(sorted((r for r in records if r["id"] not in seen), key=lambda r: r["id"]))
+        result["prod_coverage_http_ok"] = sum(1 for s in statuses if s == 200)
+        self.stderr.write(f"prod coverage {result['prod_coverage']} of {len(requests)} mixed greedy requests")
+        return result
 
     def _native(self, stack: BenchStack, run: dict, off_tps: float) -> tuple[float, dict]:
         stack.set_policy("demo-ngram", mode="prod", mechanism="ngram", k=K)
