@@ -77,7 +77,10 @@ def test_shadow_fills_the_acceptance_chart_and_prod_fills_the_multipliers(
     from playwright.sync_api import expect
     from rest_framework.authtoken.models import Token
 
+    from fleet.permissions import OPERATOR, grant_role
+
     user = django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    grant_role(user=user, role=OPERATOR)  # registers the endpoint, so owns it
     token = Token.objects.create(user=user).key
 
     # given: logged in, the dashboard tells a new user what to do

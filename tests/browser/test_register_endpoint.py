@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fleet.permissions import OPERATOR, grant_role
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -67,7 +69,7 @@ def page(live_server, artifacts_dir: Path):
 
 
 def _log_in(page, live_server, django_user_model, next_path: str) -> None:
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    grant_role(user=django_user_model.objects.create_user(username="ops", password=PASSWORD), role=OPERATOR)
     page.goto(f"{live_server.url}{next_path}")
     page.fill("#id_username", "ops")
     page.fill("#id_password", PASSWORD)
@@ -92,7 +94,7 @@ def test_an_operator_registers_the_real_vllm_and_sees_it_become_ready(
     from playwright.sync_api import expect
 
     # given an operator account and nothing registered
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    grant_role(user=django_user_model.objects.create_user(username="ops", password=PASSWORD), role=OPERATOR)
 
     # when they open the fleet, they are sent to log in first
     page.goto(f"{live_server.url}/fleet/")

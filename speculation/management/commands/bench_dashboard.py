@@ -31,6 +31,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.models import Endpoint, EndpointStatus
+from fleet.permissions import ADMIN, grant_role
 from speculation.models import Action, Mode, SpeculationPolicy, StageRecord
 from speculation.rollup_store import refresh_rollups
 
@@ -175,6 +176,7 @@ class Command(BaseCommand):
         rolled_rows = refresh_rollups()  # what the first page view after a bulk import would pay
         backfill_ms = (time.perf_counter() - started) * 1000
         user = get_user_model().objects.create_user("bench", password="bench-password-0")
+        grant_role(user=user, role=ADMIN)  # sees every seeded endpoint, like the run command's admin
         client = Client()
         client.force_login(user)
         timeseries = reverse("dashboard-api:endpoint-timeseries", args=[main.pk])
