@@ -23,7 +23,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 logger = logging.getLogger(__name__)
 
-WORKERS_KEY = "ace:workers"
+WORKERS_KEY = "ace:worker-heartbeats"
 INTERVAL_S = 2.0
 STALE_S = 10.0
 

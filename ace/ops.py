@@ -2,7 +2,8 @@
 
 /metrics is Prometheus text format (prometheus_client): the stage's counters and histograms
 (speculation.metrics; summed over every process in multiprocess mode) plus gauges read at scrape time from
-Redis: queue depth per Celery queue and worker saturation from the workers' heartbeats (ace.heartbeat).
+Redis: queue depth per Celery queue, worker saturation from the workers' heartbeats (ace.heartbeat) and prod slots
+(speculation.admission: declared capacity, jobs admitted).
 It is served to loopback clients (ACE_METRICS_LOOPBACK) and to `Authorization: Bearer <ACE_METRICS_TOKEN>`.
 """
 
@@ -28,6 +29,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ace import heartbeat
 from ace.celery import gpu_queue
+from speculation import admission
 from speculation import metrics as stage_metrics
 
 logger = logging.getLogger(__name__)
@@ -122,11 +124,18 @@ class QueueCollector:
         try:
             beats = heartbeat.read(client)
             queues = sorted(self.queues | {q for beat in beats for q in beat.queues})
+            now = float(client.time()[0])  # Redis's clock, as the admission scripts use
             pipe = client.pipeline(transaction=False)
             for queue in queues:
                 for suffix in PRIORITY_SUFFIXES:
                     pipe.llen(queue + suffix)
-            lengths = pipe.execute()
+            node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
+            for node_class in node_classes:
+                pipe.zrangebyscore(admission.workers_key(node_class), now, "+inf")
+                pipe.zcount(admission.inflight_key(node_class), now, "+inf")
+            answers = pipe.execute()
+            width = len(PRIORITY_SUFFIXES)
+            lengths, slot_answers = answers[: len(queues) * width], answers[len(queues) * width :]
         except (redis.RedisError, OSError) as exc:
             logger.warning("/metrics: Redis unreadable: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -154,7 +163,6 @@ class QueueCollector:
             "ace_worker_busy / ace_worker_processes (absent while no worker is live).",
             labels=["queue"],
         )
-        width = len(PRIORITY_SUFFIXES)
         for index, queue in enumerate(queues):
             depth.add_metric([queue], sum(lengths[index * width : (index + 1) * width]))
             mine = [beat for beat in beats if queue in beat.queues]
@@ -164,6 +172,28 @@ class QueueCollector:
             if slots:
                 saturation.add_metric([queue], active / slots)
         yield from (depth, workers, busy, saturation)
+        slots = GaugeMetricFamily(
+            "ace_prod_slots",
+            "Prod jobs the live GPU workers of a node class run at once (admission).",
+            labels=["queue"],
+        )
+        in_use = GaugeMetricFamily(
+            "ace_prod_slots_in_use",
+            "Prod jobs admitted and not finished (a request finding none free goes plain).",
+            labels=["queue"],
+        )
+        for index, node_class in enumerate(node_classes):
+            members, admitted = slot_answers[2 * index], slot_answers[2 * index + 1]
+            slots.add_metric([f"gpu.{node_class}"], sum(_declared(m) for m in members))
+            in_use.add_metric([f"gpu.{node_class}"], int(admitted))
+        yield from (slots, in_use)
+
+
+def _declared(member: bytes | str) -> int:
+    """The concurrency a worker declared in its admission member "<hostname>|<concurrency>"."""
+    text = member.decode() if isinstance(member, bytes) else member
+    tail = text.rsplit("|", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 class _Registered:

@@ -112,6 +112,7 @@ SKIP_REASONS: tuple[tuple[str, str], ...] = (
     ("batched_prompts", r"batch of prompts"),
     ("too_long", r"too long"),
     ("no_path", r"no verification path"),
+    ("worker_at_capacity", r"at capacity"),
 )
 REASON_LABELS = {
     "fell_back": tuple(label for label, _ in FALLBACK_REASONS) + ("other",),

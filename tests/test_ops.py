@@ -144,6 +144,21 @@ def test_queue_depth_and_worker_saturation_come_from_redis(client, redis_url):
 
 
 @pytest.mark.django_db
+def test_prod_slots_come_from_admission_and_skip_expired_members(client, redis_url):
+    import redis
+
+    from speculation import admission
+
+    r = redis.Redis.from_url(redis_url)
+    now = float(r.time()[0])
+    r.zadd(admission.workers_key("cpu"), {"w1@host|2": now + 30, "dead@host|4": now - 5})
+    r.zadd(admission.inflight_key("cpu"), {"request-1": now + 30, "expired": now - 1})
+    found = samples(client.get("/metrics").content.decode())
+    assert found[("ace_prod_slots", (("queue", "gpu.cpu"),))] == 2
+    assert found[("ace_prod_slots_in_use", (("queue", "gpu.cpu"),))] == 1
+
+
+@pytest.mark.django_db
 def test_metrics_still_answer_when_redis_is_down(client, settings):
     settings.REDIS_URL = f"redis://127.0.0.1:{processes.free_port()}/0"
     response = client.get("/metrics")

@@ -130,6 +130,7 @@ def test_fallbacks_count_by_reason_class_never_by_text(client, off_endpoint, red
         ("skipped", "too long: 900 prompt + 200 new tokens > context 1024", "too_long"),
         ("skipped", "top_p 2 outside (0, 1]", "invalid_request"),
         ("skipped", "unsupported parameter stop", "unsupported_parameter"),
+        ("skipped", "worker at capacity: 1 of 1 prod slots on gpu.cpu in use", "worker_at_capacity"),
     ],
 )
 def test_reasons_map_to_their_bounded_label(action, reason, label):
