@@ -238,3 +238,28 @@ def test_ace_token_keeps_working_and_sets_roles_and_teams(capsys):
     assert Token.objects.get(key=ci_key).user == ci
     assert role_of(ci) == OPERATOR
     assert ci.groups.filter(name="ml").exists()
+
+
+def test_the_pages_offer_a_viewer_no_write_controls(alices_endpoint):
+    # given a viewer in the endpoint's team, and its operator
+    viewer = _user("viewer", VIEWER, teams=("ml",))
+    Endpoint.objects.filter(pk=alices_endpoint.pk).update(team=Group.objects.get(name="ml"))
+    alice = get_user_model().objects.get(username="alice")
+
+    # when both open the endpoint's pages
+    def pages(user) -> str:
+        browser = _browser(user)
+        urls = (
+            "/fleet/",
+            f"/fleet/{alices_endpoint.pk}/",
+            "/dashboard/",
+            f"/dashboard/endpoints/{alices_endpoint.pk}/",
+        )
+        return "".join(browser.get(url).content.decode() for url in urls)
+
+    # then the viewer sees the endpoint but no control that would write
+    seen, operated = pages(viewer), pages(alice)
+    assert "llama" in seen
+    for control in ('id="reprobe"', "Register an endpoint", "Save settings"):
+        assert control in operated, control
+        assert control not in seen, control
