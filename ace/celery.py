@@ -11,6 +11,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 from ace import heartbeat  # noqa: E402, F401 - connects the worker heartbeat (worker_ready / worker_shutdown)
+from fleet.managed import worker_hook  # noqa: E402, F401 - GPU workers start the managed-server supervisor
 
 
 def gpu_queue(node_class: str) -> str:

@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI / ReDoc assets served from static files, no CDN
     "fleet",
     "speculation",
+    "fleet.managed",
 ]
 
 MIDDLEWARE = [

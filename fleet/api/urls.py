@@ -1,6 +1,8 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from fleet.api.views import EndpointViewSet, ProbeViewSet
+from fleet.managed.api import ManagedEndpointCreateView, ManagedStateView
 
 app_name = "fleet-api"
 
@@ -8,4 +10,8 @@ router = SimpleRouter()
 router.register("endpoints", EndpointViewSet, basename="endpoint")
 router.register("probes", ProbeViewSet, basename="probe")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("managed-endpoints/", ManagedEndpointCreateView.as_view(), name="managed-endpoint-create"),
+    path("endpoints/<int:pk>/managed/", ManagedStateView.as_view(), name="endpoint-managed"),
+    *router.urls,
+]

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
 from speculation.models import (
     DraftKind,
@@ -230,6 +231,12 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
                 changes[name] = [_plain(old), _plain(value)]
                 setattr(policy, name, value)
         if not changes:
+            return policy
+        if managed_services.needs_switch(endpoint=endpoint, policy=policy):
+            # A managed endpoint whose server must run differently: applied blue/green once the new instance
+            # serves (fleet.managed); until then the saved policy stays as it is.
+            managed_services.request_switch(endpoint=endpoint, policy=policy, changes=changes, user=user)
+            policy.refresh_from_db()
             return policy
         validate_policy(policy=policy, endpoint=endpoint)
         _resolve_on_save(policy, endpoint, changes)

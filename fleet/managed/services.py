@@ -1,0 +1,215 @@
+"""Managed endpoint writes: register one, and turn a policy change that changes the server into a switch.
+
+Registration validates everything the web process can check (name, node class, model directory under the
+model roots, served name, server arguments) and saves the Endpoint and its ManagedServer together; the
+supervisor of the node class starts the server and probes it (fleet.managed.supervisor). A policy change
+whose speculation differs from what the server runs is not applied at once: it becomes a Switch, applied by
+the supervisor in one transaction with the route move once the new instance serves (fleet.managed.switching).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from fleet import services as fleet_services
+from fleet.managed.args import ServerArgsError, validate_server_args
+from fleet.managed.models import ManagedKind, ManagedServer, ServerEvent, Switch, SwitchStatus
+from fleet.models import Endpoint, EndpointStatus
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, Group
+
+    from speculation.models import SpeculationPolicy
+
+logger = logging.getLogger(__name__)
+
+# Where a managed endpoint points until its first instance serves: port 0 never answers.
+NOT_STARTED_URL = "http://127.0.0.1:0"
+SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")
+
+
+def _validate_kind(kind: str) -> str:
+    if kind not in ManagedKind.values:
+        raise ValidationError(f"ACE runs {', '.join(ManagedKind.values)} servers, not {kind!r}.")
+    return kind
+
+
+def _validate_model_dir(model_dir: str) -> str:
+    from speculation.services import model_files
+
+    try:
+        directory = model_files.under_roots(model_dir, field="model_dir")
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict["model_dir"]) from exc
+    if not directory.is_dir():
+        raise ValidationError(f"{directory} is not a directory on this node.")
+    if not (directory / "config.json").is_file():
+        raise ValidationError(f"{directory} holds no config.json: not a model directory.")
+    return str(directory)
+
+
+def _validate_served_name(served_name: str) -> str:
+    served_name = (served_name or "").strip()
+    if not SERVED_NAME_RE.match(served_name):
+        raise ValidationError("Use 1-255 letters, digits, '.', '_', '-', '/' or ':' (the model id clients send).")
+    clash = Endpoint.objects.filter(served_model=served_name).first()
+    if clash is not None:
+        raise ValidationError(f"{served_name!r} is already served by endpoint {clash.name!r}.")
+    return served_name
+
+
+def _validate_args(server_args: Any) -> dict[str, Any]:
+    try:
+        return validate_server_args(server_args if server_args is not None else {})
+    except ServerArgsError as exc:
+        raise ValidationError([f"{name}: {why}" for name, why in exc.errors.items()]) from exc
+
+
+def create_managed_endpoint(
+    *,
+    name: str,
+    model_dir: str,
+    served_name: str = "",
+    kind: str = ManagedKind.VLLM,
+    node_class: str | None = None,
+    server_args: dict[str, Any] | None = None,
+    created_by: AbstractBaseUser | None = None,
+    team: Group | None = None,
+) -> Endpoint:
+    """Register an endpoint whose server ACE runs; the node class's supervisor starts it."""
+    checks: dict[str, tuple] = {
+        "name": (fleet_services._validate_name, name, {}),
+        "kind": (_validate_kind, kind, {}),
+        "node_class": (fleet_services._validate_node_class, node_class or settings.DEFAULT_NODE_CLASS, {}),
+        "model_dir": (_validate_model_dir, model_dir, {}),
+        "served_name": (_validate_served_name, served_name or name, {}),
+        "server_args": (_validate_args, server_args, {}),
+    }
+    cleaned = fleet_services._collect(checks)
+    user = created_by if created_by is not None and created_by.is_authenticated else None
+    endpoint = Endpoint(
+        name=cleaned["name"],
+        base_url=NOT_STARTED_URL,
+        kind=cleaned["kind"],
+        node_class=cleaned["node_class"],
+        created_by=user,
+        owner=user,
+        team=team,
+        status=EndpointStatus.NEW,
+        status_reason="managed: waiting for the supervisor of node class " + cleaned["node_class"],
+    )
+    try:
+        with transaction.atomic():
+            endpoint.save()
+            ManagedServer.objects.create(
+                endpoint=endpoint,
+                server_kind=cleaned["kind"],
+                model_dir=cleaned["model_dir"],
+                served_name=cleaned["served_name"],
+                server_args=cleaned["server_args"],
+            )
+    except IntegrityError as exc:
+        raise ValidationError({"name": [f"An endpoint named {endpoint.name!r} already exists."]}) from exc
+    logger.info("managed endpoint %s registered (%s, %s)", endpoint.name, endpoint.kind, cleaned["model_dir"])
+    return endpoint
+
+
+def managed_of(endpoint: Endpoint) -> ManagedServer | None:
+    return ManagedServer.objects.filter(endpoint_id=endpoint.pk).first()
+
+
+# --- policy changes ---------------------------------------------------------------------------------------------
+
+
+def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
+    """What the server must run for this policy: {} (off and shadow) or the draft kind, its path and K (prod)."""
+    from speculation.models import Mechanism, Mode
+
+    if policy.mode != Mode.PROD:
+        return {}
+    if policy.mechanism == Mechanism.NGRAM:
+        return {"draft_kind": "ngram", "draft_path": "", "k": int(policy.k)}
+    draft = policy.draft
+    return {"draft_kind": draft.kind if draft else policy.mechanism, "draft_path": draft.path if draft else "",
+            "k": int(policy.k)}
+
+
+def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
+    """The native launch flags for this speculation ([] for none)."""
+    if not speculation:
+        return []
+    from speculation.native_flags import native_flags
+
+    return native_flags(
+        server_kind=server_kind,
+        draft_kind=speculation["draft_kind"],
+        draft_path=speculation["draft_path"],
+        k=speculation["k"],
+    ).args
+
+
+def needs_switch(*, endpoint: Endpoint, policy: SpeculationPolicy) -> bool:
+    """True when the endpoint is managed and this (unsaved) policy asks the server to run differently."""
+    managed = managed_of(endpoint)
+    return managed is not None and speculation_of(policy) != (managed.serving_speculation or {})
+
+
+def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed: ManagedServer) -> None:
+    from speculation.models import Mode
+    from speculation.native_flags import NativeFlagsError
+    from speculation.services.policies import validate_policy
+
+    # Prod on a managed endpoint runs the native path on the new instance: everything but the path is checked
+    # as shadow checks it (fields, draft, tokenizer), then the flags must exist for this server kind.
+    mode = policy.mode
+    if mode == Mode.PROD:
+        policy.mode = Mode.SHADOW
+    try:
+        validate_policy(policy=policy, endpoint=endpoint)
+    finally:
+        policy.mode = mode
+    errors: dict[str, list[str]] = {}
+    if mode == Mode.PROD and endpoint.status != EndpointStatus.READY:
+        errors["mode"] = [f"prod needs a ready endpoint; {endpoint.name} is {endpoint.status}"]
+    try:
+        spec_args(server_kind=managed.server_kind, speculation=speculation_of(policy))
+    except NativeFlagsError as exc:
+        errors["draft"] = [str(exc)]
+    if Switch.objects.filter(managed=managed, status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists():
+        errors["mode"] = ["a switch of this managed endpoint is in progress: wait until it is done or failed"]
+    if errors:
+        raise ValidationError(errors)
+
+
+def request_switch(
+    *, endpoint: Endpoint, policy: SpeculationPolicy, changes: dict[str, list[Any]], user: AbstractBaseUser | None
+) -> Switch:
+    """Queue a blue/green switch for a policy change (the policy in memory holds the new values, unsaved).
+
+    Called inside the policy service's transaction; the saved policy is left as it is until the new instance
+    serves. Raises ValidationError (keyed by field) when the change cannot be applied.
+    """
+    from speculation.services.policies import EDITABLE_FIELDS
+
+    managed = ManagedServer.objects.select_for_update().get(endpoint_id=endpoint.pk)
+    _validate_for_switch(policy, endpoint, managed)
+    fields = {name: getattr(policy, name) for name in EDITABLE_FIELDS if name != "draft"}
+    fields["draft"] = policy.draft_id
+    if policy.mode == "prod":
+        fields["path"] = "native"  # prod on a managed endpoint is the server's own speculation
+    actor = user if user is not None and user.is_authenticated else None
+    switch = Switch.objects.create(
+        managed=managed, requested_by=actor, fields=fields, changes=changes, speculation=speculation_of(policy)
+    )
+    logger.info("managed endpoint %s: switch %s queued (%s)", endpoint.name, switch.pk, switch.speculation or "plain")
+    return switch
+
+
+def record_event(managed: ManagedServer, kind: str, message: str = "", **extra: Any) -> ServerEvent:
+    return ServerEvent.objects.create(managed=managed, kind=kind, message=message[:4000], **extra)
