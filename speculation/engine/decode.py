@@ -129,11 +129,11 @@ def generate(
         t1 = time.perf_counter()
         last = torch.tensor([committed[-1]], device=target.device)
         result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
-        _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
+        logits = _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
         if params.greedy:
-            num_accepted, tokens = verify_greedy(drafts, result.logits)
+            num_accepted, tokens = verify_greedy(drafts, logits)
         else:
-            p = probs_from_logits(result.logits, params)
+            p = probs_from_logits(logits, params)
             num_accepted, tokens = verify_sampled(drafts, proposal.q, p, generator)
         step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
         t2 = time.perf_counter()
@@ -175,11 +175,17 @@ def generate_plain(
     return generate(target, None, prompt_ids, config, on_tokens)
 
 
-def _suppress_before_min_tokens(logits: torch.Tensor, produced: int, min_tokens: int, ids: torch.Tensor) -> None:
-    """Row j of logits [K+1, V] picks output token produced + j: rows before min_tokens cannot pick ids."""
+def _suppress_before_min_tokens(
+    logits: torch.Tensor, produced: int, min_tokens: int, ids: torch.Tensor
+) -> torch.Tensor:
+    """Row j of logits [K+1, V] picks output token produced + j: rows before min_tokens cannot pick ids
+    (vLLM's min_tokens). A copy when it changes anything (the target's logits may be inference tensors)."""
     rows = min(min_tokens - produced, logits.shape[0])
-    if rows > 0 and ids.numel():
-        logits[:rows, ids] = float("-inf")
+    if rows <= 0 or not ids.numel():
+        return logits
+    logits = logits.clone()
+    logits[:rows, ids] = float("-inf")
+    return logits
 
 
 def _truncate_at_stop(
