@@ -115,7 +115,8 @@ class Shape:
             if self.kind == "completion":
                 choice["prompt_token_ids"] = self.prompt_ids
         payload["choices"] = [choice]
-        payload["usage"] = self.usage(len(ids))
+        # vLLM dumps the whole response with every field, so the usage details come as null
+        payload["usage"] = {**self.usage(len(ids)), "prompt_tokens_details": None, "completion_tokens_details": None}
         if self.return_token_ids and self.kind == "chat":
             payload["prompt_token_ids"] = self.prompt_ids
         return payload
