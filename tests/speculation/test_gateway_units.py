@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.adapters.vllm_metrics import parse_spec_counters, stats_from_deltas
-from speculation.gateway.exactness import unservable_reason
+from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 from speculation.gateway.sse import EventSplitter, payload_of
 
 GREEDY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 8}
@@ -24,13 +24,38 @@ def test_a_greedy_chat_request_is_served_exactly():
         ({"n": 2}, "n > 1"),
         ({"logprobs": True}, "logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"stop": ["\n"]}, "unsupported parameter stop"),
+        ({"skip_special_tokens": False}, "unsupported parameter skip_special_tokens"),
         ({"response_format": {"type": "json_object"}}, "unsupported parameter response_format"),
         ({"max_tokens": 0}, "max_tokens"),
     ],
 )
 def test_requests_prod_cannot_serve_exactly_say_why(extra, reason):
     assert reason in unservable_reason({**GREEDY, **extra}, kind="chat")
+
+
+def test_stop_fields_are_served_where_the_worker_applies_them_exactly():
+    fields = {"stop": ["\n", "def "], "stop_token_ids": [2], "min_tokens": 3, "ignore_eos": True}
+    body = {**GREEDY, **fields, "include_stop_str_in_output": True, "n": 1}
+    assert unservable_reason(body, kind="chat") == ""
+    assert stop_fields_reason(body, kind="chat", path="local") == ""
+    completion = {"model": "m", "prompt": "x", "temperature": 0, "echo": True, "stop": "\n"}
+    assert stop_fields_reason(completion, kind="completion", path="remote") == ""
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "path", "reason"),
+    [
+        ({"min_tokens": 2}, "chat", "remote", "min_tokens on the remote path"),
+        ({"echo": True}, "chat", "local", "echo on chat"),
+        ({"echo": True, "prompt": [1, 2]}, "completion", "local", "token-id prompt"),
+        ({"stop": ["a", ""]}, "chat", "local", "empty string"),
+        ({"stop": [1]}, "chat", "local", "stop must be"),
+        ({"stop_token_ids": ["x"]}, "chat", "local", "stop_token_ids"),
+        ({"min_tokens": -1}, "chat", "local", "min_tokens"),
+    ],
+)
+def test_stop_fields_prod_cannot_apply_exactly_say_why(body, kind, path, reason):
+    assert reason in stop_fields_reason(body, kind=kind, path=path)
 
 
 def test_a_batch_of_prompts_is_not_served():
