@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from speculation.gateway.errors import REQUEST_ID_HEADER
+
 OUTCOMES = ("correct", "wrong_text", "clear_error", "truncated", "unclear_error", "hang", "unreachable")
 BAD = ("wrong_text", "truncated", "unclear_error", "hang", "unreachable")
 
@@ -95,7 +97,7 @@ async def one_request(
         outcome.max_gap_s = time.monotonic() - started
         last = time.monotonic()
         outcome.status = response.status_code
-        outcome.request_id = response.headers.get("x-request-id", "")
+        outcome.request_id = response.headers.get(REQUEST_ID_HEADER, "")
         if response.status_code != 200:
             outcome.error = _error_message(await asyncio.wait_for(response.aread(), hang_s))
             return outcome

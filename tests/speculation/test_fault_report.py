@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from speculation.benchmarking.faults import Outcome, classify, one_request, phase_at, summarize
+from speculation.gateway.errors import REQUEST_ID_HEADER
 from speculation.metrics import reason_class
 
 SSE = {"content-type": "text/event-stream"}
@@ -38,7 +39,8 @@ def _fetch(base_url: str, hang_s: float = 5.0) -> Outcome:
 
 def test_a_whole_stream_with_the_expected_text_is_correct(http_stub):
     body = _chunk("Hello") + _chunk(" world", "length") + "data: [DONE]\n\n"
-    stub = http_stub({("POST", "/v1/chat/completions"): lambda r: (200, {**SSE, "x-request-id": "r1"}, body.encode())})
+    headers = {**SSE, REQUEST_ID_HEADER: "r1"}
+    stub = http_stub({("POST", "/v1/chat/completions"): lambda r: (200, headers, body.encode())})
     outcome = _fetch(stub.base_url)
     assert (outcome.text, outcome.done, outcome.request_id) == ("Hello world", True, "r1")
     assert classify(outcome, "Hello world") == "correct"

@@ -140,24 +140,27 @@ class Command(BaseCommand):
         return summary
 
     def _expected(self, url: str, stack: BenchStack, prompts: list[str], max_tokens: int, hang_s: float) -> dict:
-        """Greedy off-mode answers through ACE, one at a time (the reference every prod answer must equal)."""
+        """Greedy off-mode answers through ACE, all prompts at once (the reference every prod answer must equal)."""
 
         async def fetch() -> dict[int, str]:
-            out = {}
             async with httpx.AsyncClient(timeout=hang_s + 5) as client:
-                for index, prompt in enumerate(prompts):
-                    outcome = await one_request(
-                        client,
-                        url,
-                        body=_body(prompt, max_tokens),
-                        headers=stack.headers,
-                        hang_s=hang_s,
-                        outcome=Outcome(lane=-1, prompt=index, started_s=0.0),
+                answers = await asyncio.gather(
+                    *(
+                        one_request(
+                            client,
+                            url,
+                            body=_body(prompt, max_tokens),
+                            headers=stack.headers,
+                            hang_s=hang_s,
+                            outcome=Outcome(lane=-1, prompt=index, started_s=0.0),
+                        )
+                        for index, prompt in enumerate(prompts)
                     )
-                    if not outcome.done:
-                        raise RuntimeError(f"off answer for prompt {index} failed: {outcome.status} {outcome.error}")
-                    out[index] = outcome.text
-            return out
+                )
+            for answer in answers:
+                if not answer.done:
+                    raise RuntimeError(f"off answer for prompt {answer.prompt} failed: {answer.status} {answer.error}")
+            return {answer.prompt: answer.text for answer in answers}
 
         return asyncio.run(fetch())
 
