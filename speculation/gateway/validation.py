@@ -21,6 +21,7 @@ from django.http import HttpResponse
 from speculation.gateway.errors import error_response
 
 INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def integer(low: int | None = None, high: int | None = None) -> Check:
+def integer(low: int = INT64_MIN, high: int = INT64_MAX) -> Check:
+    """An integer in [low, high]; the server's integers are 64-bit, so that is the widest range."""
+
     def check(value: Any) -> str:
         if not _is_int(value):
             return "an integer"
-        if (low is not None and value < low) or (high is not None and value > high):
-            return _range("an integer", low, high)
+        if not low <= value <= high:
+            return _range("an integer", low if low != INT64_MIN else None, high if high != INT64_MAX else None)
         return ""
 
     return check
@@ -68,6 +71,8 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
 
 
 def _range(what: str, low: float | None, high: float | None, *, low_open: bool = False) -> str:
+    if low is None and high is None:
+        return f"{what} that fits in 64 bits"
     if low is not None and high is not None:
         return f"{what} in {'(' if low_open else '['}{low:g}, {high:g}]"
     if low is not None:
@@ -158,7 +163,7 @@ COMMON: dict[str, Check] = {
     "top_k": integer(-1),
     "min_p": number(0, 1),
     "n": integer(1),
-    "seed": integer(-(2**63), INT64_MAX),
+    "seed": integer(),
     "presence_penalty": number(-2, 2),
     "frequency_penalty": number(-2, 2),
     "repetition_penalty": number(0, low_open=True),
