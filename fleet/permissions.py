@@ -89,19 +89,31 @@ def grant_role(*, user: AbstractBaseUser, role: str) -> None:
         if role == ADMIN and not user.is_staff:
             user.is_staff = True
             user.save(update_fields=["is_staff"])
-    for cache in ("_perm_cache", "_user_perm_cache", "_group_perm_cache"):
+    for cache in ("_perm_cache", "_user_perm_cache", "_group_perm_cache", "_ace_role"):
         user.__dict__.pop(cache, None)
 
 
 def role_of(user: AbstractBaseUser | None) -> str | None:
-    """The user's role, or None for anonymous or inactive users."""
+    """The user's role, or None for anonymous or inactive users (one query, remembered on the user object)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return None
-    if user.has_perm(MANAGE_ALL_PERM):
+    if user.is_superuser:
         return ADMIN
-    if user.has_perm(OPERATE_PERM):
-        return OPERATOR
-    return VIEWER
+    cached = user.__dict__.get("_ace_role")
+    if cached is not None:
+        return cached
+    from django.contrib.auth.models import Permission
+
+    # What ModelBackend.has_perm would say for these two permissions, without loading every permission.
+    manage_all, operate = MANAGE_ALL_PERM.split(".")[1], OPERATE_PERM.split(".")[1]
+    held = set(
+        Permission.objects.filter(Q(user=user) | Q(group__user=user), content_type__app_label="fleet")
+        .filter(codename__in=(manage_all, operate))
+        .values_list("codename", flat=True)
+    )
+    role = ADMIN if manage_all in held else OPERATOR if operate in held else VIEWER
+    user.__dict__["_ace_role"] = role
+    return role
 
 
 def is_admin(user: AbstractBaseUser | None) -> bool:

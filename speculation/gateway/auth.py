@@ -31,11 +31,15 @@ class Principal:
 
 
 def _lookup(key: str) -> Principal | None:
-    row = Token.objects.select_related("user").filter(key=key).first()
+    # Three small queries: the token with its user and scope, the user's role, the endpoint ids it may call.
+    row = Token.objects.select_related("user", "ace_scope").filter(key=key).first()
     if row is None or not row.user.is_active:
         return None
     visible = visible_endpoints(row.user)
-    scope = GatewayTokenScope.objects.filter(token_id=row.pk).first()
+    try:
+        scope = row.ace_scope
+    except GatewayTokenScope.DoesNotExist:
+        scope = None
     if scope is not None and not scope.all_visible:
         visible = visible.filter(pk__in=scope.endpoints.values("pk"))
     return Principal(user_id=row.user_id, endpoint_ids=frozenset(visible.values_list("pk", flat=True)))
