@@ -172,6 +172,8 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
         endpoint, _ = Endpoint.objects.update_or_create(
             name=DEMO_ENDPOINT, defaults=defaults, create_defaults={**defaults, "owner": admin, "created_by": admin}
         )
+        if endpoint.owner_id is None:  # registered by a run before endpoints had owners
+            Endpoint.objects.filter(pk=endpoint.pk).update(owner=admin)
         start_probe(endpoint)
     if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():
         register_draft(
