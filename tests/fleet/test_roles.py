@@ -263,3 +263,23 @@ def test_the_pages_offer_a_viewer_no_write_controls(alices_endpoint):
     for control in ('id="reprobe"', "Register an endpoint", "Save settings"):
         assert control in operated, control
         assert control not in seen, control
+
+
+def test_lists_show_an_operator_only_the_data_of_endpoints_it_can_see(alices_endpoint):
+    # given a stage record of alice's endpoint, and bob, an operator of another team
+    from speculation.models import StageRecord
+
+    StageRecord.objects.create(endpoint=alices_endpoint, request_id="r1", mode="off", action="skipped")
+    bob = _user("bob", OPERATOR)
+
+    # when bob lists probes, stage records and the fleet summary
+    api = _api(bob)
+    probes = api.get("/api/v1/probes/").json()["results"]
+    records = api.get("/api/v1/stage-records/").json()["results"]
+    summary = api.get("/api/v1/fleet-summary/").json()
+
+    # then nothing of alice's shows; alice herself sees them
+    assert (probes, records, summary) == ([], [], [])
+    assert (
+        len(_api(get_user_model().objects.get(username="alice")).get("/api/v1/stage-records/").json()["results"]) == 1
+    )
