@@ -55,7 +55,7 @@ class Command(BaseCommand):
             "throughput_max_tokens": 16 if quick else 32,
             "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
             "prod_max_tokens": 32 if quick else 64,
-            "coverage_prompts": 2 if quick else 6,  # x 9 request variants (speculation.benchmarking.coverage)
+            "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.benchmarking.coverage)
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
