@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
 K = 5
 TIMING_REPEATS = 30
+LOOP_MAX_N = 32  # longest n-gram (tokens) the looping measure looks for
+LOOP_COVERAGE = 0.5  # an output loops when one n-gram covers more than this share of it
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,41 @@ def step_costs(target: Transformer, draft: Transformer, k: int) -> dict[str, flo
 
     step = timed(target, 1)
     return {"target_step_s": step, "verify_s": timed(target, k + 1), "draft_step_s": timed(draft, 1)}
+
+
+def repeated_ngram_coverage(tokens: Sequence[Hashable], max_n: int = LOOP_MAX_N) -> float:
+    """The largest share of ``tokens`` covered by the occurrences of one n-gram, 1 <= n <= max_n.
+
+    A position is covered by an n-gram g when it lies inside some occurrence of g (occurrences may overlap;
+    each position counts once). A greedy repetition loop of period p makes the p-gram at its start cover the
+    whole loop. Only n-grams that occur at least twice count (with n <= len/2 a single occurrence cannot
+    pass the 0.5 threshold anyway), so a short output that never repeats scores 0.
+    """
+    total = len(tokens)
+    best = 0
+    for n in range(1, min(max_n, total // 2) + 1):
+        starts: dict[tuple, list[int]] = defaultdict(list)
+        for i in range(total - n + 1):
+            starts[tuple(tokens[i : i + n])].append(i)
+        for positions in starts.values():
+            if len(positions) < 2 or len(positions) * n <= best:
+                continue
+            covered, end = 0, 0
+            for i in positions:  # ascending: merge the intervals [i, i + n)
+                covered += i + n - max(i, end)
+                end = i + n
+            best = max(best, covered)
+    return best / total if total else 0.0
+
+
+def looping_share(outputs: list[Sequence[Hashable]]) -> float:
+    return round(sum(map(is_looping, outputs)) / len(outputs), 4) if outputs else 0.0
+
+
+def is_looping(tokens: Sequence[Hashable]) -> bool:
+    """The bench's looping criterion: one repeated n-gram (n <= ``LOOP_MAX_N`` tokens) covers more than
+    half of the output."""
+    return repeated_ngram_coverage(tokens) > LOOP_COVERAGE
 
 
 LOOKAHEADS: dict[Mechanism, DynamicLookahead] = {}  # dynamic K keeps its estimates across requests, as a server
@@ -163,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench questions JSONL")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: best on a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default 32 quick, 128 full)")
+    parser.add_argument(
+        "--demo-version", help="demo pair to benchmark (default: speculation.demo's DEMO_VERSION), e.g. demo-v4"
+    )
     args = parser.parse_args(argv)
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
@@ -172,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
-    pair = ensure_demo_pair()
+    pair = ensure_demo_pair(version=args.demo_version)
     tokenizer = Tokenizer.from_file(str(pair.target_dir / "tokenizer.json"))
     eos = tokenizer.token_to_id("</s>")
     max_new = args.max_new_tokens or (32 if args.quick else 128)
@@ -269,6 +309,7 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         ngram = SpecStats.combine([s for _, _, s in per_mech[Mechanism("ngram", K)]])
         categories[category] = {
             "prompts": len(per_mech[main_key]),
+            "looping_share": looping_share([tokens for _, tokens, _ in per_mech[plain_key]]),
             "alpha": round(spec.alpha, 4),
             "mean_accepted_len": round(spec.mean_accepted_len, 4),
             "speedup_vs_plain": round(spec.tok_s / plain.tok_s, 3),
@@ -309,7 +350,13 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         "bound": top["bound"],
         "efficiency": top["efficiency"],
         "greedy_identical": all(r.get("greedy_identical", True) for r in runs),
+        "looping_share": looping_share(plain_tokens),
+        "looping_definition": (
+            f"share of the target's greedy outputs (plain runs) in which the occurrences of one n-gram, "
+            f"1 <= n <= {LOOP_MAX_N} tokens, cover more than {LOOP_COVERAGE:.0%} of the output's tokens"
+        ),
         "model": {
+            "demo_version": pair.root.name,
             "target_params": info.get("target_params"),
             "draft_params": info.get("draft_params"),
             "alpha_heldout_text": info.get("alpha_heldout_text"),
@@ -329,13 +376,15 @@ def print_table(report: dict) -> None:
             f"{r['speedup_vs_hf']:>7.2f} {r['alpha']:>6.2f} {r['mean_accepted_len']:>6.2f} "
             f"{r.get('greedy_identical', '-')!s:>6}"
         )
+    print(f"demo pair {report['model']['demo_version']}  looping_share {report['looping_share']}")
     print(
         f"c_draft {report['c_draft']}  v_verify {report['v_verify']}  target_step_ms {report['target_step_ms']}  "
         f"bound {report['bound']}  efficiency {report['efficiency']}"
     )
     for name, cat in report["categories"].items():
         print(
-            f"  {name:<15} alpha {cat['alpha']:.2f}  E[N] {cat['mean_accepted_len']:.2f}  "
+            f"  {name:<15} loops {cat['looping_share']:.2f}  alpha {cat['alpha']:.2f}  "
+            f"E[N] {cat['mean_accepted_len']:.2f}  "
             f"speedup {cat['speedup_vs_plain']:.2f}  (n-gram E[N] {cat['ngram_mean_accepted_len']:.2f}, "
             f"speedup {cat['ngram_speedup_vs_plain']:.2f})"
         )

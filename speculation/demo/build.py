@@ -1,4 +1,7 @@
-"""Build (once) and locate the demo target/draft pair under ``$ACE_HOME/models/demo-v1``.
+"""Build (once) and locate the demo target/draft pair under ``$ACE_HOME/models/<version>``.
+
+``DEMO_VERSION`` names the pair the product uses; every version's recipe stays in ``RECIPES`` so a fresh
+machine builds exactly what the name promises, and switching versions is that one line.
 
 The build writes into a temporary directory and renames it into place, so a crashed build is never used;
 a lock file keeps two processes from building at the same time.
@@ -37,15 +40,51 @@ from speculation.demo.train import (
 
 logger = logging.getLogger(__name__)
 
-DEMO_NAME = "demo-v3"  # v1, v2: earlier recipes (v2: draft distilled on code only)
 SEED = 20261129
 VOCAB_SIZE = 2048
-TOKENIZER_BYTES = 1_500_000
-TRAIN_BYTES = 3_000_000
-HELD_OUT_BYTES = 400_000
-PROSE_BYTES = 600_000
 BUILD_INFO = "build_info.json"
 BUILD_THREADS = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one demo version is trained on and how long; ``english``: prose mixed into tokenizer, target and
+    distillation (``Corpus.english_text``) instead of the code's comment lines only."""
+
+    plan: TrainPlan
+    tokenizer_bytes: int = 1_500_000
+    train_bytes: int = 3_000_000
+    held_out_bytes: int = 400_000
+    prose_bytes: int = 600_000
+    english: bool = False
+
+
+RECIPES = {
+    # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
+    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
+    "demo-v3": Recipe(plan=TrainPlan()),
+    # v4: longer windows, many more target steps on code and English, unlikelihood against copying loops
+    "demo-v4": Recipe(
+        plan=TrainPlan(
+            seq_len=256,
+            target_batch=8,
+            target_steps=100,
+            target_lr=2e-3,
+            draft_batch=8,
+            draft_steps=200,
+            teacher_real=16,
+            gen_prompts=32,
+            gen_prompt_len=32,
+            gen_new_tokens=96,
+            prose_share=0.5,
+            unlikelihood=0.5,
+        ),
+        prose_bytes=2_000_000,
+        english=True,
+    ),
+}
+DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
+DEMO_NAME = DEMO_VERSION
 
 
 @dataclass(frozen=True)
@@ -63,23 +102,27 @@ def ace_home() -> Path:
     return Path(os.environ.get("ACE_HOME") or Path.home() / ".cache" / "ace")
 
 
-def ensure_demo_pair(*, models_dir: Path | None = None) -> DemoPair:
-    """Return the demo pair, building it first (a few minutes on 2 CPU cores) if it is not cached."""
+def ensure_demo_pair(*, models_dir: Path | None = None, version: str | None = None) -> DemoPair:
+    """Return the demo pair (``DEMO_VERSION`` unless ``version`` names another), building it first (a few
+    minutes on 2 CPU cores) if it is not cached."""
+    name = version or DEMO_VERSION
+    if name not in RECIPES:
+        raise ValueError(f"unknown demo pair version {name!r} (known: {', '.join(RECIPES)})")
     models_dir = models_dir or ace_home() / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    final = models_dir / DEMO_NAME
+    final = models_dir / name
     pair = DemoPair(root=final, target_dir=final / "target", draft_dir=final / "draft")
     if final.is_dir():
         return pair
-    with _locked(models_dir / f"{DEMO_NAME}.lock"):
+    with _locked(models_dir / f"{name}.lock"):
         if final.is_dir():  # another process built it while we waited
             return pair
-        for stale in models_dir.glob(f".{DEMO_NAME}.tmp-*"):
+        for stale in models_dir.glob(f".{name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = models_dir / f".{DEMO_NAME}.tmp-{os.getpid()}"
+        tmp = models_dir / f".{name}.tmp-{os.getpid()}"
         tmp.mkdir()
         try:
-            build_demo_pair(tmp)
+            build_demo_pair(tmp, name=name)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -97,26 +140,38 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_demo_pair(out: Path, plan: TrainPlan | None = None) -> dict:
+def build_demo_pair(out: Path, name: str | None = None, recipe: Recipe | None = None) -> dict:
     """Train and save the pair into ``out``; one torch thread, so the weights do not depend on the core count
     (and a shared machine's other jobs do not stall the thread barrier)."""
+    name = name or DEMO_VERSION
     threads = torch.get_num_threads()
     torch.set_num_threads(BUILD_THREADS)
     try:
-        return _build(out, plan or TrainPlan())
+        return _build(out, name, recipe or RECIPES[name])
     finally:
         torch.set_num_threads(threads)
 
 
-def _build(out: Path, plan: TrainPlan) -> dict:
+def _encode(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _build(out: Path, name: str, recipe: Recipe) -> dict:
     started = time.perf_counter()
+    plan = recipe.plan
     torch.manual_seed(SEED)
     corpus = stdlib_corpus()
-    train_text = corpus.train_text(max(TOKENIZER_BYTES, TRAIN_BYTES))
-    tokenizer = train_tokenizer(train_text[:TOKENIZER_BYTES], vocab_size=VOCAB_SIZE)
-    ids = torch.tensor(tokenizer.encode(train_text[:TRAIN_BYTES], add_special_tokens=False).ids)
-    prose_ids = torch.tensor(tokenizer.encode(corpus.prose_text(PROSE_BYTES), add_special_tokens=False).ids)
-    held_ids = torch.tensor(tokenizer.encode(corpus.held_out_text(HELD_OUT_BYTES), add_special_tokens=False).ids)
+    train_text = corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes))
+    if recipe.english:  # English: the tokenizer sees half code, half prose; the target trains on both
+        prose = corpus.english_text(recipe.prose_bytes)
+        half = recipe.tokenizer_bytes // 2
+        tokenizer = train_tokenizer(train_text[:half] + prose[:half], vocab_size=VOCAB_SIZE)
+    else:
+        prose = corpus.prose_text(recipe.prose_bytes)
+        tokenizer = train_tokenizer(train_text[: recipe.tokenizer_bytes], vocab_size=VOCAB_SIZE)
+    ids = _encode(tokenizer, train_text[: recipe.train_bytes])
+    prose_ids = _encode(tokenizer, prose)
+    held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
     logger.info(
         "tokenizer: %d tokens of training text, %d held out (%.0fs)",
         ids.numel(),
@@ -132,16 +187,19 @@ def _build(out: Path, plan: TrainPlan) -> dict:
 
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(TARGET_SHAPE, vocab_size=vocab, **special))
-    bigram_init(target, ids)
-    target_loss = train_target(target, ids, plan, seed=SEED + 2)
+    bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
+    target_loss = train_target(target, ids, plan, seed=SEED + 2, prose_ids=prose_ids if recipe.english else None)
     torch.manual_seed(SEED + 3)
     draft = LlamaForCausalLM(llama_config(DRAFT_SHAPE, vocab_size=vocab, **special))
-    bigram_init(draft, ids)
+    bigram_init(draft, torch.cat([ids, prose_ids]) if recipe.english else ids)
     draft_kl = distill_draft(draft, target, ids, plan, seed=SEED + 4, prose_ids=prose_ids)
 
     info = _evaluate(target, draft, held_ids, plan, seed=SEED + 5)
+    if recipe.english:
+        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
+        info.update(_evaluate(target, draft, held_prose, plan, seed=SEED + 6, suffix="_prose"))
     info.update(
-        name=DEMO_NAME,
+        name=name,
         seed=SEED,
         vocab_size=vocab,
         target_final_loss=round(target_loss, 4),
@@ -166,7 +224,12 @@ def _build(out: Path, plan: TrainPlan) -> dict:
 
 
 def _evaluate(
-    target: LlamaForCausalLM, draft: LlamaForCausalLM, held_ids: torch.Tensor, plan: TrainPlan, seed: int
+    target: LlamaForCausalLM,
+    draft: LlamaForCausalLM,
+    held_ids: torch.Tensor,
+    plan: TrainPlan,
+    seed: int,
+    suffix: str = "",
 ) -> dict:
     """Greedy acceptance (alpha) of the draft on held-out text: teacher forced, and on the target's own output."""
     generator = torch.Generator().manual_seed(seed)
@@ -175,6 +238,8 @@ def _evaluate(
     prompts = real[:, : plan.gen_prompt_len]
     generated = greedy_continuations(target, prompts, plan.gen_new_tokens)
     return {
-        "alpha_heldout_text": round(greedy_agreement(draft, target, real, start=1), 4),
-        "alpha_heldout_generated": round(greedy_agreement(draft, target, generated, start=plan.gen_prompt_len), 4),
+        f"alpha_heldout_text{suffix}": round(greedy_agreement(draft, target, real, start=1), 4),
+        f"alpha_heldout_generated{suffix}": round(
+            greedy_agreement(draft, target, generated, start=plan.gen_prompt_len), 4
+        ),
     }

@@ -45,6 +45,8 @@ class TrainPlan:
     gen_prompts: int = 32
     gen_prompt_len: int = 16
     gen_new_tokens: int = 112
+    prose_share: float = 0.0  # share of target training windows drawn from English prose (demo-v4 on)
+    unlikelihood: float = 0.0  # weight of token-level unlikelihood on tokens already in the window (v4 on)
 
 
 def llama_config(shape: ModelShape, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
@@ -98,7 +100,35 @@ def bigram_init(model: LlamaForCausalLM, ids: torch.Tensor, *, residual_scale: f
         layer.mlp.down_proj.weight.mul_(residual_scale)
 
 
-def train_target(model: LlamaForCausalLM, ids: torch.Tensor, plan: TrainPlan, seed: int) -> float:
+def _mixed_windows(
+    ids: torch.Tensor, prose_ids: torch.Tensor, plan: TrainPlan, generator: torch.Generator
+) -> torch.Tensor:
+    """A batch whose rows come from the code or the prose stream, each with probability ``prose_share``."""
+    prose_rows = int((torch.rand(plan.target_batch, generator=generator) < plan.prose_share).sum())
+    code = _random_windows(ids, plan.target_batch - prose_rows, plan.seq_len, generator)
+    prose = _random_windows(prose_ids, prose_rows, plan.seq_len, generator)
+    return torch.cat([code, prose])
+
+
+def unlikelihood_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    """Token-level unlikelihood (Welleck et al. 2019, arXiv 1908.04319): -log(1 - p(c)) summed over the
+    tokens c already in the window that are not the next token, averaged over positions. It lowers the
+    probability of copying the context again, the mechanism of greedy repetition loops."""
+    logits, labels = logits[:, :-1], batch[:, 1:]  # position t predicts batch[t + 1]
+    seen = F.one_hot(batch[:, :-1], logits.shape[-1]).cumsum(1).clamp_(max=1).bool()  # [B, S-1, V]
+    seen.scatter_(2, labels.unsqueeze(-1), False)
+    probs = F.softmax(logits.float(), dim=-1)
+    penalty = -torch.log1p(-probs.clamp(max=1 - 1e-5)) * seen
+    return penalty.sum(-1).mean()
+
+
+def train_target(
+    model: LlamaForCausalLM,
+    ids: torch.Tensor,
+    plan: TrainPlan,
+    seed: int,
+    prose_ids: torch.Tensor | None = None,
+) -> float:
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=plan.target_lr, weight_decay=0.01, betas=(0.9, 0.95))
     model.train()
@@ -107,13 +137,19 @@ def train_target(model: LlamaForCausalLM, ids: torch.Tensor, plan: TrainPlan, se
     for step in range(plan.target_steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, plan.target_steps, plan.target_lr)
-        batch = _random_windows(ids, plan.target_batch, plan.seq_len, generator)
-        loss = model(input_ids=batch, labels=batch).loss
+        if prose_ids is None:
+            batch = _random_windows(ids, plan.target_batch, plan.seq_len, generator)
+        else:
+            batch = _mixed_windows(ids, prose_ids, plan, generator)
+        out = model(input_ids=batch, labels=batch)
+        loss = out.loss
+        if plan.unlikelihood:
+            loss = loss + plan.unlikelihood * unlikelihood_loss(out.logits, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        loss_value = loss.item()
+        loss_value = out.loss.item()  # cross-entropy alone, comparable across recipes
         if step % 20 == 0 or step == plan.target_steps - 1:
             logger.info(
                 "target step %d/%d loss %.3f (%.0fs)",

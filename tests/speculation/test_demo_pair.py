@@ -82,23 +82,51 @@ def _check_greedy_identity(pair) -> None:
         assert spec.stats.target_passes < plain.stats.target_passes
 
 
-def test_a_cached_pair_is_returned_without_building(tmp_path, monkeypatch):
-    (tmp_path / demo_build.DEMO_NAME).mkdir()
-    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out: pytest.fail("must not rebuild"))
-    assert ensure_demo_pair(models_dir=tmp_path).root == tmp_path / demo_build.DEMO_NAME
+@pytest.mark.parametrize("version", sorted(demo_build.RECIPES))
+def test_a_cached_pair_is_returned_without_building(tmp_path, monkeypatch, version):
+    (tmp_path / version).mkdir()
+    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out, name=None: pytest.fail("must not rebuild"))
+    assert ensure_demo_pair(models_dir=tmp_path, version=version).root == tmp_path / version
 
 
-def test_a_crashed_build_leaves_nothing_that_could_be_used(tmp_path, monkeypatch):
-    (tmp_path / f".{demo_build.DEMO_NAME}.tmp-1").mkdir()  # debris of an earlier crash
+def test_the_default_pair_is_the_demo_version(tmp_path, monkeypatch):
+    (tmp_path / demo_build.DEMO_VERSION).mkdir()
+    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out, name=None: pytest.fail("must not rebuild"))
+    assert ensure_demo_pair(models_dir=tmp_path).root.name == demo_build.DEMO_VERSION
+    assert demo_build.DEMO_VERSION in demo_build.RECIPES
 
-    def crash(out):
+
+@pytest.mark.parametrize("version", sorted(demo_build.RECIPES))
+def test_a_crashed_build_leaves_nothing_that_could_be_used(tmp_path, monkeypatch, version):
+    (tmp_path / f".{version}.tmp-1").mkdir()  # debris of an earlier crash
+    built = []
+
+    def crash(out, name=None):
+        built.append(name)
         (out / "target").mkdir()
         raise RuntimeError("killed mid-build")
 
     monkeypatch.setattr(demo_build, "build_demo_pair", crash)
     with pytest.raises(RuntimeError, match="mid-build"):
-        ensure_demo_pair(models_dir=tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{demo_build.DEMO_NAME}.lock"]
+        ensure_demo_pair(models_dir=tmp_path, version=version)
+    assert built == [version]  # the recipe of the version asked for
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{version}.lock"]
+
+
+def test_an_unknown_version_is_refused_before_anything_is_built(tmp_path):
+    with pytest.raises(ValueError, match="demo-v0"):
+        ensure_demo_pair(models_dir=tmp_path, version="demo-v0")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_english_text_is_fixed_prose_apart_from_the_held_out_files():
+    corpus = stdlib_corpus()
+    first, second = corpus.english_text(300_000), corpus.english_text(300_000)
+    assert first == second
+    assert 250_000 <= len(first.encode("utf-8")) and len(first) <= 300_000
+    assert "def " not in first[:2000]  # docstrings, not code
+    held = corpus.english_text(50_000, held_out=True)
+    assert held and held[:500] not in first
 
 
 def test_the_corpus_split_is_fixed_and_disjoint():
