@@ -23,3 +23,9 @@ def error_response(
     response = HttpResponse(json.dumps(payload), status=status, content_type="application/json")
     response[REQUEST_ID_HEADER] = request_id
     return response
+
+
+def error_event(message: str, *, code: str, kind: str = "upstream_error") -> bytes:
+    """The same error as one server-sent event, for a stream that cannot be finished (the openai client raises it)."""
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -16,7 +16,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from fleet import netpolicy
 from speculation.gateway import upstream
 from speculation.gateway.call import Call
-from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
+from speculation.gateway.errors import REQUEST_ID_HEADER, error_event, error_response
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,8 @@ async def _relay(response: httpx.Response, observer: Observer | None) -> AsyncIt
     except httpx.HTTPError as exc:
         error = f"endpoint stream broke: {type(exc).__name__}"
         logger.warning("stream from upstream broke: %s", exc)
+        # Without it the client would see a stream that just stops (no [DONE]) and could take it as complete.
+        yield error_event(f"the endpoint's stream broke off: {type(exc).__name__}", code="upstream_stream_broken")
     finally:
         # The observer first: when the client disconnects the task is cancelled, and an await here may not
         # come back; observers only spawn their writes.

@@ -191,7 +191,9 @@ class Command(BaseCommand):
         time.sleep(down_s)
         mark("worker_restart")
         stack.adopt(
-            "worker", processes.start_celery_worker(env=stack.env, log_dir=stack.log_dir, queues="control,gpu.cpu")
+            # A log of its own: readiness is read from the log, and the killed worker's says "ready" already.
+            "worker",
+            processes.start_celery_worker(env=stack.env, log_dir=stack.log_dir / "restarted", queues="control,gpu.cpu"),
         )
         mark("worker_up")
         time.sleep(settle_s)
