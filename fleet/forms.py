@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 
-from fleet import selectors
+from fleet import permissions, selectors
 from fleet.models import Endpoint, ServerKind
 
 
@@ -37,9 +38,20 @@ class EndpointForm(forms.Form):
         help_text="Optional. Stored encrypted and never shown again.",
     )
 
-    def __init__(self, *args, endpoint: Endpoint | None = None, **kwargs) -> None:
+    def __init__(self, *args, endpoint: Endpoint | None = None, user=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.endpoint = endpoint
+        teams = permissions.teams_for(user)
+        if endpoint is not None and endpoint.team_id is not None:
+            teams = (teams | Group.objects.filter(pk=endpoint.team_id)).distinct()
+        if teams.exists():  # offered only to users with a team to give
+            self.fields["team"] = forms.ModelChoiceField(
+                queryset=teams,
+                required=False,
+                empty_label="— no team (only you and admins) —",
+                initial=endpoint.team_id if endpoint is not None else None,
+                help_text="Members of this team may operate the endpoint too.",
+            )
         self.fields["node_class"].initial = settings.DEFAULT_NODE_CLASS
         if endpoint is not None and endpoint.has_api_key:
             masked = selectors.masked_api_key(endpoint=endpoint)

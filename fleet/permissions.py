@@ -178,6 +178,16 @@ def require_write(user: AbstractBaseUser | None, what: str = "make changes") -> 
         raise PermissionDenied(f"Your role (viewer) may not {what}: ask an admin for the operator role.")
 
 
+def teams_for(user: AbstractBaseUser | None) -> QuerySet:
+    """The teams the user may give an endpoint: its own (admins: every team); never a role group."""
+    from django.contrib.auth.models import Group
+
+    if role_of(user) is None:
+        return Group.objects.none()
+    teams = Group.objects.all() if is_admin(user) else user.groups.all()
+    return teams.exclude(name__in=ROLES).order_by("name")
+
+
 def check_team(user: AbstractBaseUser | None, team: Group | None) -> None:
     """A team may be given to an endpoint by an admin, or by a member of that team; never a role group."""
     from django.core.exceptions import ValidationError

@@ -58,9 +58,10 @@ def endpoint_rows(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def endpoint_create(request: HttpRequest) -> HttpResponse:
     permissions.require_write(request.user, "register endpoints")
-    form = EndpointForm(request.POST or None)
+    form = EndpointForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
+            permissions.check_team(request.user, form.cleaned_data.get("team"))
             endpoint = services.create_endpoint(**form.cleaned_data, created_by=request.user)
         except ValidationError as exc:
             form.apply_service_errors(exc)
@@ -115,11 +116,13 @@ def endpoint_status(request: HttpRequest, pk: int) -> HttpResponse:
 def endpoint_edit(request: HttpRequest, pk: int) -> HttpResponse:
     endpoint = permissions.endpoint_for(request.user, pk, operate=True)
     initial = {f: getattr(endpoint, f) for f in ("name", "base_url", "kind", "node_class")}
-    form = EndpointForm(request.POST or None, initial=initial, endpoint=endpoint)
+    form = EndpointForm(request.POST or None, initial=initial, endpoint=endpoint, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["api_key"] = data.get("api_key") or None  # blank keeps the stored key (unless the URL changes)
         try:
+            if "team" in data and data["team"] != endpoint.team:
+                permissions.check_team(request.user, data["team"])
             services.update_endpoint(endpoint=endpoint, **data)
         except ValidationError as exc:
             endpoint.refresh_from_db()

@@ -283,3 +283,22 @@ def test_lists_show_an_operator_only_the_data_of_endpoints_it_can_see(alices_end
     assert (
         len(_api(get_user_model().objects.get(username="alice")).get("/api/v1/stage-records/").json()["results"]) == 1
     )
+
+
+def test_the_register_page_gives_an_endpoint_to_one_of_the_users_teams_only():
+    # given an operator in team ml, and a team it is not in
+    carol = _user("carol", OPERATOR, teams=("ml",))
+    research = Group.objects.create(name="research")
+    browser = _browser(carol)
+    form = {"name": "llama", "base_url": "http://127.0.0.1:8000", "kind": "vllm", "node_class": "cpu"}
+
+    # when it tries the foreign team, then its own
+    foreign = browser.post("/fleet/new/", {**form, "team": research.pk})
+    own = browser.post("/fleet/new/", {**form, "team": Group.objects.get(name="ml").pk})
+
+    # then the foreign team is not a choice, and its own is saved
+    assert foreign.status_code == 200
+    assert "Select a valid choice" in foreign.content.decode()
+    assert own.status_code == 302
+    endpoint = Endpoint.objects.get(name="llama")
+    assert (endpoint.owner, endpoint.team.name) == (carol, "ml")
