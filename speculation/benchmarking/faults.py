@@ -27,6 +27,7 @@ from speculation.gateway.errors import REQUEST_ID_HEADER
 
 OUTCOMES = ("correct", "wrong_text", "clear_error", "truncated", "unclear_error", "hang", "unreachable")
 BAD = ("wrong_text", "truncated", "unclear_error", "hang", "unreachable")
+EXAMPLES_PER_KIND = 5
 
 
 @dataclass
@@ -210,7 +211,7 @@ def summarize(
             slowest_error = max(slowest_error, outcome.elapsed_s)
         if outcome.kind in ("correct", "wrong_text") and outcome.request_id not in records:
             lost.append(outcome.request_id)
-        if outcome.kind in BAD and len(wrong) < 20:
+        if outcome.kind in BAD and sum(1 for w in wrong if w["kind"] == outcome.kind) < EXAMPLES_PER_KIND:
             wrong.append(asdict(outcome))
     record_actions = Counter(r["action"] for r in records.values())
     reasons = Counter(

@@ -50,6 +50,7 @@ class BenchStack:
     model: str = "ace-demo-target"
     endpoints: dict[str, dict] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every ACE process's environment
+    worker_concurrency: int = 1  # worker processes (prod slots) on gpu.cpu
     procs: dict[str, processes.ManagedProcess] = field(default_factory=dict)  # redis, vllm, worker, ace
     _stack: ExitStack = field(default_factory=ExitStack)
 
@@ -112,7 +113,9 @@ class BenchStack:
         setup = json.loads(out.split("SETUP", 1)[1])
         self.token = setup["token"]
         self.endpoints = setup["endpoints"]
-        worker = processes.start_celery_worker(env=self.env, log_dir=self.log_dir, queues="control,gpu.cpu")
+        worker = processes.start_celery_worker(
+            env=self.env, log_dir=self.log_dir, queues="control,gpu.cpu", concurrency=self.worker_concurrency
+        )
         self._stack.callback(worker.stop)
         ace = processes.start_asgi(name="ace-bench", log_dir=self.log_dir, env=self.env)
         self._stack.callback(ace.stop)

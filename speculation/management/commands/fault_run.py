@@ -57,10 +57,11 @@ class Command(BaseCommand):
         parser.add_argument("--lanes", type=int, default=32, help="concurrent streams (default 32)")
         parser.add_argument("--path", choices=("local", "remote"), default="local", help="prod verification path")
         parser.add_argument("--max-tokens", type=int, default=32)
+        parser.add_argument("--worker-concurrency", type=int, default=4, help="worker processes = prod slots")
         parser.add_argument("--step-timeout", type=float, default=15.0, help="ACE_PROD_STEP_TIMEOUT for the run")
         parser.add_argument("--down-s", type=float, default=10.0, help="how long each component stays down")
         parser.add_argument(
-            "--settle-s", type=float, default=20.0, help="steady load before the first and after each fault"
+            "--settle-s", type=float, default=30.0, help="steady load before the first and after each fault"
         )
 
     def handle(self, *args, json_path: str | None, lanes: int, path: str, **opts) -> None:
@@ -73,6 +74,7 @@ class Command(BaseCommand):
             target_dir=pair.target_dir,
             draft_dir=pair.draft_dir,
             extra_env={"ACE_PROD_STEP_TIMEOUT": str(step), "ACE_PROD_START_TIMEOUT": "5"},
+            worker_concurrency=opts["worker_concurrency"],
         )
         self.stderr.write(f"starting redis, vLLM, worker, ACE (logs {stack.log_dir})")
         stack.start()
@@ -81,10 +83,12 @@ class Command(BaseCommand):
         finally:
             stack.stop()
         report["meta"] = {
-            "command": f"manage.py fault_run --lanes {lanes} --path {path}",
+            "command": "manage.py fault_run "
+            + f"--lanes {lanes} --path {path} --worker-concurrency {opts['worker_concurrency']}",
             "lanes": lanes,
             "path": path,
             "max_tokens": opts["max_tokens"],
+            "worker_concurrency": opts["worker_concurrency"],
             "prod_step_timeout_s": step,
             "prod_start_timeout_s": 5.0,
             "machine": f"{platform.machine()} {os.cpu_count()} CPUs {platform.processor() or ''}".strip(),
@@ -193,7 +197,12 @@ class Command(BaseCommand):
         stack.adopt(
             # A log of its own: readiness is read from the log, and the killed worker's says "ready" already.
             "worker",
-            processes.start_celery_worker(env=stack.env, log_dir=stack.log_dir / "restarted", queues="control,gpu.cpu"),
+            processes.start_celery_worker(
+                env=stack.env,
+                log_dir=stack.log_dir / "restarted",
+                queues="control,gpu.cpu",
+                concurrency=stack.worker_concurrency,
+            ),
         )
         mark("worker_up")
         time.sleep(settle_s)
