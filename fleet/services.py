@@ -203,6 +203,10 @@ def update_endpoint(
         checks["api_key"] = (_validate_api_key, api_key, {})
     cleaned = _collect(checks)
     moved = "base_url" in cleaned and cleaned["base_url"] != endpoint.base_url
+    if hasattr(endpoint, "managed"):  # fleet.managed: ACE runs the server and sets its URL itself
+        fixed = [f for f in ("base_url", "kind") if f in cleaned and cleaned[f] != getattr(endpoint, f)]
+        if fixed:
+            raise ValidationError({f: ["set by ACE on a managed endpoint (it runs the server)"] for f in fixed})
     if moved and endpoint.has_api_key and not clear_api_key and "api_key" not in cleaned:
         raise ValidationError(
             {

@@ -68,12 +68,22 @@ def stats_from_deltas(before: dict[str, float], after: dict[str, float]) -> dict
     }
 
 
+def _per_position_from_histogram(histogram: list) -> list[int]:
+    """vLLM's acceptance_histogram[j] counts verify steps that accepted exactly j drafts: position i was
+    accepted by every step that accepted more than i."""
+    return [int(sum(histogram[i + 1 :])) for i in range(max(0, len(histogram) - 1))]
+
+
 def stats_from_request_metrics(spec: dict) -> dict:
-    """Acceptance of one request from its own `metrics.speculative_decoding`."""
-    drafts = spec.get("num_drafts") or 0
+    """Acceptance of one request from its own `metrics.speculative_decoding` (vLLM 0.32, served with
+    `--per-request-spec-decode-metrics summary`: num_spec_steps, num_draft_tokens, num_accepted_draft_tokens,
+    acceptance_histogram; the older counter names are read too)."""
+    drafts = spec.get("num_spec_steps") or spec.get("num_drafts") or 0
     drafted = spec.get("num_draft_tokens") or 0
-    accepted = spec.get("num_accepted_tokens") or 0
-    per_pos = spec.get("num_accepted_tokens_per_pos") or []
+    accepted = spec.get("num_accepted_draft_tokens") or spec.get("num_accepted_tokens") or 0
+    histogram = spec.get("acceptance_histogram")
+    per_pos = _per_position_from_histogram(histogram) if isinstance(histogram, list) else None
+    per_pos = per_pos if per_pos is not None else (spec.get("num_accepted_tokens_per_pos") or [])
     return {
         "target_passes": drafts,
         "drafted_tokens": drafted,
@@ -81,4 +91,5 @@ def stats_from_request_metrics(spec: dict) -> dict:
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_len": 1.0 + accepted / drafts if drafts else None,
         "per_position_acceptance": [n / drafts for n in per_pos] if drafts else [],
+        "k": spec.get("num_spec_tokens") or len(per_pos) or None,
     }

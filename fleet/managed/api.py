@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import Group
 from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -25,13 +26,17 @@ from fleet.managed.models import ManagedKind
 
 class ManagedEndpointInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=64)
-    model_dir = serializers.CharField(max_length=1000, help_text="The model directory on the node (under the model roots).")
-    served_name = serializers.CharField(max_length=255, required=False, allow_blank=True,
-                                        help_text="The model id clients send; defaults to the name.")
+    model_dir = serializers.CharField(
+        max_length=1000, help_text="The model directory on the node (under the model roots)."
+    )
+    served_name = serializers.CharField(
+        max_length=255, required=False, allow_blank=True, help_text="The model id clients send; defaults to the name."
+    )
     kind = serializers.ChoiceField(choices=ManagedKind.choices, default=ManagedKind.VLLM)
     node_class = serializers.CharField(max_length=64, required=False)
     server_args = serializers.JSONField(
-        required=False, default=dict,
+        required=False,
+        default=dict,
         help_text="dtype, max_model_len, tensor_parallel_size, gpu_memory_utilization, enforce_eager; nothing else.",
     )
     team = serializers.SlugRelatedField(
@@ -40,8 +45,11 @@ class ManagedEndpointInputSerializer(RejectUnknownFieldsMixin, serializers.Seria
 
 
 class ManagedEndpointCreateView(APIView):
-    @extend_schema(summary="Register a managed endpoint (ACE's worker runs its server)",
-                   request=ManagedEndpointInputSerializer, responses={201: EndpointSerializer})
+    @extend_schema(
+        summary="Register a managed endpoint (ACE's worker runs its server)",
+        request=ManagedEndpointInputSerializer,
+        responses={201: EndpointSerializer},
+    )
     def post(self, request: Request) -> Response:
         serializer = ManagedEndpointInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -54,7 +62,9 @@ class ManagedEndpointCreateView(APIView):
 
 
 class ManagedStateView(APIView):
-    @extend_schema(summary="A managed endpoint's server instances, restarts and switches")
+    @extend_schema(
+        summary="A managed endpoint's server instances, restarts and switches", responses=OpenApiTypes.OBJECT
+    )
     def get(self, request: Request, pk: int) -> Response:
         endpoint = permissions.endpoint_for(request.user, pk)
         managed = selectors.managed_for(endpoint)

@@ -15,9 +15,14 @@ from fleet.managed.models import ManagedKind
 class ManagedEndpointForm(forms.Form):
     name = forms.CharField(max_length=64, help_text="A short id: lowercase letters, digits, '-' or '_'.")
     kind = forms.ChoiceField(label="Server kind", choices=ManagedKind.choices, initial=ManagedKind.VLLM)
-    model_dir = forms.CharField(label="Model directory", max_length=1000,
-                                help_text="The model's directory on the node, under the model roots (ACE_MODEL_ROOTS).")
-    served_name = forms.CharField(max_length=255, required=False, help_text="The model id clients send (default: the name).")
+    model_dir = forms.CharField(
+        label="Model directory",
+        max_length=1000,
+        help_text="The model's directory on the node, under the model roots (ACE_MODEL_ROOTS).",
+    )
+    served_name = forms.CharField(
+        max_length=255, required=False, help_text="The model id clients send (default: the name)."
+    )
     node_class = forms.CharField(max_length=64, help_text="The node class whose worker runs the server.")
     dtype = forms.ChoiceField(choices=[(d, d) for d in DTYPES], initial="auto")
     max_model_len = forms.IntegerField(label="Max model length", required=False, min_value=16)

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 # Where a managed endpoint points until its first instance serves: port 0 never answers.
 NOT_STARTED_URL = "http://127.0.0.1:0"
+VLLM_PER_REQUEST_METRICS = ("--per-request-spec-decode-metrics", "summary")
 SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")
 
 
@@ -136,8 +137,11 @@ def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
     if policy.mechanism == Mechanism.NGRAM:
         return {"draft_kind": "ngram", "draft_path": "", "k": int(policy.k)}
     draft = policy.draft
-    return {"draft_kind": draft.kind if draft else policy.mechanism, "draft_path": draft.path if draft else "",
-            "k": int(policy.k)}
+    return {
+        "draft_kind": draft.kind if draft else policy.mechanism,
+        "draft_path": draft.path if draft else "",
+        "k": int(policy.k),
+    }
 
 
 def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
@@ -146,18 +150,29 @@ def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
         return []
     from speculation.native_flags import native_flags
 
-    return native_flags(
+    args = native_flags(
         server_kind=server_kind,
         draft_kind=speculation["draft_kind"],
         draft_path=speculation["draft_path"],
         k=speculation["k"],
     ).args
+    if server_kind == "vllm":
+        # Acceptance per request in the response (metrics.speculative_decoding), never shared counter deltas.
+        args = [*args, *VLLM_PER_REQUEST_METRICS]
+    return args
 
 
 def needs_switch(*, endpoint: Endpoint, policy: SpeculationPolicy) -> bool:
-    """True when the endpoint is managed and this (unsaved) policy asks the server to run differently."""
+    """True when the endpoint is managed and this (unsaved) policy asks the server to run differently, or a
+    switch is under way (then any change waits: request_switch refuses it, so a switch never undoes it)."""
     managed = managed_of(endpoint)
-    return managed is not None and speculation_of(policy) != (managed.serving_speculation or {})
+    if managed is None:
+        return False
+    return speculation_of(policy) != (managed.serving_speculation or {}) or _switch_running(managed)
+
+
+def _switch_running(managed: ManagedServer) -> bool:
+    return Switch.objects.filter(managed=managed, status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists()
 
 
 def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed: ManagedServer) -> None:
@@ -181,7 +196,7 @@ def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed:
         spec_args(server_kind=managed.server_kind, speculation=speculation_of(policy))
     except NativeFlagsError as exc:
         errors["draft"] = [str(exc)]
-    if Switch.objects.filter(managed=managed, status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists():
+    if _switch_running(managed):
         errors["mode"] = ["a switch of this managed endpoint is in progress: wait until it is done or failed"]
     if errors:
         raise ValidationError(errors)

@@ -65,6 +65,15 @@ LEASE_S = 15
 IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
+def last_error(tail: str) -> str:
+    """The server's last error line in its log tail ("" when none), to say why it did not start."""
+    for line in reversed(tail.splitlines()):
+        text = line.strip()
+        if "Error" in text or "error:" in text.lower():
+            return text[-300:]
+    return ""
+
+
 def backoff_s(failures: int) -> float:
     """1, 2, 4, ... seconds after each consecutive failure, at most BACKOFF_MAX_S."""
     return min(BACKOFF_MAX_S, 2.0 ** max(0, failures - 1))
@@ -189,7 +198,10 @@ class Supervisor:
         log_path = self.log_dir / f"{managed.endpoint.name}-{instance.pk}-{port}.log"
         try:
             proc = processes.spawn(
-                f"managed-{managed.endpoint.name}", argv, log_path=log_path, env=server_args.server_env(managed.server_kind)
+                f"managed-{managed.endpoint.name}",
+                argv,
+                log_path=log_path,
+                env=server_args.server_env(managed.server_kind),
             )
         except OSError as exc:
             self._close(instance, InstanceState.FAILED, f"could not start: {exc}")
@@ -198,8 +210,12 @@ class Supervisor:
         self.children[instance.pk] = proc
         ServerInstance.objects.filter(pk=instance.pk).update(pid=proc.pid, log_path=str(log_path))
         what = f"speculation {speculation}" if speculation else "no speculation"
-        record_event(managed, EventKind.STARTED, f"{role} instance on port {port} with {what} (pid {proc.pid})",
-                     instance=instance)
+        record_event(
+            managed,
+            EventKind.STARTED,
+            f"{role} instance on port {port} with {what} (pid {proc.pid})",
+            instance=instance,
+        )
         return instance
 
     def _ready(self, instance: ServerInstance) -> bool:
@@ -247,10 +263,18 @@ class Supervisor:
         if instance.role == InstanceRole.STANDBY:
             switch = Switch.objects.filter(instance=instance, status=SwitchStatus.STARTING).first()
             if switch is not None:
-                switching.fail_switch(switch=switch, reason=f"the new instance {why}", log_tail=tail, instance=instance)
+                error = last_error(tail)
+                reason = f"the new instance {why}" + (f": {error}" if error else "")
+                switching.fail_switch(switch=switch, reason=reason, log_tail=tail, instance=instance)
             return
-        record_event(managed, EventKind.EXITED, f"instance {instance.pk} on port {instance.port} {why}",
-                     exit_code=code, log_tail=tail, instance=instance)
+        record_event(
+            managed,
+            EventKind.EXITED,
+            f"instance {instance.pk} on port {instance.port} {why}",
+            exit_code=code,
+            log_tail=tail,
+            instance=instance,
+        )
         self._failed(managed, f"managed server {why}", tail)
 
     def _failed(self, managed: ManagedServer, why: str, tail: str) -> None:
@@ -278,8 +302,12 @@ class Supervisor:
                 switching.fail_switch(switch=switch, reason="the new instance could not be started")
                 return
             Switch.objects.filter(pk=switch.pk).update(status=SwitchStatus.STARTING, instance=instance)
-            record_event(managed, EventKind.SWITCH_STARTED, f"switch {switch.pk}: instance {instance.pk} starting "
-                         f"beside instance {active.pk}", instance=instance)
+            record_event(
+                managed,
+                EventKind.SWITCH_STARTED,
+                f"switch {switch.pk}: instance {instance.pk} starting beside instance {active.pk}",
+                instance=instance,
+            )
             return
         if standby is None or standby.pk != switch.instance_id:
             switching.fail_switch(switch=switch, reason="the new instance is gone")
@@ -293,7 +321,11 @@ class Supervisor:
                 self._abort_switch(switch, standby, "the new instance does not report speculative decoding")
             else:
                 switching.complete_switch(
-                    switch=switch, instance=standby, old=active, report=report, duration_ms=duration_ms,
+                    switch=switch,
+                    instance=standby,
+                    old=active,
+                    report=report,
+                    duration_ms=duration_ms,
                     started=started,
                 )
         elif self._timed_out(standby):
@@ -319,8 +351,9 @@ class Supervisor:
             return
         why = "drained" if not busy else f"drain timeout ({busy:.0f} requests still in flight)"
         self._kill(instance, InstanceState.STOPPED, why)
-        record_event(instance.managed, EventKind.STOPPED, f"old instance {instance.pk} stopped: {why}",
-                     instance=instance)
+        record_event(
+            instance.managed, EventKind.STOPPED, f"old instance {instance.pk} stopped: {why}", instance=instance
+        )
 
     # --- processes ---------------------------------------------------------------------------------------------
 

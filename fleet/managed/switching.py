@@ -97,7 +97,12 @@ def _apply_fields(policy, fields: dict[str, Any], changes: dict[str, list[Any]])
 
 
 def complete_switch(
-    *, switch: Switch, instance: ServerInstance, old: ServerInstance | None, report: ProbeReport, duration_ms: float,
+    *,
+    switch: Switch,
+    instance: ServerInstance,
+    old: ServerInstance | None,
+    report: ProbeReport,
+    duration_ms: float,
     started,
 ) -> None:
     """The new instance is ready and probed: apply the policy, move the route, set the old one draining."""
@@ -123,10 +128,16 @@ def complete_switch(
         ManagedServer.objects.filter(pk=managed.pk).update(serving_speculation=switch.speculation, failures=0)
         Switch.objects.filter(pk=switch.pk).update(status=SwitchStatus.DONE, finished_at=now, duration_s=seconds)
         outcome = {"outcome": "done", "duration_s": round(seconds, 3), "instance": instance.pk, "port": instance.port}
-        PolicyChange.objects.create(policy=policy, changed_by_id=switch.requested_by_id, changes={**changes,
-                                    "switch": outcome})
-        record_event(managed, EventKind.SWITCHED, f"switch {switch.pk} done in {seconds:.1f} s: now serving "
-                     f"{switch.speculation or 'without speculation'} on port {instance.port}", instance=instance)
+        PolicyChange.objects.create(
+            policy=policy, changed_by_id=switch.requested_by_id, changes={**changes, "switch": outcome}
+        )
+        record_event(
+            managed,
+            EventKind.SWITCHED,
+            f"switch {switch.pk} done in {seconds:.1f} s: now serving "
+            f"{switch.speculation or 'without speculation'} on port {instance.port}",
+            instance=instance,
+        )
         _bump()
     logger.info("managed endpoint %s: switch %s done in %.1f s", managed.endpoint.name, switch.pk, seconds)
 
@@ -151,6 +162,11 @@ def fail_switch(*, switch: Switch, reason: str, log_tail: str = "", instance: Se
             "duration_s": round(seconds, 3),
         }
         PolicyChange.objects.create(policy=policy, changed_by_id=switch.requested_by_id, changes={"switch": outcome})
-        record_event(managed, EventKind.SWITCH_FAILED, f"switch {switch.pk} rolled back: {reason}",
-                     log_tail=log_tail[-8000:], instance=instance)
+        record_event(
+            managed,
+            EventKind.SWITCH_FAILED,
+            f"switch {switch.pk} rolled back: {reason}",
+            log_tail=log_tail[-8000:],
+            instance=instance,
+        )
     logger.warning("managed endpoint %s: switch %s failed: %s", managed.endpoint.name, switch.pk, reason)

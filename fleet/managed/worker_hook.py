@@ -37,10 +37,21 @@ def start_supervisors(sender=None, **_: object) -> None:
     for queue in queues:
         if not queue.startswith(GPU_PREFIX):
             continue
-        node_class = queue[len(GPU_PREFIX):]
-        argv = [sys.executable, str(processes.REPO_ROOT / "manage.py"), "managed_supervisor", "--node-class", node_class]
-        _children.append(processes.spawn(f"managed-supervisor-{node_class}", argv,
-                                         log_path=log_dir / f"managed-supervisor-{node_class}-{os.getpid()}.log"))
+        node_class = queue[len(GPU_PREFIX) :]
+        argv = [
+            sys.executable,
+            str(processes.REPO_ROOT / "manage.py"),
+            "managed_supervisor",
+            "--node-class",
+            node_class,
+        ]
+        _children.append(
+            processes.spawn(
+                f"managed-supervisor-{node_class}",
+                argv,
+                log_path=log_dir / f"managed-supervisor-{node_class}-{os.getpid()}.log",
+            )
+        )
         logger.info("managed supervisor for node class %s started", node_class)
 
 

@@ -123,14 +123,23 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     policy = update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
     assert policy.mode == "off"  # applied only once the new instance serves
     switch = Switch.objects.get(managed__endpoint=endpoint)
-    _wait("the switch", lambda: Switch.objects.filter(pk=switch.pk).exclude(
-        status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists())
+    _wait(
+        "the switch",
+        lambda: (
+            Switch.objects.filter(pk=switch.pk)
+            .exclude(status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING])
+            .exists()
+        ),
+    )
     switch.refresh_from_db()
     assert switch.status == SwitchStatus.DONE, switch.reason
     served_before = client.completed
     _wait("requests after the switch", lambda: client.completed >= served_before + 3, 120)
-    _wait("the old instance to drain and stop", lambda: ServerInstance.objects.filter(
-        pk=first.pk, state=InstanceState.STOPPED).exists(), 120)
+    _wait(
+        "the old instance to drain and stop",
+        lambda: ServerInstance.objects.filter(pk=first.pk, state=InstanceState.STOPPED).exists(),
+        120,
+    )
     client.stop.set()
     client.join(timeout=120)
 
@@ -148,12 +157,16 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
 
     # when: a draft whose directory is gone on the node
     bad = DraftModel.objects.create(
-        name="vanished", kind="draft_model", path=str(tmp_path / "vanished-draft"),
+        name="vanished",
+        kind="draft_model",
+        path=str(tmp_path / "vanished-draft"),
         tokenizer_fingerprint=endpoint.capabilities.get("tokenizer_fingerprint", ""),
     )
     update_policy(endpoint=endpoint, user=user, mechanism="draft_model", draft=bad, k=3)
-    failed = _wait("the failed switch", lambda: Switch.objects.filter(
-        managed__endpoint=endpoint, status=SwitchStatus.FAILED).first())
+    failed = _wait(
+        "the failed switch",
+        lambda: Switch.objects.filter(managed__endpoint=endpoint, status=SwitchStatus.FAILED).first(),
+    )
 
     # then: rolled back, the reason and the log tail recorded, the old instance still serving
     assert failed.reason
@@ -168,8 +181,11 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     # when: the server is killed
     os.killpg(second.pid, signal.SIGKILL)
     # then: the exit is recorded with its log tail and a new instance serves
-    exited = _wait("the exit to be recorded", lambda: endpoint.managed.events.filter(
-        kind=EventKind.EXITED, instance_id=second.pk).first(), 60)
+    exited = _wait(
+        "the exit to be recorded",
+        lambda: endpoint.managed.events.filter(kind=EventKind.EXITED, instance_id=second.pk).first(),
+        60,
+    )
     assert "signal 9" in exited.message and exited.exit_code == -9
     third = _wait("the restarted instance", lambda: _active(endpoint))
     assert third.pk != second.pk and third.speculation == second.speculation

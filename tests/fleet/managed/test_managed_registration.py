@@ -44,8 +44,13 @@ def api(user) -> APIClient:
 
 
 def _body(directory: Path, **overrides) -> dict:
-    body = {"name": "managed-llama", "model_dir": str(directory), "served_name": "llama", "node_class": "cpu",
-            "server_args": {"dtype": "float32", "max_model_len": 1024}}
+    body = {
+        "name": "managed-llama",
+        "model_dir": str(directory),
+        "served_name": "llama",
+        "node_class": "cpu",
+        "server_args": {"dtype": "float32", "max_model_len": 1024},
+    }
     body.update(overrides)
     return body
 
@@ -121,13 +126,31 @@ def test_a_viewer_may_not_register(model_dir):
 
 def test_the_form_registers_and_shows_errors_on_fields(client, user, model_dir):
     client.force_login(user)
-    bad = client.post("/fleet/managed/new/", {"name": "m1", "kind": "vllm", "model_dir": "/etc", "node_class": "cpu",
-                                              "dtype": "auto", "gpu_memory_utilization": "2"})
+    bad = client.post(
+        "/fleet/managed/new/",
+        {
+            "name": "m1",
+            "kind": "vllm",
+            "model_dir": "/etc",
+            "node_class": "cpu",
+            "dtype": "auto",
+            "gpu_memory_utilization": "2",
+        },
+    )
     assert bad.status_code == 200
     assert b"model roots" in bad.content and b"gpu_memory_utilization" in bad.content
 
-    good = client.post("/fleet/managed/new/", {"name": "m1", "kind": "vllm", "model_dir": str(model_dir),
-                                               "node_class": "cpu", "dtype": "float32", "max_model_len": "512"})
+    good = client.post(
+        "/fleet/managed/new/",
+        {
+            "name": "m1",
+            "kind": "vllm",
+            "model_dir": str(model_dir),
+            "node_class": "cpu",
+            "dtype": "float32",
+            "max_model_len": "512",
+        },
+    )
     endpoint = Endpoint.objects.get(name="m1")
     assert good.status_code == 302
     page = client.get(f"/fleet/{endpoint.pk}/")
@@ -136,8 +159,15 @@ def test_the_form_registers_and_shows_errors_on_fields(client, user, model_dir):
 
 def test_the_command_line_carries_the_arguments_and_the_native_flags():
     args = validate_server_args({"dtype": "float32", "max_model_len": 1024, "enforce_eager": True})
-    argv = build_argv(kind="vllm", model_dir="/m", served_name="demo", host="127.0.0.1", port=8001, args=args,
-                      spec_args=["--speculative-config", "{}"])
+    argv = build_argv(
+        kind="vllm",
+        model_dir="/m",
+        served_name="demo",
+        host="127.0.0.1",
+        port=8001,
+        args=args,
+        spec_args=["--speculative-config", "{}"],
+    )
 
     assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
     assert argv[argv.index("--max-model-len") + 1] == "1024" and "--enforce-eager" in argv
@@ -152,4 +182,7 @@ def test_only_prod_asks_the_server_to_speculate():
 
     assert speculation_of(SpeculationPolicy(mode="shadow", mechanism="ngram", k=3)) == {}
     assert speculation_of(SpeculationPolicy(mode="prod", mechanism="ngram", k=3)) == {
-        "draft_kind": "ngram", "draft_path": "", "k": 3}
+        "draft_kind": "ngram",
+        "draft_path": "",
+        "k": 3,
+    }

@@ -1,0 +1,198 @@
+"""Managed endpoints without a server process: switch requests (validation, 400s), the route move and the
+rollback as database transactions, the supervisor's small rules, and vLLM 0.32's per-request acceptance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from fleet import services as fleet_services
+from fleet.adapters import ProbeReport
+from fleet.adapters.vllm_metrics import stats_from_request_metrics
+from fleet.managed import switching
+from fleet.managed.models import InstanceRole, InstanceState, ServerInstance, Switch, SwitchStatus
+from fleet.managed.services import create_managed_endpoint, spec_args
+from fleet.managed.supervisor import backoff_s, in_flight, last_error
+from fleet.models import Endpoint
+from fleet.permissions import OPERATOR, grant_role
+from speculation.models import PolicyChange
+from speculation.services.policies import get_policy, update_policy
+
+pytestmark = pytest.mark.django_db
+
+FINGERPRINT = "f" * 64
+
+
+@pytest.fixture
+def user():
+    user = get_user_model().objects.create_user(username="ops", password="pw-ops-123456")
+    grant_role(user=user, role=OPERATOR)
+    return user
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path, user) -> Endpoint:
+    directory = tmp_path / "target"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    endpoint = create_managed_endpoint(name="m", model_dir=str(directory), created_by=user, node_class="cpu")
+    return endpoint
+
+
+def _serving(endpoint: Endpoint, port: int = 41001) -> ServerInstance:
+    """As the supervisor leaves it once the first instance serves."""
+    instance = ServerInstance.objects.create(
+        managed=endpoint.managed, role=InstanceRole.ACTIVE, state=InstanceState.STARTING, port=port
+    )
+    report = ProbeReport(
+        capabilities={"served_model": "m", "tokenizer_fingerprint": FINGERPRINT, "native_speculation": False}
+    )
+    switching.activate(instance=instance, report=report, duration_ms=5.0, started=instance.started_at)
+    endpoint.refresh_from_db()
+    return instance
+
+
+def test_activation_routes_the_endpoint_to_the_instance(endpoint):
+    instance = _serving(endpoint)
+
+    assert endpoint.base_url == "http://127.0.0.1:41001" and endpoint.status == "ready"
+    assert endpoint.probes.filter(outcome="ready").count() == 1
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.READY
+
+
+def test_prod_on_a_managed_endpoint_that_is_not_serving_is_refused(endpoint):
+    with pytest.raises(ValidationError) as caught:
+        update_policy(endpoint=endpoint, mode="prod", mechanism="ngram", k=3)
+
+    assert "mode" in caught.value.message_dict
+    assert not Switch.objects.exists()
+
+
+def test_a_server_changing_policy_change_waits_for_the_switch(endpoint, user):
+    _serving(endpoint)
+
+    policy = update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
+
+    assert policy.mode == "off"  # nothing applied yet
+    switch = Switch.objects.get()
+    assert switch.speculation == {"draft_kind": "ngram", "draft_path": "", "k": 3}
+    assert switch.fields["mode"] == "prod" and switch.fields["path"] == "native"
+    # shadow runs the server as off does: applied at once, no switch
+    with pytest.raises(ValidationError) as caught:
+        update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=4)
+    assert "in progress" in caught.value.message_dict["mode"][0]
+
+
+def test_a_second_switch_while_one_runs_is_a_400_through_the_api(endpoint, user):
+    _serving(endpoint)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    url = f"/api/v1/endpoints/{endpoint.pk}/policy/"
+
+    first = client.patch(url, {"mode": "prod", "mechanism": "ngram", "k": 3}, format="json")
+    second = client.patch(url, {"k": 4}, format="json")
+
+    assert first.status_code == 200, first.content
+    assert second.status_code == 400 and "mode" in second.json()
+
+
+def test_shadow_needs_no_new_server(endpoint, user):
+    _serving(endpoint)
+
+    policy = update_policy(endpoint=endpoint, user=user, mode="shadow", mechanism="ngram", k=3)
+
+    assert policy.mode == "shadow" and not Switch.objects.exists()
+
+
+def test_completing_a_switch_moves_the_route_and_records_who_and_how_long(endpoint, user):
+    old = _serving(endpoint)
+    update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
+    switch = Switch.objects.get()
+    new = ServerInstance.objects.create(
+        managed=endpoint.managed, role=InstanceRole.STANDBY, port=41002, speculation=switch.speculation
+    )
+    report = ProbeReport(
+        capabilities={"served_model": "m", "tokenizer_fingerprint": FINGERPRINT, "native_speculation": True}
+    )
+
+    switching.complete_switch(
+        switch=switch, instance=new, old=old, report=report, duration_ms=3.0, started=new.started_at
+    )
+
+    endpoint.refresh_from_db()
+    assert endpoint.base_url == "http://127.0.0.1:41002" and endpoint.capabilities["native_speculation"] is True
+    policy = get_policy(endpoint=endpoint)
+    assert (policy.mode, policy.k, policy.path) == ("prod", 3, "native")
+    change = PolicyChange.objects.filter(policy=policy).first()
+    assert change.changed_by == user and change.changes["switch"]["outcome"] == "done"
+    assert change.changes["mode"] == ["off", "prod"]
+    old.refresh_from_db()
+    assert old.role == InstanceRole.DRAINING and old.draining_since is not None
+    assert endpoint.managed.__class__.objects.get(pk=endpoint.managed.pk).serving_speculation == switch.speculation
+
+
+def test_a_failed_switch_leaves_the_policy_and_records_the_rollback(endpoint, user):
+    _serving(endpoint)
+    update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
+    switch = Switch.objects.get()
+
+    switching.fail_switch(switch=switch, reason="the new instance exited with code 1", log_tail="OSError: no model")
+
+    switch.refresh_from_db()
+    assert switch.status == SwitchStatus.FAILED and switch.duration_s is not None
+    policy = get_policy(endpoint=endpoint)
+    assert policy.mode == "off"
+    change = PolicyChange.objects.filter(policy=policy).first()
+    assert change.changes["switch"]["outcome"] == "rolled back"
+    assert change.changes["switch"]["requested"]["mode"] == ["off", "prod"]
+    assert endpoint.managed.events.filter(kind="switch_failed", log_tail__contains="OSError").exists()
+
+
+def test_ace_sets_the_url_and_kind_of_a_managed_endpoint(endpoint):
+    _serving(endpoint)
+
+    with pytest.raises(ValidationError) as caught:
+        fleet_services.update_endpoint(endpoint=endpoint, base_url="http://127.0.0.1:9", kind="sglang")
+
+    assert set(caught.value.message_dict) == {"base_url", "kind"}
+
+
+def test_vllm_runs_with_per_request_acceptance_when_it_speculates():
+    args = spec_args(server_kind="vllm", speculation={"draft_kind": "ngram", "draft_path": "", "k": 3})
+
+    assert args[0] == "--speculative-config" and json.loads(args[1])["num_speculative_tokens"] == 3
+    assert args[2:] == ["--per-request-spec-decode-metrics", "summary"]
+    assert spec_args(server_kind="vllm", speculation={}) == []
+
+
+def test_per_request_acceptance_in_vllm_0_32s_shape():
+    # 4 verify steps with K=3: accepted 0, 1, 3 and 3 drafts (histogram over accepted counts 0..3)
+    spec = {
+        "mean_acceptance_length": 2.75,
+        "draft_acceptance_rate": 7 / 12,
+        "acceptance_histogram": [1, 1, 0, 2],
+        "num_spec_steps": 4,
+        "num_accepted_draft_tokens": 7,
+        "num_draft_tokens": 12,
+        "num_spec_tokens": 3,
+    }
+
+    stats = stats_from_request_metrics(spec)
+
+    assert (stats["target_passes"], stats["drafted_tokens"], stats["accepted_tokens"]) == (4, 12, 7)
+    assert stats["per_position_acceptance"] == [3 / 4, 2 / 4, 2 / 4]
+    assert stats["mean_accepted_len"] == pytest.approx(2.75) and stats["k"] == 3
+
+
+def test_supervisor_rules():
+    assert [backoff_s(n) for n in (1, 2, 3, 10)] == [1.0, 2.0, 4.0, 60.0]
+    metrics = 'vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 1.0\nother 5\n'
+    assert in_flight(metrics) == 3.0
+    assert last_error("INFO start\nValueError: no such model\nINFO bye") == "ValueError: no such model"
