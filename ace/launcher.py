@@ -158,13 +158,14 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
     and give the endpoint's policy the target's directory, so that prod (remote or local path) is one click away.
     """
     from django.contrib.auth import get_user_model
+    from django.core.exceptions import ValidationError
     from django.db import transaction
 
     from fleet.models import Endpoint, ServerKind
     from fleet.probing import start_probe
     from speculation.models import DraftKind, DraftModel
     from speculation.services.drafts import register_draft
-    from speculation.services.policies import get_policy, update_policy
+    from speculation.services.policies import get_policy, reevaluate_path, update_policy
 
     with transaction.atomic():
         defaults = {"base_url": base_url, "kind": ServerKind.VLLM, "node_class": "cpu"}
@@ -181,6 +182,12 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
         )
     if get_policy(endpoint=endpoint).target_path != target_dir:
         update_policy(endpoint=endpoint, target_path=target_dir)  # kept in the change history, by no user
+    policy = get_policy(endpoint=endpoint)
+    if policy.path == "auto" and policy.path_resolved_at is None:  # saved before auto was fixed on save
+        try:
+            reevaluate_path(endpoint=endpoint)  # auto -> local (the demo's fastest path), recorded
+        except ValidationError as exc:
+            say(f"demo policy: path auto not resolved: {'; '.join(exc.messages)}")
 
 
 def say(message: str) -> None:
