@@ -29,6 +29,7 @@ from speculation.demo.train import (
     DRAFT_SHAPE,
     MAX_POSITIONS,
     TARGET_SHAPE,
+    ModelShape,
     TrainPlan,
     bigram_init,
     distill_draft,
@@ -52,6 +53,8 @@ class Recipe:
     distillation (``Corpus.english_text``) instead of the code's comment lines only."""
 
     plan: TrainPlan
+    target_shape: ModelShape = TARGET_SHAPE
+    draft_shape: ModelShape = DRAFT_SHAPE
     tokenizer_bytes: int = 1_500_000
     train_bytes: int = 3_000_000
     held_out_bytes: int = 400_000
@@ -63,23 +66,26 @@ RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
     # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
     "demo-v3": Recipe(plan=TrainPlan()),
-    # v4: longer windows, many more target steps on code and English, unlikelihood against copying loops
+    # v4: half English, 256-token windows, 4x the target tokens of v3 on a narrower target (8 x 256: twice
+    # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
     "demo-v4": Recipe(
         plan=TrainPlan(
             seq_len=256,
-            target_batch=8,
-            target_steps=100,
+            target_batch=4,
+            target_steps=140,
             target_lr=2e-3,
             draft_batch=8,
-            draft_steps=200,
-            teacher_real=16,
-            gen_prompts=32,
+            draft_steps=150,
+            teacher_real=12,
+            gen_prompts=24,
             gen_prompt_len=32,
             gen_new_tokens=96,
             prose_share=0.5,
             unlikelihood=0.5,
         ),
-        prose_bytes=2_000_000,
+        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
+        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
+        prose_bytes=1_200_000,
         english=True,
     ),
 }
@@ -186,11 +192,11 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
     vocab = tokenizer.get_vocab_size()
 
     torch.manual_seed(SEED + 1)
-    target = LlamaForCausalLM(llama_config(TARGET_SHAPE, vocab_size=vocab, **special))
+    target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
     target_loss = train_target(target, ids, plan, seed=SEED + 2, prose_ids=prose_ids if recipe.english else None)
     torch.manual_seed(SEED + 3)
-    draft = LlamaForCausalLM(llama_config(DRAFT_SHAPE, vocab_size=vocab, **special))
+    draft = LlamaForCausalLM(llama_config(recipe.draft_shape, vocab_size=vocab, **special))
     bigram_init(draft, torch.cat([ids, prose_ids]) if recipe.english else ids)
     draft_kl = distill_draft(draft, target, ids, plan, seed=SEED + 4, prose_ids=prose_ids)
 

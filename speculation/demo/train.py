@@ -77,6 +77,8 @@ def _lr_at(step: int, total: int, peak: float, warmup: int = 10) -> float:
 
 def _random_windows(ids: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, ids.numel() - seq_len - 1, (batch,), generator=generator)
+    if batch == 0:  # a mixed batch may draw no row from one stream
+        return ids.new_empty((0, seq_len))
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])  # [B, S]
 
 

@@ -140,3 +140,31 @@ def test_tokenizer_training_is_deterministic():
     text = stdlib_corpus().train_text(200_000)
     a, b = train_tokenizer(text, vocab_size=400), train_tokenizer(text, vocab_size=400)
     assert a.to_str() == b.to_str()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_mixed_training_batches_take_rows_from_both_streams_by_share(share):
+    import torch
+
+    from speculation.demo.train import TrainPlan, _mixed_windows
+
+    code, prose = torch.arange(0, 1000), torch.arange(5000, 6000)
+    plan = TrainPlan(seq_len=16, target_batch=64, prose_share=share)
+    batch = _mixed_windows(code, prose, plan, torch.Generator().manual_seed(0))
+    assert batch.shape == (64, 16)
+    prose_rows = int((batch[:, 0] >= 5000).sum())
+    assert ((batch >= 5000).all(1) | (batch < 1000).all(1)).all()  # a row never straddles the streams
+    assert abs(prose_rows - 64 * share) <= 16  # binomial(64, 0.5): sd 4, so 4 sd of tolerance
+
+
+def test_unlikelihood_penalises_probability_on_tokens_already_in_the_window():
+    import torch
+
+    from speculation.demo.train import unlikelihood_loss
+
+    batch = torch.tensor([[1, 2, 3, 4]])  # positions predict 2, 3, 4; tokens seen so far: {1}, {1,2}, {1,2,3}
+    on_seen, on_unseen = torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)
+    on_seen[..., 1] = 8.0  # most mass on token 1, already in every window
+    on_unseen[..., 7] = 8.0  # the same mass on token 7, never seen
+    assert unlikelihood_loss(on_seen, batch) > 10 * unlikelihood_loss(on_unseen, batch)
+    assert unlikelihood_loss(on_unseen, batch) > 0  # the little mass left on seen tokens still counts
