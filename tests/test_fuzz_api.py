@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from ace import fuzz
-from ace.fuzz.gateway import GatewayReport, _send, bodies
+from ace.fuzz.gateway import GatewayReport, Upstream, _send, bodies
 
 
 def test_the_gateway_tally_would_see_a_5xx_an_unshaped_error_and_a_missing_request_id(http_stub):
@@ -30,6 +30,19 @@ def test_the_gateway_tally_would_see_a_5xx_an_unshaped_error_and_a_missing_reque
     # then each problem is counted and kept
     assert report.server_errors == 1 and report.unshaped_errors == 1 and report.missing_request_id == 1
     assert {f["problem"] for f in report.findings} == {"5xx", "error is not OpenAI-shaped JSON", "no request id"}
+
+
+def test_a_5xx_the_model_server_gives_for_the_same_body_is_counted_apart(http_stub):
+    # given a model server that fails on one body, relayed as it is (off mode), and one that does not
+    failing = http_stub({("POST", "/v1/completions"): lambda r: (500, {"X-ACE-Request-Id": "1"}, b'{"error": {}}')})
+    healthy = http_stub({("POST", "/v1/completions"): lambda r: {"choices": []}})
+    report = GatewayReport()
+    with httpx.Client(base_url=failing.base_url) as http:
+        for server in (failing, healthy):
+            _send(http, report, "off", "/v1/completions", b'{"model": "x"}', upstream=Upstream(server.base_url, "m"))
+    # then only the second is ACE's; the replay named the served model
+    assert report.upstream_server_errors == 1 and report.server_errors == 1
+    assert failing.requests[1].json() == {"model": "m"}  # the replay of the first send
 
 
 def test_the_quick_bodies_are_the_same_for_the_same_seed_and_cover_both_routes():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ace.fuzz.gateway import fuzz_gateway
+from ace.fuzz.gateway import Upstream, fuzz_gateway
 from ace.fuzz.rest import fuzz_rest
 from ace.fuzz.stack import FuzzStack
 
@@ -20,7 +20,9 @@ def run(stack: FuzzStack, *, quick: bool, rest: bool = True, gateway: bool = Tru
     result: dict[str, Any] = {"quick": quick, "endpoints": stack.endpoints}
     if gateway:
         models = {mode: info["name"] for mode, info in stack.endpoints.items()}
-        result["gateway"] = fuzz_gateway(ace_url=stack.ace_url, token=stack.token, models=models, quick=quick).as_dict()
+        upstream = Upstream(stack.upstream, next(iter(stack.endpoints.values()))["served_model"])
+        report = fuzz_gateway(ace_url=stack.ace_url, token=stack.token, models=models, quick=quick, upstream=upstream)
+        result["gateway"] = report.as_dict()
     if rest:
         examples = QUICK_EXAMPLES if quick else FULL_EXAMPLES
         result["rest"] = fuzz_rest(ace_url=stack.ace_url, token=stack.token, max_examples=examples).as_dict()

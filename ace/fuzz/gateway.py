@@ -35,6 +35,9 @@ RAW_BODIES: list[bytes] = [
     *(b"", b"null", b"[]", b'"text"', b"{", b"\xff\xfe\x00", b"[" * 50_000, b'{"model": 5}', b'{"model": null}'),
     *(b'{"model": "no-such-model", "prompt": "x"}', b'{"prompt": "no model"}'),
 ]
+# Bodies per (mode, route): a CPU model server answers a valid request in about a second.
+QUICK_SINGLES, QUICK_MULTI = 40, 10
+FULL_SINGLES, FULL_MULTI = 300, 60
 OVERSIZE_BYTES = 12 * 1024 * 1024  # over ACE_MAX_BODY_BYTES' default (10 MiB)
 
 
@@ -48,16 +51,16 @@ def templates(kind: str, model: str) -> list[dict[str, Any]]:
 
 
 def bodies(kind: str, model: str, *, rng: random.Random, quick: bool) -> Iterator[bytes]:
-    """Every body to send for one (kind, endpoint). quick: a seeded sample, else every single-field change."""
+    """The bodies to send for one (kind, endpoint): a seeded sample of single-field changes, then multi-field
+    ones, a missing prompt/messages, and raw bodies that are not JSON objects."""
     bases = templates(kind, model)
     singles = [(name, value) for name in [*COMMON_FIELDS, *FIELDS[kind]] for value in ODD_VALUES]
-    if quick:
-        singles = rng.sample(singles, 40)
+    singles = rng.sample(singles, QUICK_SINGLES if quick else FULL_SINGLES)
     for base in bases[:1]:
         yield json.dumps(base).encode()
     for name, value in singles:
         yield json.dumps({**rng.choice(bases), name: value}).encode()
-    for _ in range(10 if quick else 200):  # several fields at once
+    for _ in range(QUICK_MULTI if quick else FULL_MULTI):  # several fields at once
         body = dict(rng.choice(bases))
         for name, value in rng.sample(singles, 3):
             body[name] = value
@@ -71,7 +74,8 @@ def bodies(kind: str, model: str, *, rng: random.Random, quick: bool) -> Iterato
 class GatewayReport:
     requests: int = 0
     statuses: Counter = field(default_factory=Counter)
-    server_errors: int = 0
+    server_errors: int = 0  # 5xx that are ACE's own
+    upstream_server_errors: int = 0  # 5xx the model server itself gives for the same body (relayed as they are)
     unshaped_errors: int = 0  # a 4xx/5xx from ACE that is not {"error": {...}} JSON
     missing_request_id: int = 0
     transport_errors: int = 0
@@ -82,6 +86,7 @@ class GatewayReport:
             "requests": self.requests,
             "statuses": {str(k): v for k, v in sorted(self.statuses.items(), key=lambda kv: str(kv[0]))},
             "server_errors": self.server_errors,
+            "upstream_server_errors": self.upstream_server_errors,
             "unshaped_errors": self.unshaped_errors,
             "missing_request_id": self.missing_request_id,
             "transport_errors": self.transport_errors,
@@ -103,8 +108,36 @@ def _note(report: GatewayReport, problem: str, mode: str, path: str, body: bytes
         report.findings.append({"problem": problem, "mode": mode, "path": path, "status": status, "body": shown})
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The model server behind the endpoints, asked directly to tell its own 5xx from ACE's."""
+
+    url: str
+    served_model: str
+
+    def also_fails(self, path: str, body: bytes, timeout_s: float) -> bool:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return False
+        if not isinstance(request, dict):
+            return False
+        request["model"] = self.served_model
+        try:
+            return httpx.post(self.url + path, json=request, timeout=timeout_s).status_code >= 500
+        except httpx.HTTPError:
+            return False
+
+
 def fuzz_gateway(
-    *, ace_url: str, token: str, models: dict[str, str], quick: bool, seed: int = 0, timeout_s: float = 120
+    *,
+    ace_url: str,
+    token: str,
+    models: dict[str, str],
+    quick: bool,
+    upstream: Upstream | None = None,
+    seed: int = 0,
+    timeout_s: float = 120,
 ) -> GatewayReport:
     """models: mode -> endpoint name. Sends every body to each mode's endpoint on both routes."""
     rng = random.Random(seed)
@@ -116,11 +149,13 @@ def fuzz_gateway(
                 sent = list(bodies(kind, model, rng=rng, quick=quick))
                 sent.append(b'{"model": "' + model.encode() + b'", "prompt": "' + b"x" * OVERSIZE_BYTES + b'"}')
                 for body in sent:
-                    _send(http, report, mode, path, body)
+                    _send(http, report, mode, path, body, upstream=upstream)
     return report
 
 
-def _send(http: httpx.Client, report: GatewayReport, mode: str, path: str, body: bytes) -> None:
+def _send(
+    http: httpx.Client, report: GatewayReport, mode: str, path: str, body: bytes, *, upstream: Upstream | None = None
+) -> None:
     report.requests += 1
     try:
         response = http.post(path, content=body)
@@ -131,7 +166,10 @@ def _send(http: httpx.Client, report: GatewayReport, mode: str, path: str, body:
         return
     status = response.status_code
     report.statuses[status] += 1
-    if status >= 500:
+    if status >= 500 and upstream is not None and upstream.also_fails(path, body, http.timeout.read or 120):
+        report.upstream_server_errors += 1
+        _note(report, "5xx from the model server itself (relayed)", mode, path, body, status)
+    elif status >= 500:
         report.server_errors += 1
         _note(report, "5xx", mode, path, body, status)
     if status >= 400 and not _openai_shaped(response):

@@ -36,7 +36,9 @@ for mode in spec["modes"]:
     SpeculationPolicy.objects.update_or_create(
         endpoint=endpoint, defaults={"mode": mode, "mechanism": "ngram", "k": 3, "shadow_sample_rate": 1.0}
     )
-    out["endpoints"][mode] = {"name": endpoint.name, "id": endpoint.pk, "probe": probe.outcome, "reason": probe.reason}
+    endpoint.refresh_from_db()
+    out["endpoints"][mode] = {"name": endpoint.name, "id": endpoint.pk, "probe": probe.outcome, "reason": probe.reason,
+                              "served_model": endpoint.served_model}
 print("SETUP" + json.dumps(out))
 """
 
