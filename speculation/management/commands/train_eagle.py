@@ -39,7 +39,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--target", required=True, help="the target's Hugging Face Llama directory")
-        parser.add_argument("--out", required=True, help="where the head (and its _work/ checkpoint) goes")
+        parser.add_argument(
+            "--out", required=True, help="where the head (and its _work/ checkpoint) goes: under ACE_MODEL_ROOTS"
+        )
         parser.add_argument(
             "--prompts",
             default="spec_bench",
