@@ -4,9 +4,10 @@ Shadow and prod read the body themselves (sampling, prompt, limits) and may spec
 would answer with 400 must get a 400, never a 500 or a speculated answer. Off mode relays the server's own
 answer, errors included, and is not checked here.
 
-The rules follow vLLM's OpenAI protocol (the strictest server ACE fronts): types, and the ranges its sampling
-parameters enforce. Fields not listed here are left to the server. `problem(body, kind=...)` returns the first
-problem found, or None.
+The rules follow vLLM's OpenAI protocol (the strictest server ACE fronts): its types as pydantic's lax mode
+reads them ("8" is an integer, "yes" a boolean), and the ranges its sampling parameters enforce. Fields not
+listed here are left to the server. `checked(body, kind=...)` returns the body with those scalars coerced (what
+ACE reads) and the first problem found, or None.
 """
 
 from __future__ import annotations
@@ -36,37 +37,80 @@ class Problem:
 
 Check = Callable[[Any], str]  # "" when the value is acceptable, else what it must be
 
+# The server validates with pydantic in lax mode: "8" is an integer, 1 and "yes" are booleans, "0.5" is a
+# number. Such values pass (as the server would take them); ACE reads the coerced value (`checked`).
+_TRUE = {"1", "true", "yes", "on", "t", "y"}
+_FALSE = {"0", "false", "no", "off", "f", "n"}
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def as_float(value: Any) -> float | None:
+    if isinstance(value, bool | int):
+        number_ = float(value) if abs(value) < 2**1000 else math.inf
+    elif isinstance(value, float):
+        number_ = value
+    elif isinstance(value, str):
+        try:
+            number_ = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number_ if math.isfinite(number_) else None
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    return None
 
 
 def integer(low: int = INT64_MIN, high: int = INT64_MAX) -> Check:
     """An integer in [low, high]; the server's integers are 64-bit, so that is the widest range."""
 
     def check(value: Any) -> str:
-        if not _is_int(value):
+        value = as_int(value)
+        if value is None:
             return "an integer"
         if not low <= value <= high:
             return _range("an integer", low if low != INT64_MIN else None, high if high != INT64_MAX else None)
         return ""
 
+    check.coerce = as_int  # type: ignore[attr-defined]
     return check
 
 
 def number(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Check:
     def check(value: Any) -> str:
-        if not _is_number(value):
-            return "a number"
+        value = as_float(value)
+        if value is None:
+            return "a finite number"
         too_low = low is not None and (value <= low if low_open else value < low)
         if too_low or (high is not None and value > high):
             return _range("a number", low, high, low_open=low_open)
         return ""
 
+    check.coerce = as_float  # type: ignore[attr-defined]
     return check
 
 
@@ -81,7 +125,10 @@ def _range(what: str, low: float | None, high: float | None, *, low_open: bool =
 
 
 def boolean(value: Any) -> str:
-    return "" if isinstance(value, bool) else "a boolean"
+    return "" if as_bool(value) is not None else "a boolean"
+
+
+boolean.coerce = as_bool  # type: ignore[attr-defined]
 
 
 def string(value: Any) -> str:
@@ -105,7 +152,7 @@ def an_object(value: Any) -> str:
 
 
 def logit_bias(value: Any) -> str:
-    if isinstance(value, dict) and all(_is_number(v) for v in value.values()):
+    if isinstance(value, dict) and all(as_float(v) is not None for v in value.values()):
         return ""
     return "an object mapping token ids to numbers"
 
@@ -114,7 +161,7 @@ def stream_options(value: Any) -> str:
     if not isinstance(value, dict):
         return "an object"
     for key in ("include_usage", "continuous_usage_stats"):
-        if value.get(key) is not None and not isinstance(value[key], bool):
+        if value.get(key) is not None and as_bool(value[key]) is None:
             return f"an object whose {key} is a boolean"
     return ""
 
@@ -200,11 +247,17 @@ CHAT: dict[str, Check] = {
 REQUIRED = {"completion": "prompt", "chat": "messages"}
 
 
-def problem(body: dict[str, Any], *, kind: str) -> Problem | None:
-    """The first field of `body` the server would refuse (None: nothing to refuse). kind: completion | chat."""
+def checked(body: dict[str, Any], *, kind: str) -> tuple[dict[str, Any], Problem | None]:
+    """(the body as the server reads it, the first field it would refuse or None). kind: completion | chat.
+
+    The body returned has lax values coerced ("8" -> 8, "yes" -> True) for ACE's own reading; the bytes sent
+    upstream stay the client's.
+    """
     required = REQUIRED[kind]
     if body.get(required) is None:
-        return Problem(required, f"Missing required parameter: '{required}'.", code="missing_required_parameter")
+        message = f"Missing required parameter: '{required}'."
+        return body, Problem(required, message, code="missing_required_parameter")
+    coerced = dict(body)
     for name, check in (COMPLETION if kind == "completion" else CHAT).items():
         value = body.get(name)
         if value is None:
@@ -213,7 +266,16 @@ def problem(body: dict[str, Any], *, kind: str) -> Problem | None:
         if must:
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            return Problem(name, f"Invalid value for '{name}': expected {must}, got {shown}.")
-    if kind == "completion" and body.get("max_tokens") == 0 and body.get("echo") is not True:
-        return Problem("max_tokens", "Invalid value for 'max_tokens': expected an integer >= 1 (0 only with echo).")
-    return None
+            return body, Problem(name, f"Invalid value for '{name}': expected {must}, got {shown}.")
+        coerce = getattr(check, "coerce", None)  # scalars: the value as the server takes it
+        if coerce is not None:
+            coerced[name] = coerce(value)
+    if kind == "completion" and coerced.get("max_tokens") == 0 and coerced.get("echo") is not True:
+        message = "Invalid value for 'max_tokens': expected an integer >= 1 (0 only with echo)."
+        return body, Problem("max_tokens", message)
+    return coerced, None
+
+
+def problem(body: dict[str, Any], *, kind: str) -> Problem | None:
+    """The first field of `body` the server would refuse (None: nothing to refuse)."""
+    return checked(body, kind=kind)[1]

@@ -74,7 +74,7 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
             request_id=request_id,
         )
     if route.mode != Mode.OFF:  # off relays the server's own answer, errors included
-        invalid = validation.problem(body, kind=kind)
+        body, invalid = validation.checked(body, kind=kind)
         if invalid is not None:
             return invalid.response(request_id)
     call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id)

@@ -12,7 +12,7 @@ import pytest
 
 from fleet.models import Endpoint, EndpointStatus
 from speculation.gateway.errors import REQUEST_ID_HEADER
-from speculation.gateway.validation import problem
+from speculation.gateway.validation import checked, problem
 from speculation.models import Mode, SpeculationPolicy, StageRecord
 
 COMPLETION = {"model": "m", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
@@ -23,7 +23,7 @@ BAD_COMPLETIONS = [
     ({"temperature": [0]}, "temperature"),
     ({"temperature": -0.5}, "temperature"),
     ({"temperature": 2.5}, "temperature"),
-    ({"temperature": True}, "temperature"),
+    ({"temperature": "nan"}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 2}, "top_p"),
     ({"top_k": -2}, "top_k"),
@@ -36,18 +36,18 @@ BAD_COMPLETIONS = [
     ({"prompt": {"text": "x"}}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": "8"}, "max_tokens"),
+    ({"max_tokens": "eight"}, "max_tokens"),
     ({"max_tokens": 1e400}, "max_tokens"),
     ({"max_tokens": 2**64}, "max_tokens"),  # found by the fuzz run: vLLM answered it in another shape
     ({"n": 0}, "n"),
-    ({"stream": "yes"}, "stream"),
-    ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ({"stream": "maybe"}, "stream"),
+    ({"stream_options": {"include_usage": "maybe"}}, "stream_options"),
     ({"stop": [1]}, "stop"),
     ({"seed": 2**64}, "seed"),
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"logprobs": "5"}, "logprobs"),
-    ({"echo": 1}, "echo"),
+    ({"logprobs": "five"}, "logprobs"),
+    ({"echo": 2}, "echo"),
     ({"logit_bias": {"5": "x"}}, "logit_bias"),
 ]
 BAD_CHATS = [
@@ -57,7 +57,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"messages": ["hi"]}, "messages"),
     ({"logprobs": 5}, "logprobs"),
-    ({"top_logprobs": "5"}, "top_logprobs"),
+    ({"top_logprobs": "x"}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
 ]
 
@@ -98,6 +98,15 @@ def test_each_bad_chat_field_is_named(change, param):
 )
 def test_bodies_the_server_accepts_pass(body, kind):
     assert problem(body, kind=kind) is None
+
+
+def test_values_the_server_takes_in_its_lax_mode_pass_and_are_read_as_it_reads_them():
+    # vLLM validates with pydantic's lax mode: "8" is 8, true is 1, "yes" is true, "0.5" is 0.5
+    body = {**COMPLETION, "max_tokens": "8", "temperature": "0.5", "stream": "yes", "echo": 1, "top_k": True}
+    coerced, found = checked(body, kind="completion")
+    assert found is None
+    assert coerced == {**COMPLETION, "max_tokens": 8, "temperature": 0.5, "stream": True, "echo": True, "top_k": 1}
+    assert body["max_tokens"] == "8"  # the client's body itself is left as sent
 
 
 # --- through the gateway view ----------------------------------------------------------------------------------
