@@ -191,3 +191,33 @@ def test_an_allowed_name_connects_to_the_checked_address_keeping_the_host_header
     assert response.status_code == 200
     assert stub.requests[-1].headers["host"] == f"model.internal.test:{port}"
     assert lookups == ["model.internal.test"]  # resolved once, by the policy; the socket got the address
+
+
+@pytest.mark.django_db
+def test_the_gateway_answers_a_rebound_endpoint_with_a_502_and_never_reaches_it(
+    rebinding, redis_server, client, django_user_model
+):
+    from rest_framework.authtoken.models import Token
+
+    from fleet.models import Endpoint, EndpointStatus
+    from speculation.services.version import bump_routing_version
+
+    rogue, lookups = rebinding
+    # given an endpoint whose name checked fine at registration (first lookup) and now points elsewhere
+    url = f"http://model.rebind.test:{rogue.port}"
+    assert check_url(url) == url
+    Endpoint.objects.create(name="rebound", base_url=url, status=EndpointStatus.READY)
+    bump_routing_version()
+    key = Token.objects.create(user=django_user_model.objects.create_superuser("gw", password="pw-for-tests")).key
+    # when a client calls it through the gateway (off mode: a plain relay)
+    response = client.post(
+        "/v1/completions",
+        data={"model": "rebound", "prompt": "hi", "max_tokens": 1},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    # then the connection is refused, the answer says so without the address, and nothing reached the rogue
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "refused by ACE's network policy" in message and "127.0.0.2" not in message
+    assert rogue.hits == 0 and len(lookups) >= 2
