@@ -3,9 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from ace.api import ApiRootView, docs_view, schema_view
-
 from ace import ops
+from ace.api import ApiRootView, docs_view, schema_view
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="fleet:endpoint-list", permanent=False)),
