@@ -93,3 +93,19 @@ def stats_from_request_metrics(spec: dict) -> dict:
         "per_position_acceptance": [n / drafts for n in per_pos] if drafts else [],
         "k": spec.get("num_spec_tokens") or len(per_pos) or None,
     }
+
+
+# Not a vLLM name: the key under which the native path keeps the requests running when it scraped /metrics.
+RUNNING = "ace:requests_running"
+
+
+def requests_running(text: str) -> float:
+    """vLLM's gauge of requests running, summed over engines (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return total

@@ -71,3 +71,18 @@ class ManagedStateView(APIView):
         if managed is None:
             raise Http404("This endpoint is registered by URL, not managed.")
         return Response(selectors.managed_state(managed))
+
+
+class ManagedBaselineView(APIView):
+    @extend_schema(
+        summary="Re-measure the native multiplier's baseline (the server must run without speculation now)",
+        request=None,
+        responses={202: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        endpoint = permissions.endpoint_for(request.user, pk, operate=True)
+        managed = selectors.managed_for(endpoint)
+        if managed is None:
+            raise Http404("This endpoint is registered by URL, not managed.")
+        call_service(services.request_baseline, managed=managed)
+        return Response(selectors.managed_state(managed), status=status.HTTP_202_ACCEPTED)

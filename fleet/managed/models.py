@@ -28,6 +28,9 @@ class ManagedServer(models.Model):
     serving_speculation = models.JSONField(default=dict, blank=True)
     # Consecutive failed starts / exits; the supervisor backs off exponentially and resets it once ready.
     failures = models.PositiveIntegerField(default=0)
+    # Native multiplier baseline (fleet.managed.baseline): {"buckets": {"1": tok/s, ...}, "measured_at", "instance"}.
+    baseline = models.JSONField(default=dict, blank=True)
+    baseline_requested = models.BooleanField(default=False)
     next_start_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -90,6 +93,7 @@ class EventKind(models.TextChoices):
     SWITCHED = "switched", "Switched"
     SWITCH_FAILED = "switch_failed", "Switch failed"
     STOPPED = "stopped", "Stopped"
+    BASELINE = "baseline", "Baseline measured"
 
 
 class ServerEvent(models.Model):

@@ -67,6 +67,7 @@ def managed_state(managed: ManagedServer) -> dict[str, Any]:
         "server_args": managed.server_args,
         "serving_speculation": managed.serving_speculation,
         "failures": managed.failures,
+        "baseline": managed.baseline,
         "next_start_at": managed.next_start_at,
         "live_instances": [_instance(i) for i in live],
         "recent_instances": [_instance(i) for i in recent],

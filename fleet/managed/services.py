@@ -226,5 +226,14 @@ def request_switch(
     return switch
 
 
+def request_baseline(*, managed: ManagedServer) -> None:
+    """Ask the supervisor to measure the baseline again; only a server running without speculation can."""
+    if managed.serving_speculation:
+        raise ValidationError(
+            {"baseline": ["the server runs with speculation now: switch to off or shadow to measure its baseline"]}
+        )
+    ManagedServer.objects.filter(pk=managed.pk).update(baseline_requested=True)
+
+
 def record_event(managed: ManagedServer, kind: str, message: str = "", **extra: Any) -> ServerEvent:
     return ServerEvent.objects.create(managed=managed, kind=kind, message=message[:4000], **extra)

@@ -36,7 +36,7 @@ from django.utils import timezone
 from ace import processes
 from fleet.adapters import adapter_for
 from fleet.managed import args as server_args
-from fleet.managed import switching
+from fleet.managed import baseline, switching
 from fleet.managed.models import (
     LIVE_STATES,
     EventKind,
@@ -177,6 +177,8 @@ class Supervisor:
         elif active.state == InstanceState.STARTING:
             self._check_starting_active(managed, active)
         self._advance_switch(managed, active, standby)
+        if active is not None:
+            self._maybe_measure_baseline(managed, active)
         for instance in live:
             if instance.role == InstanceRole.DRAINING:
                 self._drain(instance)
@@ -285,6 +287,23 @@ class Supervisor:
         ManagedServer.objects.filter(pk=managed.pk).update(failures=failures, next_start_at=managed.next_start_at)
         record_event(managed, EventKind.RESTARTING, f"{why}; restart {failures} in {delay:.0f} s", log_tail=tail)
         switching.mark_down(managed=managed, reason=f"{why}; restarting in {delay:.0f} s")
+
+    def _maybe_measure_baseline(self, managed: ManagedServer, active: ServerInstance) -> None:
+        """Measure the plain baseline on a serving instance without speculation, when none is kept or asked."""
+        active.refresh_from_db(fields=["state"])
+        if active.state != InstanceState.READY or active.speculation:
+            return
+        if managed.baseline.get("buckets") and not managed.baseline_requested:
+            return
+        if managed.switches.filter(status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists():
+            return
+        try:
+            buckets = baseline.measure(base_url=active.base_url, model=managed.served_name)
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            logger.warning("baseline of %s not measured: %s", managed.endpoint.name, exc)
+            ManagedServer.objects.filter(pk=managed.pk).update(baseline_requested=False)
+            return
+        switching.keep_baseline(managed=managed, instance=active, buckets=buckets)
 
     # --- switches ---------------------------------------------------------------------------------------------
 

@@ -170,3 +170,13 @@ def fail_switch(*, switch: Switch, reason: str, log_tail: str = "", instance: Se
             instance=instance,
         )
     logger.warning("managed endpoint %s: switch %s failed: %s", managed.endpoint.name, switch.pk, reason)
+
+
+def keep_baseline(*, managed: ManagedServer, instance: ServerInstance, buckets: dict[str, float]) -> None:
+    """Keep a measured baseline; the gateway's routes carry it to the native path's records."""
+    with transaction.atomic():
+        value = {"buckets": buckets, "measured_at": timezone.now().isoformat(), "instance": instance.pk}
+        ManagedServer.objects.filter(pk=managed.pk).update(baseline=value, baseline_requested=False)
+        text = ", ".join(f"{c} streams: {tok_s:.1f} tok/s" for c, tok_s in buckets.items())
+        record_event(managed, EventKind.BASELINE, f"baseline without speculation: {text}", instance=instance)
+        _bump()

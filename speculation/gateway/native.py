@@ -10,7 +10,14 @@ import logging
 
 import httpx
 
-from fleet.adapters.vllm_metrics import parse_spec_counters, stats_from_deltas, stats_from_request_metrics
+from fleet.adapters.vllm_metrics import (
+    RUNNING,
+    parse_spec_counters,
+    requests_running,
+    stats_from_deltas,
+    stats_from_request_metrics,
+)
+from fleet.managed.baseline import pick
 from speculation.gateway import background, passthrough, upstream
 from speculation.gateway.call import Call
 from speculation.gateway.recording import output_tokens_of
@@ -27,7 +34,11 @@ async def scrape(call: Call) -> dict[str, float] | None:
     except httpx.HTTPError as exc:
         logger.warning("request %s: /metrics unreachable: %s", call.request_id, exc)
         return None
-    return parse_spec_counters(response.text) if response.status_code == 200 else None
+    if response.status_code != 200:
+        return None
+    counters = parse_spec_counters(response.text)
+    counters[RUNNING] = requests_running(response.text)
+    return counters
 
 
 class NativeRecorder:
@@ -100,14 +111,24 @@ class NativeRecorder:
                 return
             stats, source = stats_from_deltas(self.before, after), "/metrics counter deltas"
         tokens = self.output_tokens or 0
+        tok_s = tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None
+        reason = f"native; acceptance from {source}"
+        measured: dict = {}
+        # Managed endpoints: the same server without speculation, at the load this request started under.
+        load = int((self.before or {}).get(RUNNING, 0)) + 1
+        chosen = pick(route.native_baseline, load) if route.native_baseline else None
+        if chosen is not None and tok_s:
+            bucket, baseline = chosen
+            measured = {"baseline_tok_s": baseline, "multiplier": tok_s / baseline}
+            reason += f"; baseline at {bucket} concurrent stream(s) (load {load})"
         keep_record(
             endpoint_id=route.endpoint_id,
             request_id=self.call.request_id,
             mode=route.mode,
             action=Action.SPECULATED,
-            reason=f"native; acceptance from {source}",
-            tok_s=tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None,
-            **{**stats, **common, "k": stats.get("k") or route.capabilities.get("native_speculation_k")},
+            reason=reason,
+            tok_s=tok_s,
+            **{**stats, **common, **measured, "k": stats.get("k") or route.capabilities.get("native_speculation_k")},
         )
 
 

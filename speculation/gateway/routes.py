@@ -16,6 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
 from speculation.models import Mode, SpeculationPolicy
 from speculation.services.version import ROUTING_VERSION_KEY
@@ -49,12 +50,15 @@ class Route:
     path: str = ""
     target_path: str = ""
     upstream_headers: dict[str, str] = field(default_factory=dict)
+    # Managed endpoints: tok/s without speculation per concurrency bucket (fleet.managed.baseline).
+    native_baseline: dict[str, float] = field(default_factory=dict)
 
 
 def _build_table() -> dict[str, Route]:
     from speculation.services.policies import resolve_path
 
     policies = {p.endpoint_id: p for p in SpeculationPolicy.objects.select_related("draft").all()}
+    baselines = dict(ManagedServer.objects.values_list("endpoint_id", "baseline"))
     endpoints = list(Endpoint.objects.all())
     names = {endpoint.name for endpoint in endpoints}
     served_by: dict[str, int] = {}
@@ -94,6 +98,7 @@ def _build_table() -> dict[str, Route]:
             status=endpoint.status,
             capabilities=dict(endpoint.capabilities or {}),
             upstream_headers=headers,
+            native_baseline=dict((baselines.get(endpoint.pk) or {}).get("buckets") or {}),
             **extra,
         )
         table[endpoint.name] = route

@@ -10,6 +10,7 @@ run at once (during a switch).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -20,14 +21,24 @@ from pathlib import Path
 import pytest
 
 from ace import processes
-from fleet.managed.models import EventKind, InstanceRole, InstanceState, ServerInstance, Switch, SwitchStatus
+from fleet.managed.models import (
+    EventKind,
+    InstanceRole,
+    InstanceState,
+    ManagedServer,
+    ServerInstance,
+    Switch,
+    SwitchStatus,
+)
 from fleet.managed.services import create_managed_endpoint
 from fleet.models import Endpoint
-from speculation.models import DraftModel, PolicyChange
+from speculation.models import DraftModel, PolicyChange, StageRecord
 from speculation.services.policies import get_policy, update_policy
 from tests.speculation.conftest import database_url
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+logger = logging.getLogger(__name__)
 
 NODE_CLASS = "managedtest"
 WAIT_S = 420
@@ -115,6 +126,9 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     assert endpoint.capabilities.get("native_speculation") is False
     reply = gateway_client.completions.create(model=endpoint.name, prompt=PROMPT, max_tokens=8, temperature=0)
     assert reply.choices[0].text
+    # and: the supervisor measures the plain baseline of the multiplier, per concurrency bucket
+    baseline = _wait("the baseline", lambda: ManagedServer.objects.get(endpoint=endpoint).baseline.get("buckets"))
+    assert set(baseline) == {"1", "4"} and all(v > 0 for v in baseline.values())
 
     # when: prod with n-gram K=3 while a client streams
     client = StreamingClient(gateway_client, endpoint.name)
@@ -154,6 +168,24 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     change = PolicyChange.objects.filter(policy=policy).first()
     assert change.changed_by == user and change.changes["switch"]["outcome"] == "done"
     assert change.changes["mode"] == ["off", "prod"] and change.changes["switch"]["duration_s"] > 0
+    # and: requests served after the switch are native prod records; one whose token count is known (a stream
+    # without usage has none) carries tok/s, the plain baseline of its load bucket and the multiplier
+    native = StageRecord.objects.filter(endpoint=endpoint, action="speculated", path="native")
+    _wait("native records of the streams", lambda: native.exists(), 60)
+    gateway_client.completions.create(model=endpoint.name, prompt=PROMPT, max_tokens=24, temperature=0)
+    record = _wait("a native record with a multiplier", lambda: native.filter(multiplier__isnull=False).first(), 60)
+    assert record.baseline_tok_s in baseline.values() and record.drafted_tokens is not None
+    assert "per-request metrics" in record.reason, record.reason  # vLLM runs with per-request acceptance
+    logger.info(
+        "managed switch: %d requests streamed, 0 failed, switch %.1f s, native record %.2f tok/s vs baseline "
+        "%.2f (x%.2f), acceptance %s",
+        client.completed,
+        switch.duration_s,
+        record.tok_s,
+        record.baseline_tok_s,
+        record.multiplier,
+        record.acceptance_rate,
+    )
 
     # when: a draft whose directory is gone on the node
     bad = DraftModel.objects.create(

@@ -196,3 +196,30 @@ def test_supervisor_rules():
     metrics = 'vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 1.0\nother 5\n'
     assert in_flight(metrics) == 3.0
     assert last_error("INFO start\nValueError: no such model\nINFO bye") == "ValueError: no such model"
+
+
+def test_a_record_takes_the_baseline_of_the_load_it_started_under():
+    from fleet.adapters.vllm_metrics import requests_running
+    from fleet.managed.baseline import pick
+
+    buckets = {"1": 20.0, "4": 12.0}
+    assert pick(buckets, 1) == (1, 20.0)
+    assert pick(buckets, 3) == (1, 20.0)
+    assert pick(buckets, 9) == (4, 12.0)
+    assert pick({}, 2) is None
+    assert requests_running('vllm:num_requests_running{engine="0"} 3.0\nvllm:num_requests_waiting 1\n') == 3.0
+
+
+def test_the_baseline_is_re_measured_on_demand_only_without_speculation(endpoint, user):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    url = f"/api/v1/endpoints/{endpoint.pk}/managed/baseline/"
+
+    accepted = client.post(url)
+    endpoint.managed.__class__.objects.filter(pk=endpoint.managed.pk).update(
+        serving_speculation={"draft_kind": "ngram", "draft_path": "", "k": 3}
+    )
+    refused = client.post(url)
+
+    assert accepted.status_code == 202
+    assert refused.status_code == 400 and "baseline" in refused.json()
