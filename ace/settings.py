@@ -235,6 +235,8 @@ CELERY_BEAT_SCHEDULE = {
 }
 CONTROL_QUEUE = "control"
 DEFAULT_NODE_CLASS = env_str("ACE_DEFAULT_NODE_CLASS", "cpu")
+# Managed endpoints (fleet.managed): the address their servers listen on, on the GPU worker's host.
+MANAGED_HOST = env_str("ACE_MANAGED_HOST", "127.0.0.1")
 
 LOGGING = {
     "version": 1,
