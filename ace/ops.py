@@ -14,7 +14,7 @@ import hmac
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 import redis
 import redis.asyncio as aioredis
@@ -52,12 +52,13 @@ def _database_ok() -> None:
         cursor.execute("SELECT 1")
 
 
-async def _check(name: str, check) -> dict:
+async def _check(name: str, check: Callable[[], Awaitable[None]]) -> dict:
     try:
         await asyncio.wait_for(check(), timeout=CHECK_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the check failed; the type is reported, no details
-        logger.warning("readyz: %s check failed: %s", name, type(exc).__name__)
-        return {"ok": False, "error": f"{type(exc).__name__}" if not isinstance(exc, TimeoutError) else "timeout"}
+        error = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        logger.warning("readyz: %s check failed: %s", name, error)
+        return {"ok": False, "error": error}
     return {"ok": True}
 
 

@@ -66,6 +66,23 @@ def test_readyz_says_503_and_names_redis_when_redis_is_down(client, settings):
 
 
 @pytest.mark.django_db
+def test_readyz_says_503_and_names_the_database_when_it_fails(client, redis_url, monkeypatch):
+    from django.db import OperationalError
+
+    from ace import ops
+
+    def broken() -> None:
+        raise OperationalError("could not connect to server: password authentication failed for user ace")
+
+    monkeypatch.setattr(ops, "_database_ok", broken)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["failed"] == ["database"]
+    assert response.json()["checks"]["database"] == {"ok": False, "error": "OperationalError"}
+    assert "password" not in response.content.decode()
+
+
+@pytest.mark.django_db
 def test_readyz_stops_redis_for_real_and_recovers(client, settings, tmp_path):
     own = processes.start_redis(workdir=tmp_path / "redis", log_dir=tmp_path)
     settings.REDIS_URL = own.url
