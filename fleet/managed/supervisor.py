@@ -119,6 +119,20 @@ class Supervisor:
                 self.stop_event.wait(TICK_S)
         finally:
             self.stop_all()
+            self._release_lease()
+
+    def _release_lease(self) -> None:
+        """Let a spare supervisor of the node class take over at once."""
+        import redis
+
+        if self._redis is None:
+            return
+        key = LEASE_KEY.format(node_class=self.node_class)
+        try:
+            if (self._redis.get(key) or b"").decode() == self._lease_holder:
+                self._redis.delete(key)
+        except redis.RedisError:
+            pass
 
     def _hold_lease(self) -> bool:
         import redis

@@ -223,3 +223,17 @@ def test_the_baseline_is_re_measured_on_demand_only_without_speculation(endpoint
 
     assert accepted.status_code == 202
     assert refused.status_code == 400 and "baseline" in refused.json()
+
+
+def test_one_supervisor_per_node_class_holds_the_lease(redis_server):
+    from fleet.managed.supervisor import Supervisor
+
+    first, spare = Supervisor(node_class="lease-test"), Supervisor(node_class="lease-test")
+    spare._lease_holder = "other-host:1"
+
+    assert first._hold_lease() is True
+    assert spare._hold_lease() is False
+    assert first._hold_lease() is True  # renewed by its holder
+    first._release_lease()
+    assert spare._hold_lease() is True
+    spare._release_lease()
