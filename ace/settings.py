@@ -93,16 +93,6 @@ METRICS_ALLOW_LOOPBACK = env_bool("ACE_METRICS_LOOPBACK", True)
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
 
-# /metrics (ace.ops): served to loopback clients (unless ACE_METRICS_LOOPBACK=false) and to any client sending
-# `Authorization: Bearer <ACE_METRICS_TOKEN>`.
-METRICS_TOKEN = env_str("ACE_METRICS_TOKEN", "")
-if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
-    raise ConfigError("ACE_METRICS_TOKEN must be at least 16 characters long")
-METRICS_ALLOW_LOOPBACK = env_bool("ACE_METRICS_LOOPBACK", True)
-# Prometheus multiprocess mode (several uvicorn or Celery processes): every process writes its samples there.
-if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
-
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
