@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
-from speculation.demo.corpus import stdlib_corpus
+from speculation.demo.corpus import stdlib_corpus, unwrap_paragraphs
 from speculation.demo.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
 from speculation.demo.train import (
     DRAFT_SHAPE,
@@ -60,6 +60,7 @@ class Recipe:
     held_out_bytes: int = 400_000
     prose_bytes: int = 600_000
     english: bool = False
+    paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
 
 
 RECIPES = {
@@ -87,6 +88,30 @@ RECIPES = {
         draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
         prose_bytes=1_200_000,
         english=True,
+    ),
+    # v5: as v4, but the English comes as unwrapped paragraphs each starting with BOS (v4's greedy output
+    # fell into newline loops: hard-wrapped docstrings taught it that a line ends after a few words), more of
+    # it (70 %), more steps and the unlikelihood weight of the paper (1.0)
+    "demo-v5": Recipe(
+        plan=TrainPlan(
+            seq_len=256,
+            target_batch=4,
+            target_steps=160,
+            target_lr=2e-3,
+            draft_batch=8,
+            draft_steps=150,
+            teacher_real=12,
+            gen_prompts=24,
+            gen_prompt_len=32,
+            gen_new_tokens=96,
+            prose_share=0.7,
+            unlikelihood=1.0,
+        ),
+        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
+        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
+        prose_bytes=1_200_000,
+        english=True,
+        paragraphs=True,
     ),
 }
 DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
@@ -176,7 +201,13 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
         prose = corpus.prose_text(recipe.prose_bytes)
         tokenizer = train_tokenizer(train_text[: recipe.tokenizer_bytes], vocab_size=VOCAB_SIZE)
     ids = _encode(tokenizer, train_text[: recipe.train_bytes])
-    prose_ids = _encode(tokenizer, prose)
+    if recipe.paragraphs:
+        bos = tokenizer.token_to_id(BOS)
+        prose_ids = torch.tensor(
+            [t for p in unwrap_paragraphs(prose) for t in [bos, *tokenizer.encode(p, add_special_tokens=False).ids]]
+        )
+    else:
+        prose_ids = _encode(tokenizer, prose)
     held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
     logger.info(
         "tokenizer: %d tokens of training text, %d held out (%.0fs)",

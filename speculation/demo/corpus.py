@@ -91,6 +91,12 @@ def _read_budget(files: tuple[Path, ...], byte_budget: int) -> str:
     return FILE_SEPARATOR.join(parts)[:byte_budget]
 
 
+def unwrap_paragraphs(text: str) -> list[str]:
+    """Paragraphs (blank-line separated) with their hard line wraps and indentation joined into one line,
+    the way a prompt is written."""
+    return [p for p in (" ".join(block.split()) for block in text.split("\n\n")) if p]
+
+
 def _docstrings(files: tuple[Path, ...]):
     """Module, class and function docstrings, cleaned of their indentation, file by file."""
     for path in files:
