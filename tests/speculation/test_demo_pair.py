@@ -168,3 +168,10 @@ def test_unlikelihood_penalises_probability_on_tokens_already_in_the_window():
     on_unseen[..., 7] = 8.0  # the same mass on token 7, never seen
     assert unlikelihood_loss(on_seen, batch) > 10 * unlikelihood_loss(on_unseen, batch)
     assert unlikelihood_loss(on_unseen, batch) > 0  # the little mass left on seen tokens still counts
+
+
+def test_unwrapped_paragraphs_join_hard_wrapped_lines_and_keep_paragraph_breaks():
+    from speculation.demo.corpus import unwrap_paragraphs
+
+    text = "Return the number of\n    items in the list.\n\n\n\nRaises ValueError\nwhen empty.\n\n   \n"
+    assert unwrap_paragraphs(text) == ["Return the number of items in the list.", "Raises ValueError when empty."]
