@@ -140,6 +140,9 @@ async def serve(call: Call):
         await asyncio.to_thread(enqueue_prod, job=job, node_class=route.node_class, expires_s=START_TIMEOUT_S)
     except ChannelError as exc:
         return await plain(call, action=Action.FELL_BACK, reason=str(exc))
+    except asyncio.CancelledError:  # the client went away while the job was being queued
+        admission.cancel(**stop_job)
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever the broker raises, the client gets a plain answer
         await admission.cancel_now(**stop_job)
         return await plain(call, action=Action.FELL_BACK, reason=f"could not enqueue: {type(exc).__name__}: {exc}")
