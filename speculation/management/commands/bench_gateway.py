@@ -5,6 +5,9 @@ at the end): direct to vLLM vs through ACE in off mode (added latency p50/p99, t
 concurrent streams), then shadow and prod on the same greedy requests (tok/s multiplier per path, whether
 prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees), and prod_coverage:
 the share of a mixed greedy request set (stop strings, echo, min_tokens, ...) that prod speculates.
+
+--managed instead benchmarks one managed endpoint (speculation.benchmarking.managed): off vs prod with the
+server's own n-gram and draft-model speculation at 1, 8, 32 streams, and the blue/green switches between them.
 """
 
 from __future__ import annotations
@@ -43,12 +46,20 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="json_path", help="write the results there as JSON")
         parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl")
         parser.add_argument("--no-native", action="store_true", help="skip the native path (a second vLLM)")
+        parser.add_argument(
+            "--managed", action="store_true", help="off vs native prod and the switches on a managed endpoint"
+        )
 
-    def handle(self, *args, quick: bool, json_path: str | None, dataset: str, no_native: bool, **options) -> None:
+    def handle(
+        self, *args, quick: bool, json_path: str | None, dataset: str, no_native: bool, managed: bool, **options
+    ) -> None:
         from speculation.demo import ensure_demo_pair
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
+        if managed:
+            self._managed(pair, quick=quick, json_path=json_path, dataset=dataset, started=started)
+            return
         plan = {
             "overhead_n": 40 if quick else 200,
             "throughput_requests": {1: 4, 8: 16, 32: 32} if quick else {1: 8, 8: 32, 32: 64},
@@ -70,6 +81,31 @@ class Command(BaseCommand):
             "plan": {k: str(v) for k, v in plan.items()},
             "prompts": len(prompts),
             "k": K,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "wall_s": round(time.perf_counter() - started, 1),
+        }
+        text = json.dumps(results, indent=2)
+        self.stdout.write(text)
+        if json_path:
+            Path(json_path).write_text(text + "\n")
+
+    def _managed(self, pair, *, quick: bool, json_path: str | None, dataset: str, started: float) -> None:
+        from speculation.benchmarking import managed
+
+        plan = {
+            "requests": {1: 2, 8: 8, 32: 32} if quick else {1: 4, 8: 16, 32: 64},
+            "max_tokens": 16 if quick else 32,
+            "switch_back": not quick,  # prod -> off too (one more vLLM start)
+        }
+        prompts = [p for _, p in load_prompts(Path(dataset), per_category=1)]
+        results = managed.run(
+            target_dir=pair.target_dir, draft_dir=pair.draft_dir, prompts=prompts, plan=plan, log=self.stderr.write
+        )
+        results["meta"] = {
+            "quick": quick,
+            "plan": {k: str(v) for k, v in plan.items()},
+            "k": managed.K,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "wall_s": round(time.perf_counter() - started, 1),
