@@ -60,6 +60,7 @@ class Recipe:
     held_out_bytes: int = 400_000
     prose_bytes: int = 600_000
     english: bool = False
+    english_sources: tuple[str, ...] = ()  # Corpus.english_text's sources (all when empty)
     paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
 
 
@@ -111,6 +112,30 @@ RECIPES = {
         draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
         prose_bytes=1_200_000,
         english=True,
+        paragraphs=True,
+    ),
+    # v6: as v5 on twice the steps, the English from docstrings and the reference manual only (v5's loops
+    # were mostly licence and changelog phrases: "the License, and the License, ...")
+    "demo-v6": Recipe(
+        plan=TrainPlan(
+            seq_len=256,
+            target_batch=4,
+            target_steps=320,
+            target_lr=2e-3,
+            draft_batch=8,
+            draft_steps=150,
+            teacher_real=12,
+            gen_prompts=24,
+            gen_prompt_len=32,
+            gen_new_tokens=96,
+            prose_share=0.7,
+            unlikelihood=1.0,
+        ),
+        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
+        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
+        prose_bytes=1_200_000,
+        english=True,
+        english_sources=("docstrings", "pydoc topics"),
         paragraphs=True,
     ),
 }
@@ -194,7 +219,7 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
     corpus = stdlib_corpus()
     train_text = corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes))
     if recipe.english:  # English: the tokenizer sees half code, half prose; the target trains on both
-        prose = corpus.english_text(recipe.prose_bytes)
+        prose = corpus.english_text(recipe.prose_bytes, sources=recipe.english_sources)
         half = recipe.tokenizer_bytes // 2
         tokenizer = train_tokenizer(train_text[:half] + prose[:half], vocab_size=VOCAB_SIZE)
     else:

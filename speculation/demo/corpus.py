@@ -36,8 +36,9 @@ class Corpus:
         """The English in the training files: comment lines and docstring lines, stripped of code."""
         return _prose(_read_budget(self.train_files, 4 * byte_budget))[:byte_budget]
 
-    def english_text(self, byte_budget: int, *, held_out: bool = False) -> str:
-        """English prose (see the module docstring); ``held_out``: the held-out files' docstrings only."""
+    def english_text(self, byte_budget: int, *, held_out: bool = False, sources: tuple[str, ...] = ()) -> str:
+        """English prose (see the module docstring); ``held_out``: the held-out files' docstrings only;
+        ``sources``: only these of "docstrings", "pydoc topics", "idle", "licences"."""
         if held_out:
             return _read_parts(_docstrings(self.held_out_files), byte_budget)
         documents = [("docstrings", _docstrings(self.train_files))]
@@ -46,6 +47,8 @@ class Corpus:
             documents.append(("idle", _text_files(sorted((self.root / "idlelib").glob("*.txt")))))
         if DEBIAN_LICENSES.is_dir():
             documents.append(("licences", _text_files(sorted(DEBIAN_LICENSES.iterdir()))))
+        if sources:  # a subset, by name
+            documents = [(name, parts) for name, parts in documents if name in sources]
         # interleave the sources so any byte budget gets some of each
         share = byte_budget // len(documents)
         return FILE_SEPARATOR.join(_read_parts(parts, share) for _, parts in documents)[:byte_budget]
