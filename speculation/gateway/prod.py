@@ -22,7 +22,7 @@ from speculation.gateway import admission, native, passthrough, upstream
 from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
 from speculation.gateway.channel import ChannelError, GatewayChannel
-from speculation.gateway.errors import REQUEST_ID_HEADER
+from speculation.gateway.errors import REQUEST_ID_HEADER, error_event
 from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 from speculation.gateway.openai_format import Shape
 from speculation.gateway.recording import PlainRecorder
@@ -208,6 +208,7 @@ class ProdRun:
         self.stats: dict[str, Any] = {}
         self.failure = ""
         self.recorded = False
+        self.unfinished = False  # the plain continuation failed as well: the stream ends with an error event
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         """Token messages until done; on failure sets self.failure and stops."""
@@ -307,6 +308,14 @@ class ProdRun:
                 async for piece in self._continue_plain(first_sent=sent_any):
                     yield piece
                 self._record()
+                if self.unfinished:
+                    # neither the worker nor the server could finish: a clear error, not a "length" that
+                    # looks complete (the openai client raises it)
+                    yield error_event(
+                        f"generation could not be finished after {len(self.ids)} tokens; retry the request",
+                        code="generation_unfinished",
+                    )
+                    return
             else:
                 self._record()
                 yield self.shape.chunk(
@@ -362,6 +371,10 @@ class ProdRun:
                 content=dumps(payload).encode(),
                 headers={**self.call.route.upstream_headers, "Content-Type": "application/json"},
             ) as response:
+                if response.status_code != 200:
+                    self.failure += f"; plain continuation failed too: HTTP {response.status_code} from the server"
+                    self.unfinished = True
+                    return
                 async for chunk in response.aiter_raw():
                     for raw in splitter.feed(chunk):
                         data = payload_of(raw)
@@ -382,5 +395,8 @@ class ProdRun:
                         first_sent = True
         except httpx.HTTPError as exc:
             self.failure += f"; plain continuation failed too: {type(exc).__name__}"
-        if finish is None:
-            yield self.shape.chunk("", [], finish_reason="length", first=not first_sent)
+            self.unfinished = True
+            return
+        if finish is None:  # the server's stream ended without a finish reason: broken off, not complete
+            self.failure += "; plain continuation broke off"
+            self.unfinished = True
