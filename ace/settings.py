@@ -183,7 +183,7 @@ REST_FRAMEWORK = {
     # Reads: any signed-in user; writes: operators and admins. Object checks: fleet.permissions.
     "DEFAULT_PERMISSION_CLASSES": ["fleet.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "ace.query_params.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
 }
 # /api/schema/ and /api/docs/: readable without signing in only when this is true.

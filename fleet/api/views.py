@@ -13,6 +13,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ace.query_params import id_param
 from fleet import permissions, selectors, services
 from fleet.api.serializers import EndpointInputSerializer, EndpointSerializer, ProbeSerializer
 from fleet.models import Endpoint, EndpointStatus, ProbeStatus, ServerKind
@@ -146,7 +147,5 @@ class ProbeViewSet(viewsets.ReadOnlyModelViewSet):
         qs = qs.filter(endpoint__in=permissions.visible_endpoints(self.request.user))
         endpoint_id = self.request.query_params.get("endpoint")
         if endpoint_id:
-            if not endpoint_id.isdigit():
-                raise ValidationError({"endpoint": ["Must be an endpoint id (an integer)."]})
-            qs = qs.filter(endpoint_id=int(endpoint_id))
+            qs = qs.filter(endpoint_id=id_param(endpoint_id, name="endpoint"))
         return qs

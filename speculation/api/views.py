@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ace.query_params import id_param
 from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.api.serializers import (
     DraftSerializer,
@@ -135,10 +136,7 @@ class StageRecordViewSet(viewsets.ReadOnlyModelViewSet):
             endpoint__in=visible_endpoints(self.request.user)
         )
         if params.get("endpoint"):
-            try:
-                records = records.filter(endpoint_id=int(params["endpoint"]))
-            except ValueError as exc:
-                raise ValidationError({"endpoint": ["must be an endpoint id"]}) from exc
+            records = records.filter(endpoint_id=id_param(params["endpoint"], name="endpoint"))
         for name, choices in (("action", Action.values), ("mode", Mode.values)):
             value = params.get(name)
             if value:
