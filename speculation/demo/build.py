@@ -115,7 +115,8 @@ RECIPES = {
         paragraphs=True,
     ),
     # v6: as v5 on twice the steps, the English from docstrings and the reference manual only (v5's loops
-    # were mostly licence and changelog phrases: "the License, and the License, ...")
+    # were mostly licence and changelog phrases: "the License, and the License, ..."). NOT yet built or
+    # measured (the loaded machine ran out of time on 2026-11-30); build with ensure_demo_pair(version=...)
     "demo-v6": Recipe(
         plan=TrainPlan(
             seq_len=256,
