@@ -58,8 +58,9 @@ async def forward(call: Call, *, content: bytes | None = None, observer: Observe
             request_id=call.request_id,
         )
     content_type = response.headers.get("content-type", JSON)
-    if not call.stream:
-        body = response.content
+    if not call.stream or response.status_code != 200:  # an error is one JSON body, to a stream request too
+        body = await response.aread()
+        await response.aclose()
         if observer is not None:
             body = observer.on_body(response.status_code, body)
             await observer.on_done(response.status_code)

@@ -180,3 +180,21 @@ def test_bodies_that_are_not_a_json_object_are_400s(client, gateway, raw):
     assert response.status_code == 400
     assert response[REQUEST_ID_HEADER]
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_error_the_server_gives_to_a_shadow_stream_request_reaches_the_client_whole(client, gateway, http_stub):
+    # found by the fuzz run: the shadow stream observer held back a JSON error body (no SSE event boundary)
+    error = {"error": {"message": "ignore_eos: Input should be a valid boolean", "type": "BadRequestError"}}
+    stub = http_stub({("POST", "/v1/completions"): lambda r: (400, {"content-type": "application/json"},
+                                                             json.dumps(error).encode())})  # fmt: skip
+    model, headers = gateway(Mode.SHADOW)
+    Endpoint.objects.filter(name=model).update(base_url=stub.base_url)
+    from speculation.services.version import bump_routing_version
+
+    bump_routing_version()
+    body = {**COMPLETION, "model": model, "stream": True, "ignore_eos": None}
+    response = _post(client, "/v1/completions", body, headers)
+    assert response.status_code == 400
+    content = b"".join(response.streaming_content) if response.streaming else response.content
+    assert json.loads(content) == error
+    assert response[REQUEST_ID_HEADER]
