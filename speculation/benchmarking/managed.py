@@ -7,7 +7,7 @@ policy, i.e. a blue/green switch done by the supervisor. Every figure is measure
 
 - per mode (off; prod n-gram K; prod demo draft model K) and concurrency (1, 8, 32 streams): aggregate tok/s
   (all tokens / wall time) and p50/p99 of the request latency; the multiplier is prod's aggregate tok/s over
-  off's at the same concurrency;
+  off's at the same concurrency; how many of prod's greedy outputs equal off's (same prompt, same concurrency);
 - per switch: `switch_s`, from the policy change to the policy applied (the new instance probed and routed),
   and the requests that failed (error, non-200, a stream without its end) among those a background load of
   mixed greedy / temperature 0.7 streams sent during the switch.
@@ -234,8 +234,10 @@ def measure(stack: ManagedStack, plan: dict, prompts: list[str]) -> dict[str, di
             "p50_ms": round(quantile(latencies, 0.5) * 1000, 1),
             "p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
             "requests": count,
+            "token_ids": [r.token_ids for r in results],  # greedy: compared with off's (shape drops them)
         }
-        logger.info("managed bench: %s streams: %s", concurrency, out[str(concurrency)])
+        figures = {k: v for k, v in out[str(concurrency)].items() if k != "token_ids"}
+        logger.info("managed bench: %s streams: %s", concurrency, figures)
     return out
 
 
@@ -277,6 +279,9 @@ def _row(off: dict, prod: dict) -> dict:
         "p99_ms": prod["p99_ms"],
         "off_p50_ms": off["p50_ms"],
         "off_p99_ms": off["p99_ms"],
+        # greedy requests whose tokens equal off's for the same prompt at the same concurrency
+        "greedy_identical": f"{sum(a == b for a, b in zip(off['token_ids'], prod['token_ids'], strict=True))} of "
+        f"{len(off['token_ids'])}",
     }
 
 
