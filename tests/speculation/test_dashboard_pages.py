@@ -104,7 +104,9 @@ def test_mode_toggle_switches_through_the_policy_service_and_records_who(client_
     policy = SpeculationPolicy.objects.get(endpoint=endpoint)
     assert policy.mode == Mode.SHADOW
     change = PolicyChange.objects.get(policy=policy)
-    assert change.changes == {"mode": ["off", "shadow"]} and change.changed_by == user
+    # the change also fixes the auto path (resolved when the policy is saved, never by a re-probe)
+    assert change.changes["mode"] == ["off", "shadow"] and change.changed_by == user
+    assert set(change.changes) <= {"mode", "resolved_path", "path_evidence"}
 
 
 def test_mode_toggle_refusal_keeps_the_mode_and_says_why(client_in, endpoint):

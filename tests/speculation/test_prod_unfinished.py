@@ -4,6 +4,7 @@ manage.py fault_run: vLLM killed while the worker was killed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -76,7 +77,13 @@ def _run(base_url: str, endpoint_id: int) -> list[bytes]:
     )
 
     async def collect() -> list[bytes]:
-        return [piece async for piece in run.stream()]
+        pieces = [piece async for piece in run.stream()]
+        # the record is written by a background task of this loop: let it run before the loop ends
+        for _ in range(100):
+            if await StageRecord.objects.filter(request_id="unfinished-1").aexists():
+                break
+            await asyncio.sleep(0.05)
+        return pieces
 
     return async_to_sync(collect)()
 
