@@ -222,6 +222,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=PROBE_INTERVAL_S),
         "options": {"queue": "control"},
     },
+    "refresh-rollups": {
+        "task": "speculation.tasks.refresh_rollups_task",
+        "schedule": timedelta(seconds=60),
+        "options": {"queue": "control"},
+    },
 }
 CONTROL_QUEUE = "control"
 DEFAULT_NODE_CLASS = env_str("ACE_DEFAULT_NODE_CLASS", "cpu")
