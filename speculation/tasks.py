@@ -87,4 +87,3 @@ def refresh_rollups_task() -> int:
     from speculation.rollup_store import refresh_rollups
 
     return refresh_rollups()
-

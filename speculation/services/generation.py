@@ -307,9 +307,7 @@ def run_prod_generation(job: dict[str, Any]) -> None:
         channel.send({"type": "error", "reason": str(exc)}, release=slot)
     except Exception as exc:  # noqa: BLE001 - the gateway falls back; the reason says what broke
         logger.exception("prod generation %s failed", job.get("request_id"))
-        channel.send(
-            {"type": "error", "reason": f"speculative path failed: {type(exc).__name__}: {exc}"}, release=slot
-        )
+        channel.send({"type": "error", "reason": f"speculative path failed: {type(exc).__name__}: {exc}"}, release=slot)
     finally:
         slot.release()
         client.close()

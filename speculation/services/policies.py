@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
+from speculation.limits import K_MAX, K_MIN
 from speculation.models import (
     DraftKind,
     DraftModel,
@@ -20,7 +21,6 @@ from speculation.models import (
     SpeculationPolicy,
     VerificationPath,
 )
-from speculation.limits import K_MAX, K_MIN
 from speculation.services import capabilities, model_files
 from speculation.services.path_choice import choose_path
 
