@@ -76,7 +76,7 @@ def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
     shadow_measure_task.apply_async(kwargs=kwargs, queue=gpu_queue(node_class), retry=False)
 
 
-# Additive hook (eagle): register the EAGLE training task with the worker (autodiscovery finds `tasks` only).
+# register the EAGLE training task with the worker (autodiscovery finds `tasks` modules only)
 from speculation.tasks_eagle import train_eagle_head_task  # noqa: E402, F401
 
 

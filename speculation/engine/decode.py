@@ -112,7 +112,7 @@ def generate(
     if proposer is not None:
         proposer.begin(committed)
         if wants_hidden and prefilled is not None and prefilled.hidden is not None:
-            # Additive hook (eagle): the prompt's features, all of them true (as if every token were accepted).
+            # EAGLE: the prompt's features, all of them true (as if every token were accepted).
             proposer.observe_target(prefilled.hidden, prefilled.hidden.shape[0] - 1)
     stats.prefill_s = time.perf_counter() - started
 
