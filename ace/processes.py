@@ -127,6 +127,22 @@ def spawn(
     return ManagedProcess(name=name, popen=popen, log_path=log_path)
 
 
+def run_manage(*args: str, env: dict[str, str], timeout_s: float = 600) -> str:
+    """Run `manage.py ARGS` in the repository with `env` over this process's environment; its stdout, or a
+    RuntimeError with the tail of both streams (the benchmark and fuzz stacks set up their databases so)."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if done.returncode:
+        raise RuntimeError(f"manage.py {args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
 def wait_until(proc: ManagedProcess, ready: Callable[[], bool], *, timeout_s: float, what: str) -> None:
     """Poll `ready()` until it is true; fail early if the process dies, or after timeout_s."""
     deadline = time.monotonic() + timeout_s

@@ -6,9 +6,6 @@ queued and prod falls back to plain generation after ACE_PROD_START_TIMEOUT (kep
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -65,17 +62,7 @@ class FuzzStack:
         self.stop()
 
     def _manage(self, *args: str, extra_env: dict[str, str] | None = None) -> str:
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=processes.REPO_ROOT,
-            env={**os.environ, **self.env, **(extra_env or {})},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode:
-            raise RuntimeError(f"manage.py {args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        return done.stdout
+        return processes.run_manage(*args, env={**self.env, **(extra_env or {})})
 
     def start(self) -> FuzzStack:
         redis_proc = processes.start_redis(workdir=self.log_dir / "redis", log_dir=self.log_dir)

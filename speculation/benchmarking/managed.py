@@ -18,9 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -107,17 +104,7 @@ class ManagedStack:
         self._stack.close()
 
     def _manage(self, *args: str, extra_env: dict[str, str] | None = None) -> str:
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=processes.REPO_ROOT,
-            env={**os.environ, **self.env, **(extra_env or {})},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode:
-            raise RuntimeError(f"manage.py {args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        return done.stdout
+        return processes.run_manage(*args, env={**self.env, **(extra_env or {})})
 
     @property
     def headers(self) -> dict[str, str]:
