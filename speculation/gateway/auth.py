@@ -9,40 +9,51 @@ subset of those (fleet.models.GatewayTokenScope).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db.models import QuerySet
 from rest_framework.authtoken.models import Token
 
 from fleet.models import GatewayTokenScope
-from fleet.permissions import visible_endpoints
+from fleet.permissions import role_of, visible_endpoints
 
 MAX_KEY_LEN = 128
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling, and the ids of the endpoints this token may call."""
+    """Who is calling: the token's user and, for a token scoped to a list, the listed endpoint ids."""
 
-    user_id: int
-    endpoint_ids: frozenset[int]
+    user: Any
+    scoped_ids: frozenset[int] | None  # None: every endpoint the user can see
 
-    def may_call(self, endpoint_id: int) -> bool:
-        return endpoint_id in self.endpoint_ids
+    def _callable(self) -> QuerySet:
+        visible = visible_endpoints(self.user)
+        return visible if self.scoped_ids is None else visible.filter(pk__in=self.scoped_ids)
+
+    async def may_call(self, endpoint_id: int) -> bool:
+        """One small query for the endpoint this request names (never the list of every callable endpoint)."""
+        return await self._callable().filter(pk=endpoint_id).aexists()
+
+    async def callable_ids(self) -> frozenset[int]:
+        """Every endpoint id this token may call (for /v1/models)."""
+        return frozenset([pk async for pk in self._callable().values_list("pk", flat=True)])
 
 
 def _lookup(key: str) -> Principal | None:
-    # Three small queries: the token with its user and scope, the user's role, the endpoint ids it may call.
+    # The token with its user and scope in one query; the user's role is read (and remembered on the user) here
+    # too, so the per-request check afterwards is one EXISTS.
     row = Token.objects.select_related("user", "ace_scope").filter(key=key).first()
     if row is None or not row.user.is_active:
         return None
-    visible = visible_endpoints(row.user)
+    role_of(row.user)
     try:
         scope = row.ace_scope
     except GatewayTokenScope.DoesNotExist:
         scope = None
-    if scope is not None and not scope.all_visible:
-        visible = visible.filter(pk__in=scope.endpoints.values("pk"))
-    return Principal(user_id=row.user_id, endpoint_ids=frozenset(visible.values_list("pk", flat=True)))
+    scoped = None if scope is None or scope.all_visible else frozenset(scope.endpoints.values_list("pk", flat=True))
+    return Principal(user=row.user, scoped_ids=scoped)
 
 
 def _key_from_header(header: str) -> str:

@@ -65,7 +65,7 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
             400, "The body must be a JSON object naming a model.", code="invalid_request", request_id=request_id
         )
     route = await route_cache().lookup(body["model"])
-    if route is None or not principal.may_call(route.endpoint_id):
+    if route is None or not await principal.may_call(route.endpoint_id):
         # Outside the token's scope reads exactly like an unknown name: other teams' endpoints stay unseen.
         return error_response(
             404,
@@ -108,10 +108,11 @@ async def models(request: HttpRequest) -> HttpResponse:
         return _unauthorized(request_id)
     table = await route_cache().table()
     created = int(time.time())
+    allowed = await principal.callable_ids()
     seen: set[int] = set()
     data = []
     for route in table.values():
-        if route.endpoint_id in seen or not principal.may_call(route.endpoint_id):
+        if route.endpoint_id in seen or route.endpoint_id not in allowed:
             continue
         seen.add(route.endpoint_id)
         data.append(
