@@ -9,20 +9,27 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalText:
+    """Decodes only a short window of tokens per call (vLLM's prefix/read offsets), not the whole output: the
+    stop matcher calls it once per committed token, so decoding everything each time would be quadratic."""
+
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = ""
+        self._prefix = 0  # ids[_prefix:_read]: context already turned into text, decoded again for its spacing
+        self._read = 0
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=True)
 
     def add(self, ids: list[int]) -> str:
         """The new text these tokens complete (held back while it ends in an incomplete character)."""
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip(REPLACEMENT)
-        if not text.startswith(self.emitted):
-            return ""  # a later token changed earlier text; wait for it to settle
-        delta = text[len(self.emitted) :]
-        self.emitted = text
-        return delta
+        before = self._decode(self._prefix, self._read)
+        text = self._decode(self._prefix)
+        if len(text) <= len(before) or text.endswith(REPLACEMENT) or not text.startswith(before):
+            return ""  # nothing new yet, an incomplete character, or a later token changed earlier text
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(before) :]
 
 
 def eos_token_ids(directory: str | Path, tokenizer) -> frozenset[int]:
