@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -64,81 +64,43 @@ class Recipe:
     paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
 
 
+_V4 = Recipe(
+    plan=TrainPlan(
+        seq_len=256,
+        target_batch=4,
+        target_steps=140,
+        target_lr=2e-3,
+        draft_batch=8,
+        draft_steps=150,
+        teacher_real=12,
+        gen_prompts=24,
+        gen_prompt_len=32,
+        gen_new_tokens=96,
+        prose_share=0.5,
+        unlikelihood=0.5,
+    ),
+    target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
+    draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
+    prose_bytes=1_200_000,
+    english=True,
+)
+# v5: as v4, but the English comes as unwrapped paragraphs each starting with BOS (v4's greedy output fell into
+# newline loops: hard-wrapped docstrings taught it that a line ends after a few words), more of it (70 %), more
+# steps and the unlikelihood weight of the paper (1.0)
+_V5 = replace(_V4, plan=replace(_V4.plan, target_steps=160, prose_share=0.7, unlikelihood=1.0), paragraphs=True)
+
 RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
     # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
     "demo-v3": Recipe(plan=TrainPlan()),
     # v4: half English, 256-token windows, 4x the target tokens of v3 on a narrower target (8 x 256: twice
     # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
-    "demo-v4": Recipe(
-        plan=TrainPlan(
-            seq_len=256,
-            target_batch=4,
-            target_steps=140,
-            target_lr=2e-3,
-            draft_batch=8,
-            draft_steps=150,
-            teacher_real=12,
-            gen_prompts=24,
-            gen_prompt_len=32,
-            gen_new_tokens=96,
-            prose_share=0.5,
-            unlikelihood=0.5,
-        ),
-        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
-        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
-        prose_bytes=1_200_000,
-        english=True,
-    ),
-    # v5: as v4, but the English comes as unwrapped paragraphs each starting with BOS (v4's greedy output
-    # fell into newline loops: hard-wrapped docstrings taught it that a line ends after a few words), more of
-    # it (70 %), more steps and the unlikelihood weight of the paper (1.0)
-    "demo-v5": Recipe(
-        plan=TrainPlan(
-            seq_len=256,
-            target_batch=4,
-            target_steps=160,
-            target_lr=2e-3,
-            draft_batch=8,
-            draft_steps=150,
-            teacher_real=12,
-            gen_prompts=24,
-            gen_prompt_len=32,
-            gen_new_tokens=96,
-            prose_share=0.7,
-            unlikelihood=1.0,
-        ),
-        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
-        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
-        prose_bytes=1_200_000,
-        english=True,
-        paragraphs=True,
-    ),
+    "demo-v4": _V4,
+    "demo-v5": _V5,
     # v6: as v5 on twice the steps, the English from docstrings and the reference manual only (v5's loops
     # were mostly licence and changelog phrases: "the License, and the License, ..."). NOT yet built or
     # measured (the loaded machine ran out of time on 2026-11-30); build with ensure_demo_pair(version=...)
-    "demo-v6": Recipe(
-        plan=TrainPlan(
-            seq_len=256,
-            target_batch=4,
-            target_steps=320,
-            target_lr=2e-3,
-            draft_batch=8,
-            draft_steps=150,
-            teacher_real=12,
-            gen_prompts=24,
-            gen_prompt_len=32,
-            gen_new_tokens=96,
-            prose_share=0.7,
-            unlikelihood=1.0,
-        ),
-        target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
-        draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
-        prose_bytes=1_200_000,
-        english=True,
-        english_sources=("docstrings", "pydoc topics"),
-        paragraphs=True,
-    ),
+    "demo-v6": replace(_V5, plan=replace(_V5.plan, target_steps=320), english_sources=("docstrings", "pydoc topics")),
 }
 DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
 DEMO_NAME = DEMO_VERSION
