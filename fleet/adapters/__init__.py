@@ -1,4 +1,7 @@
-"""One client adapter per server kind, behind one protocol (`ServerAdapter`). Pick one with `get_adapter`."""
+"""One client adapter per server kind, behind one protocol (`ServerAdapter`). Pick one with `get_adapter`.
+
+At request time the same server kind speaks through its wire format (`wire_for(kind)`, fleet.adapters.wire):
+pure request builders and answer parsers; the caller sends them with its own HTTP client."""
 
 from __future__ import annotations
 
@@ -11,6 +14,17 @@ from fleet.adapters.openai import OpenAICompatibleAdapter
 from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.sglang import SglangAdapter
 from fleet.adapters.vllm import VllmAdapter
+from fleet.adapters.wire import (
+    Continued,
+    PositionScores,
+    Scored,
+    ServerWire,
+    TokenIdsSeen,
+    TokenLogprob,
+    Unsupported,
+    WireError,
+    WireRequest,
+)
 
 if TYPE_CHECKING:
     from fleet.models import Endpoint
@@ -36,6 +50,12 @@ def semantics_for(kind: str) -> RequestSemantics:
     return cls.semantics if cls is not None else VllmAdapter.semantics
 
 
+def wire_for(kind: str) -> ServerWire:
+    """This server kind's request-time wire format (the generic OpenAI one, which refuses most, when unknown)."""
+    cls = ADAPTERS.get(kind, OpenAICompatibleAdapter)
+    return cls.wire
+
+
 def get_adapter(endpoint: Endpoint) -> ServerAdapter:
     """The adapter for an endpoint's server kind, carrying its base URL and decrypted API key."""
     return adapter_for(endpoint.kind, base_url=endpoint.base_url, api_key=endpoint.api_key)
@@ -44,15 +64,25 @@ def get_adapter(endpoint: Endpoint) -> ServerAdapter:
 __all__ = [
     "ADAPTERS",
     "CANARY_TEXT",
+    "Continued",
     "FailureKind",
     "OpenAICompatibleAdapter",
+    "PositionScores",
     "ProbeError",
     "ProbeReport",
+    "Scored",
     "ServerAdapter",
+    "ServerWire",
     "SglangAdapter",
+    "TokenIdsSeen",
+    "TokenLogprob",
+    "Unsupported",
     "VllmAdapter",
+    "WireError",
+    "WireRequest",
     "adapter_for",
     "fingerprint",
     "get_adapter",
     "semantics_for",
+    "wire_for",
 ]

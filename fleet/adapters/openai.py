@@ -28,6 +28,7 @@ from fleet.adapters.base import (
     shape_error,
 )
 from fleet.adapters.semantics import RequestSemantics
+from fleet.adapters.wire import ServerWire, WireRequest
 from fleet.netpolicy import URLNotAllowed, check_url
 
 logger = logging.getLogger(__name__)
@@ -65,11 +66,31 @@ def empty_capabilities(kind: str) -> dict[str, Any]:
     }
 
 
+class OpenAIWire(ServerWire):
+    """The OpenAI completions API at request time: only a plain generation (the baseline) is defined by it."""
+
+    kind: ClassVar[str] = "openai"
+    refusals: ClassVar[dict[str, str]] = {
+        "tokenize": "the OpenAI API has no tokenize route",
+        "detokenize": "the OpenAI API has no detokenize route",
+        "score": "the OpenAI API scores a prompt only with echo + logprobs, keyed by token text, not token ids",
+        "continuation": "the OpenAI API does not return the token ids it generated",
+        "spec_counters": "the OpenAI API does not say whether or how the server speculates",
+        "token_ids": "the OpenAI API does not return a response's token ids",
+    }
+
+    def baseline(self, *, model: str, prompt: str | list[int], max_tokens: int) -> WireRequest:
+        """No `ignore_eos` in the OpenAI API: the rate is over the tokens the server chose to generate."""
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        return WireRequest("POST", "/v1/completions", body)
+
+
 class OpenAICompatibleAdapter:
     """Any server speaking the OpenAI completions API: models, token-id prompts, echo+logprobs scoring, streaming."""
 
     kind: ClassVar[str] = "openai"
     semantics: ClassVar[RequestSemantics] = semantics.OPENAI
+    wire: ClassVar[ServerWire] = OpenAIWire()
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")

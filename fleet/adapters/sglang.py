@@ -9,7 +9,13 @@ openai/serving_tokenize.py):
   POST /detokenize {"model","tokens"} -> {"text"}.
 - POST /generate {"input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
   "sampling_params": {"max_new_tokens", "temperature"}} -> {"text", "meta_info": {"input_token_logprobs":
-  [[logprob, token_id, text], ...], "input_top_logprobs": [null | [[logprob, token_id, text], ...], ...], ...}}.
+  [[logprob, token_id, text], ...], "input_top_logprobs": [null | [[logprob, token_id, text], ...], ...], ...}}
+  and "output_ids" (the generated token ids).
+- POST /v1/completions (openai/protocol.py CompletionRequest): token-id prompts, `return_token_ids` (then
+  choices[i].token_ids, streamed incrementally, and prompt_token_ids; absent without the flag), `ignore_eos`,
+  and `matched_stop` where vLLM says `stop_reason`.
+- /metrics (with --enable-metrics) exports speculation only as gauges (`sglang:spec_accept_length`,
+  `sglang:spec_accept_rate`: running averages), so no per-request acceptance can be derived from it.
 """
 
 from __future__ import annotations
@@ -28,13 +34,110 @@ from fleet.adapters.base import (
 from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
 from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.tokenizer_routes import TokenizerRoutes
+from fleet.adapters.wire import (
+    OpenAICompletionsWithTokenIds,
+    PositionScores,
+    Scored,
+    ServerWire,
+    TokenLogprob,
+    WireError,
+    WireRequest,
+    as_token_ids,
+    is_int,
+)
+from fleet.adapters.wire import expect_dict as expect_answer
+from fleet.adapters.wire import expect_list as expect_answer_list
 
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
+
+
+class SglangWire(OpenAICompletionsWithTokenIds):
+    """SGLang at request time: its native /tokenize and /generate, its OpenAI completions with token ids."""
+
+    kind: ClassVar[str] = "sglang"
+    stop_reason_key: ClassVar[str] = "matched_stop"
+    stripped_ids_absent: ClassVar[bool] = True
+    refusals: ClassVar[dict[str, str]] = {
+        "tokenize chat messages": "SGLang's /tokenize takes text only; it cannot apply the chat template to messages",
+        "spec_counters": "SGLang exports speculation only as gauges of running averages "
+        "(sglang:spec_accept_length), not counters a request's acceptance can be derived from",
+    }
+
+    def tokenize(
+        self,
+        *,
+        model: str,
+        prompt: str | None = None,
+        messages: list[Any] | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> WireRequest:
+        if messages is not None:
+            raise self.refuse("tokenize chat messages")
+        body: dict[str, Any] = {"model": model, "prompt": prompt}
+        if add_special_tokens is not None:
+            body["add_special_tokens"] = add_special_tokens
+        return WireRequest("POST", "/tokenize", body)
+
+    def detokenize(self, *, model: str, token_ids: list[int]) -> WireRequest:
+        return WireRequest("POST", "/detokenize", {"model": model, "tokens": list(token_ids)})
+
+    def parse_detokenize(self, body: Any) -> str:
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise WireError("/detokenize has no text string")
+        return text
+
+    def score(self, *, model: str, token_ids: list[int], top_n: int | None) -> WireRequest:
+        """/generate from the first token (`logprob_start_len` 0) with `top_logprobs_num` N; one greedy token."""
+        body: dict[str, Any] = {
+            "input_ids": list(token_ids),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        }
+        if top_n is not None:
+            body.update(return_logprob=True, logprob_start_len=0, top_logprobs_num=top_n)
+        return WireRequest("POST", "/generate", body)
+
+    def parse_score(self, body: Any, *, token_ids: list[int], top_n: int | None) -> Scored:
+        answer = expect_answer(body, "/generate")
+        generated = as_token_ids(answer.get("output_ids") or [], "/generate output_ids")
+        if top_n is None:
+            return Scored(positions=[None] * len(token_ids), generated=generated)
+        meta = expect_answer(answer.get("meta_info"), "/generate meta_info")
+        own = expect_answer_list(meta.get("input_token_logprobs"), "input_token_logprobs")
+        top = expect_answer_list(meta.get("input_top_logprobs"), "input_top_logprobs")
+        if len(own) != len(token_ids) or len(top) != len(token_ids):
+            raise WireError(f"input logprobs cover {len(own)} / {len(top)} tokens, expected {len(token_ids)}")
+        positions: list[PositionScores | None] = [None]
+        for j in range(1, len(token_ids)):
+            ranked = tuple(
+                TokenLogprob(token, logprob, rank)
+                for rank, (logprob, token) in enumerate(_triples(top[j] or [], "input_top_logprobs"), start=1)
+            )
+            ((logprob, token),) = _triples([own[j]], "input_token_logprobs")
+            if token != token_ids[j]:
+                raise WireError(f"input_token_logprobs[{j}] scores token {token}, not {token_ids[j]}")
+            rank = next((t.rank for t in ranked if t.token_id == token), None)
+            positions.append(PositionScores(top=ranked, token=TokenLogprob(token, logprob, rank)))
+        return Scored(positions=positions, generated=generated)
+
+
+def _triples(entries: list[Any], what: str) -> list[tuple[float, int]]:
+    """SGLang's [logprob, token_id, text] triples as (logprob, token id)."""
+    pairs = []
+    for entry in entries:
+        if not isinstance(entry, list | tuple) or len(entry) < 2:
+            raise WireError(f"{what} entries must be [logprob, token_id, text]")
+        logprob, token = entry[0], entry[1]
+        if not isinstance(logprob, int | float) or not is_int(token):
+            raise WireError(f"{what} entries must be [logprob, token_id, text]")
+        pairs.append((float(logprob), token))
+    return pairs
 
 
 class SglangAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "sglang"
     semantics: ClassVar[RequestSemantics] = semantics.SGLANG
+    wire: ClassVar[ServerWire] = SglangWire()
     detokenized_key: ClassVar[str] = "text"
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
