@@ -31,6 +31,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
@@ -38,6 +39,7 @@ from typing import Any, ClassVar, Protocol
 import httpx
 
 from fleet import netpolicy
+from fleet.adapters.wire import WireError, WireRequest
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +154,12 @@ class ServerClient:
     def get_text(self, path: str) -> str:
         return self._send("GET", path).text
 
+    def send(self, request: WireRequest) -> Any:
+        """A request-time operation's request (fleet.adapters.wire); its answer decoded from JSON."""
+        if request.method == "GET":
+            return self.get_json(request.path)
+        return self.post_json(request.path, request.json or {})
+
     def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[tuple[float, dict[str, Any]]]:
         """POST with streaming; yield (perf_counter time, decoded JSON) per server-sent `data:` event."""
         try:
@@ -259,6 +267,15 @@ def run_step(name: str, step: Step, client: ServerClient, caps: dict[str, Any], 
         report.errors.append(shape_error(f"{name}: {type(exc).__name__}: {exc}").as_record(name))
         return False
     return True
+
+
+@contextmanager
+def shape_checked() -> Iterator[None]:
+    """An answer the wire format cannot read is a WRONG_SHAPE probe error."""
+    try:
+        yield
+    except WireError as exc:
+        raise shape_error(str(exc)) from exc
 
 
 def expect_dict(value: Any, what: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from fleet.adapters.base import (
     expect_dict,
     expect_list,
     run_step,
+    shape_checked,
     shape_error,
 )
 from fleet.adapters.semantics import RequestSemantics
@@ -216,6 +217,17 @@ class OpenAICompatibleAdapter:
     def completion(self, client: ServerClient, caps: dict[str, Any], **fields: Any) -> dict[str, Any]:
         body = {"model": caps["served_model"], "temperature": 0, **fields}
         return expect_dict(client.post_json("/v1/completions", body), "/v1/completions")
+
+    def score_canary(self, client: ServerClient, caps: dict[str, Any], n: int) -> None:
+        """Score the canary's token ids through the wire format; WRONG_SHAPE unless the top n came back."""
+        ids = caps.get("canary_token_ids") or FALLBACK_TOKEN_IDS
+        body = client.send(self.wire.score(model=caps["served_model"], token_ids=ids, top_n=n))
+        with shape_checked():
+            scored = self.wire.parse_score(body, token_ids=ids, top_n=n)
+        position = scored.positions[1] if len(scored.positions) > 1 else None
+        got = len(position.top) if position is not None else 0
+        if got < n:
+            raise shape_error(f"asked for {n} top log-probabilities per prompt token, got {got}")
 
     def _score_with_echo(self, client: ServerClient, caps: dict[str, Any], n: int) -> None:
         body = self.completion(client, caps, prompt=CANARY_TEXT, max_tokens=1, echo=True, logprobs=n)

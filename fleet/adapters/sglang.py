@@ -28,7 +28,6 @@ from fleet.adapters.base import (
     ProbeError,
     ServerClient,
     expect_dict,
-    expect_list,
     shape_error,
 )
 from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
@@ -138,7 +137,6 @@ class SglangAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "sglang"
     semantics: ClassVar[RequestSemantics] = semantics.SGLANG
     wire: ClassVar[ServerWire] = SglangWire()
-    detokenized_key: ClassVar[str] = "text"
 
     def __init__(self, *, base_url: str, api_key: str = "", timeout_s: float) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
@@ -194,26 +192,7 @@ class SglangAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
         caps["token_id_prompts"] = True
 
     def discover_prompt_scoring(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        self._largest_accepted(caps, "return_logprob", lambda n: self._score(client, caps, n))
-
-    def _score(self, client: ServerClient, caps: dict[str, Any], n: int) -> None:
-        ids = caps.get("canary_token_ids") or FALLBACK_TOKEN_IDS
-        body = self._generate(
-            client,
-            {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": n},
-            max_new_tokens=1,
-        )
-        meta = expect_dict(body.get("meta_info"), "/generate meta_info")
-        scored = expect_list(meta.get("input_token_logprobs"), "input_token_logprobs")
-        if len(scored) < 2:
-            raise shape_error("input_token_logprobs does not cover the prompt")
-        logprob, token_id = expect_list(scored[1], "an input token logprob")[:2]
-        if not isinstance(logprob, int | float) or not isinstance(token_id, int):
-            raise shape_error("input_token_logprobs entries must be [logprob, token_id, ...]")
-        top = expect_list(meta.get("input_top_logprobs"), "input_top_logprobs")
-        candidates = [t for t in top if isinstance(t, list)]
-        if not candidates or len(candidates[0]) < n:
-            raise shape_error(f"asked for {n} top logprobs per prompt token, got fewer")
+        self._largest_accepted(caps, "return_logprob", lambda n: self.score_canary(client, caps, n))
 
     def _generate(self, client: ServerClient, fields: dict[str, Any], *, max_new_tokens: int) -> dict[str, Any]:
         body = {**fields, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}

@@ -1,4 +1,4 @@
-"""The /tokenize and /detokenize routes vLLM and SGLang both serve (they differ only in the detokenized key)."""
+"""Probing the /tokenize and /detokenize routes vLLM and SGLang both serve (their wire format says the shapes)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,19 @@ from fleet.adapters.base import (
     expect_dict,
     expect_token_ids,
     fingerprint,
-    shape_error,
+    shape_checked,
 )
+from fleet.adapters.wire import ServerWire
 
 
 class TokenizerRoutes:
     """Mixin for adapters whose server tokenizes: canary token ids, fingerprint, detokenize round trip."""
 
-    detokenized_key: ClassVar[str]  # where POST /detokenize puts the text
+    wire: ClassVar[ServerWire]
 
     def discover_tokenizer(self, client: ServerClient, caps: dict[str, Any]) -> dict[str, Any]:
-        body = expect_dict(
-            client.post_json(
-                "/tokenize", {"model": caps["served_model"], "prompt": CANARY_TEXT, "add_special_tokens": True}
-            ),
-            "/tokenize",
-        )
+        request = self.wire.tokenize(model=caps["served_model"], prompt=CANARY_TEXT, add_special_tokens=True)
+        body = expect_dict(client.send(request), "/tokenize")
         ids = expect_token_ids(body.get("tokens"), "/tokenize tokens")
         caps["tokenize"] = True
         caps["canary_token_ids"] = ids
@@ -38,11 +35,8 @@ class TokenizerRoutes:
         ids = caps.get("canary_token_ids")
         if not ids:
             raise ProbeError(FailureKind.UNSUPPORTED, "skipped: no token ids to detokenize (tokenize failed)")
-        body = expect_dict(
-            client.post_json("/detokenize", {"model": caps["served_model"], "tokens": ids}), "/detokenize"
-        )
-        text = body.get(self.detokenized_key)
-        if not isinstance(text, str):
-            raise shape_error(f"/detokenize has no {self.detokenized_key} string")
+        body = client.send(self.wire.detokenize(model=caps["served_model"], token_ids=ids))
+        with shape_checked():
+            text = self.wire.parse_detokenize(body)
         caps["detokenize"] = True
         caps["detokenize_roundtrip"] = CANARY_TEXT in text

@@ -19,12 +19,10 @@ from typing import Any, ClassVar
 
 from fleet.adapters import semantics, vllm_metrics
 from fleet.adapters.base import (
-    CANARY_TEXT,
     FailureKind,
     ProbeError,
     ServerClient,
     expect_dict,
-    expect_list,
     shape_error,
 )
 from fleet.adapters.openai import OpenAICompatibleAdapter
@@ -147,7 +145,6 @@ class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     kind: ClassVar[str] = "vllm"
     semantics: ClassVar[RequestSemantics] = semantics.VLLM
     wire: ClassVar[ServerWire] = VllmWire()
-    detokenized_key: ClassVar[str] = "prompt"
 
     def discover_version(self, client: ServerClient, caps: dict[str, Any]) -> None:
         body = expect_dict(client.get_json("/version"), "/version")
@@ -164,26 +161,12 @@ class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
     def discover_prompt_scoring(self, client: ServerClient, caps: dict[str, Any]) -> None:
         """vLLM's own `prompt_logprobs`; OpenAI echo+logprobs only if that is refused."""
         try:
-            self._largest_accepted(caps, "prompt_logprobs", lambda n: self._score_with_prompt_logprobs(client, caps, n))
+            self._largest_accepted(caps, "prompt_logprobs", lambda n: self.score_canary(client, caps, n))
         except ProbeError:
             super().discover_prompt_scoring(client, caps)
 
-    def _score_with_prompt_logprobs(self, client: ServerClient, caps: dict[str, Any], n: int) -> None:
-        prompt: Any = caps.get("canary_token_ids") or CANARY_TEXT
-        body = self.completion(client, caps, prompt=prompt, max_tokens=1, prompt_logprobs=n)
-        choice = expect_dict(expect_list(body.get("choices"), "choices")[0], "a choice")
-        positions = expect_list(choice.get("prompt_logprobs"), "prompt_logprobs")
-        if len(positions) < 2 or positions[0] is not None:
-            raise shape_error("prompt_logprobs must start with null and cover the prompt")
-        entry = expect_dict(positions[1], "a prompt_logprobs entry")
-        first = expect_dict(next(iter(entry.values())), "a prompt logprob")
-        if not isinstance(first.get("logprob"), int | float) or not all(k.lstrip("-").isdigit() for k in entry):
-            raise shape_error("prompt_logprobs entries must map token ids to {logprob}")
-        if len(entry) < n:
-            raise shape_error(f"asked for {n} prompt logprobs, got {len(entry)}")
-
     def discover_native_speculation(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        counters = vllm_metrics.parse_spec_counters(client.get_text("/metrics"))
+        counters = self.wire.parse_spec_counters(client.get_text(self.wire.spec_counters().path))
         enabled = vllm_metrics.speculates(counters)
         caps["native_speculation"] = enabled
         caps["native_speculation_source"] = "metrics"
