@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from fleet.adapters.wire import REQUESTS_RUNNING
+
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
@@ -95,8 +97,7 @@ def stats_from_request_metrics(spec: dict) -> dict:
     }
 
 
-# Not a vLLM name: the key under which the native path keeps the requests running when it scraped /metrics.
-RUNNING = "ace:requests_running"
+RUNNING = REQUESTS_RUNNING  # the key under which the requests running are kept beside the counters
 
 
 def requests_running(text: str) -> float:

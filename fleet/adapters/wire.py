@@ -26,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+# Not a server's name: the key under which parse_spec_counters keeps the requests the server was running.
+REQUESTS_RUNNING = "ace:requests_running"
+
 
 class Unsupported(Exception):
     """This server kind cannot do the operation; `reason` says why (it goes into stage records as is)."""
@@ -183,6 +186,7 @@ class ServerWire:
         raise self.refuse("spec_counters")
 
     def parse_spec_counters(self, text: str) -> dict[str, float]:
+        """The counters, and the requests the server was running under REQUESTS_RUNNING."""
         raise self.refuse("spec_counters")
 
     def spec_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
