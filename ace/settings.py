@@ -232,6 +232,9 @@ CONTROL_QUEUE = "control"
 DEFAULT_NODE_CLASS = env_str("ACE_DEFAULT_NODE_CLASS", "cpu")
 # Managed endpoints (fleet.managed): the address their servers listen on, on the GPU worker's host.
 MANAGED_HOST = env_str("ACE_MANAGED_HOST", "127.0.0.1")
+# Before the route moves to a new instance that speculates, check its greedy answers in a mixed batch
+# (fleet.managed.canary); false skips that check (recorded with each switch).
+MANAGED_SWITCH_CANARY = env_bool("ACE_MANAGED_CANARY", True)
 
 LOGGING = {
     "version": 1,

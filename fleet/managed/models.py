@@ -128,6 +128,9 @@ class Switch(models.Model):
     speculation = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=SwitchStatus.choices, default=SwitchStatus.PENDING)
     reason = models.TextField(blank=True, default="")
+    # The switch canary (fleet.managed.canary): {"outcome": pending | passed | failed | skipped | not needed,
+    # "reason", and once run: "reference", "greedy", "mismatches", "requests", "seconds", "first_mismatch"}.
+    canary = models.JSONField(default=dict, blank=True)
     instance = models.ForeignKey(ServerInstance, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

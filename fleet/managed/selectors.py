@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.managed.models import LIVE_STATES, ManagedServer, ServerEvent, ServerInstance, Switch
+from django.conf import settings
+
+from fleet.managed import canary
+from fleet.managed.models import LIVE_STATES, ManagedServer, ServerEvent, ServerInstance, Switch, SwitchStatus
 from fleet.models import Endpoint
 
 EVENTS_SHOWN = 30
@@ -53,12 +56,24 @@ def _switch(s: Switch) -> dict[str, Any]:
         "speculation": s.speculation,
         "changes": s.changes,
         "reason": s.reason,
+        "canary": s.canary,
     }
+
+
+def canary_refusal(switches: list[Switch]) -> dict[str, Any] | None:
+    """The last finished switch, when the switch canary refused it (then the endpoint stays on its instance)."""
+    finished = next((s for s in switches if s.status in (SwitchStatus.DONE, SwitchStatus.FAILED)), None)
+    if finished is None or finished.status != SwitchStatus.FAILED:
+        return None
+    if (finished.canary or {}).get("outcome") != canary.FAILED:
+        return None
+    return {"at": finished.finished_at, "reason": finished.reason, "speculation": finished.speculation}
 
 
 def managed_state(managed: ManagedServer) -> dict[str, Any]:
     live = list(managed.instances.filter(state__in=LIVE_STATES))
     recent = list(managed.instances.all()[:10])
+    switches = list(managed.switches.select_related("requested_by")[:SWITCHES_SHOWN])
     return {
         "endpoint": managed.endpoint_id,
         "server_kind": managed.server_kind,
@@ -73,5 +88,7 @@ def managed_state(managed: ManagedServer) -> dict[str, Any]:
         "recent_instances": [_instance(i) for i in recent],
         "restarts": managed.events.filter(kind="restarting").count(),
         "events": [_event(e) for e in managed.events.all()[:EVENTS_SHOWN]],
-        "switches": [_switch(s) for s in managed.switches.select_related("requested_by")[:SWITCHES_SHOWN]],
+        "switches": [_switch(s) for s in switches],
+        "switch_canary": settings.MANAGED_SWITCH_CANARY,
+        "canary_refusal": canary_refusal(switches),
     }

@@ -11,9 +11,11 @@ Every TICK_S the loop reconciles the database with its children:
 - an endpoint with no live active instance gets one (after the backoff of its consecutive failures);
 - a starting instance that answers /v1/models is probed like any endpoint (fleet.adapters) and routed;
 - a child that exited is recorded (exit code, log tail) and restarted with backoff;
-- a pending switch starts a standby instance with the new speculation; once ready and probed the route moves
-  (fleet.managed.switching.complete_switch), and the old instance drains until the server reports no running
-  or waiting request, then stops. A standby that exits or times out rolls the switch back;
+- a pending switch starts a standby instance with the new speculation; once ready, probed and (when it
+  speculates) through the switch canary (fleet.managed.canary: its greedy answers in a mixed batch must be
+  the plain server's) the route moves (fleet.managed.switching.complete_switch), and the old instance drains
+  until the server reports no running or waiting request, then stops. A standby that exits, times out or
+  fails the canary rolls the switch back (the endpoint keeps its instance);
 - a child whose instance row is gone (its endpoint was deleted) is stopped.
 """
 
@@ -36,7 +38,7 @@ from django.utils import timezone
 from ace import processes
 from fleet.adapters import adapter_for
 from fleet.managed import args as server_args
-from fleet.managed import baseline, switching
+from fleet.managed import baseline, canary, switching
 from fleet.managed.models import (
     LIVE_STATES,
     EventKind,
@@ -353,21 +355,41 @@ class Supervisor:
             elif switch.speculation and not report.capabilities.get("native_speculation"):
                 self._abort_switch(switch, standby, "the new instance does not report speculative decoding")
             else:
-                switching.complete_switch(
-                    switch=switch,
-                    instance=standby,
-                    old=active,
-                    report=report,
-                    duration_ms=duration_ms,
-                    started=started,
-                )
+                self._route_after_canary(managed, switch, active, standby, (report, duration_ms, started))
         elif self._timed_out(standby):
             self._abort_switch(switch, standby, f"the new instance was not serving within {START_TIMEOUT_S:.0f} s")
 
-    def _abort_switch(self, switch: Switch, standby: ServerInstance, reason: str) -> None:
+    def _route_after_canary(self, managed: ManagedServer, switch: Switch, active, standby, probed: tuple) -> None:
+        """Move the route to the probed standby, unless the switch canary (fleet.managed.canary) refuses it: then
+        the switch is rolled back and the endpoint keeps serving from its active instance."""
+        record = dict(switch.canary or {}) or canary.requested(settings.MANAGED_SWITCH_CANARY, switch.speculation)
+        if record.get("outcome") == canary.PENDING:
+            old_plain = active.base_url if active is not None and not active.speculation else None
+            result = canary.run(new_url=standby.base_url, model=managed.served_name, old_url=old_plain)
+            record = result.record()
+            if result.refused:
+                serving = f"speculation {active.speculation}" if active and active.speculation else "no speculation"
+                where = f"instance {active.pk} ({serving})" if active is not None else "the instance it had"
+                reason = f"{result.reason}. Switch refused: the endpoint stays on {where}"
+                self._abort_switch(switch, standby, reason, canary_record=record)
+                return
+        report, duration_ms, started = probed
+        switching.complete_switch(
+            switch=switch,
+            instance=standby,
+            old=active,
+            report=report,
+            duration_ms=duration_ms,
+            started=started,
+            canary=record,
+        )
+
+    def _abort_switch(
+        self, switch: Switch, standby: ServerInstance, reason: str, canary_record: dict[str, Any] | None = None
+    ) -> None:
         tail = self._tail(standby.pk)
         self._kill(standby, InstanceState.FAILED, reason)
-        switching.fail_switch(switch=switch, reason=reason, log_tail=tail, instance=standby)
+        switching.fail_switch(switch=switch, reason=reason, log_tail=tail, instance=standby, canary=canary_record)
 
     def _drain(self, instance: ServerInstance) -> None:
         since = instance.draining_since or timezone.now()

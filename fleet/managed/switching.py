@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.adapters import ProbeReport
+from fleet.managed import canary as canary_check
 from fleet.managed.models import (
     EventKind,
     InstanceRole,
@@ -104,14 +105,17 @@ def complete_switch(
     report: ProbeReport,
     duration_ms: float,
     started,
+    canary: dict[str, Any] | None = None,
 ) -> None:
-    """The new instance is ready and probed: apply the policy, move the route, set the old one draining."""
+    """The new instance is ready, probed and passed the canary (or needed none): apply the policy, move the
+    route, set the old one draining. `canary`: the canary's record (fleet.managed.canary), kept on the switch."""
     from speculation.models import PolicyChange
     from speculation.services.policies import get_policy
 
     now = timezone.now()
     seconds = (now - switch.created_at).total_seconds()
     managed = instance.managed
+    canary = canary if canary is not None else switch.canary
     with transaction.atomic():
         policy = get_policy(endpoint=managed.endpoint)
         changes = dict(switch.changes)
@@ -126,8 +130,16 @@ def complete_switch(
         if old is not None:
             ServerInstance.objects.filter(pk=old.pk).update(role=InstanceRole.DRAINING, draining_since=now)
         ManagedServer.objects.filter(pk=managed.pk).update(serving_speculation=switch.speculation, failures=0)
-        Switch.objects.filter(pk=switch.pk).update(status=SwitchStatus.DONE, finished_at=now, duration_s=seconds)
-        outcome = {"outcome": "done", "duration_s": round(seconds, 3), "instance": instance.pk, "port": instance.port}
+        Switch.objects.filter(pk=switch.pk).update(
+            status=SwitchStatus.DONE, finished_at=now, duration_s=seconds, canary=canary
+        )
+        outcome = {
+            "outcome": "done",
+            "duration_s": round(seconds, 3),
+            "instance": instance.pk,
+            "port": instance.port,
+            "canary": canary,
+        }
         PolicyChange.objects.create(
             policy=policy, changed_by_id=switch.requested_by_id, changes={**changes, "switch": outcome}
         )
@@ -142,17 +154,28 @@ def complete_switch(
     logger.info("managed endpoint %s: switch %s done in %.1f s", managed.endpoint.name, switch.pk, seconds)
 
 
-def fail_switch(*, switch: Switch, reason: str, log_tail: str = "", instance: ServerInstance | None = None) -> None:
-    """The new instance did not serve: the policy stays as it was (the change is rolled back), the reason kept."""
+def fail_switch(
+    *,
+    switch: Switch,
+    reason: str,
+    log_tail: str = "",
+    instance: ServerInstance | None = None,
+    canary: dict[str, Any] | None = None,
+) -> None:
+    """The new instance did not serve (or failed the canary): the policy stays as it was (the change is rolled
+    back), the reason kept; the endpoint keeps serving from the instance it had."""
     from speculation.models import PolicyChange
     from speculation.services.policies import get_policy
 
     now = timezone.now()
     seconds = (now - switch.created_at).total_seconds()
     managed = switch.managed
+    canary = canary if canary is not None else switch.canary
+    if canary.get("outcome") == canary_check.PENDING:
+        canary = {"outcome": canary_check.NOT_RUN, "reason": "the new instance did not serve"}
     with transaction.atomic():
         Switch.objects.filter(pk=switch.pk).update(
-            status=SwitchStatus.FAILED, reason=reason[:4000], finished_at=now, duration_s=seconds
+            status=SwitchStatus.FAILED, reason=reason[:4000], finished_at=now, duration_s=seconds, canary=canary
         )
         policy = get_policy(endpoint=managed.endpoint)
         outcome = {
@@ -160,6 +183,7 @@ def fail_switch(*, switch: Switch, reason: str, log_tail: str = "", instance: Se
             "reason": reason[:1000],
             "requested": switch.changes,
             "duration_s": round(seconds, 3),
+            "canary": canary,
         }
         PolicyChange.objects.create(policy=policy, changed_by_id=switch.requested_by_id, changes={"switch": outcome})
         record_event(
