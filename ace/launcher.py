@@ -43,7 +43,7 @@ class Launcher:
         os.environ["ACE_WEB_PORT"] = str(web_port)  # every process refuses endpoint URLs pointing at ACE itself
         with_vllm = os.environ.get("ACE_NO_VLLM", "").lower() not in ("1", "true", "yes")
 
-        from speculation.demo import ensure_demo_pair
+        from speculation.offline.demo import ensure_demo_pair
 
         say("building or locating the demo model pair (first run: a few minutes)")
         pair = ensure_demo_pair()

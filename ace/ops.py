@@ -1,9 +1,9 @@
 """Operations endpoints: /healthz (the process answers), /readyz (database and Redis reachable), /metrics.
 
 /metrics is Prometheus text format (prometheus_client): the stage's counters and histograms
-(speculation.metrics; summed over every process in multiprocess mode) plus gauges read at scrape time from
+(speculation.selectors.metrics; summed over every process in multiprocess mode) plus gauges read at scrape time from
 Redis: queue depth per Celery queue, worker saturation from the workers' heartbeats (ace.heartbeat) and prod slots
-(speculation.admission: declared capacity, jobs admitted).
+(speculation.jobs.admission: declared capacity, jobs admitted).
 It is served to loopback clients (ACE_METRICS_LOOPBACK) and to `Authorization: Bearer <ACE_METRICS_TOKEN>`.
 """
 
@@ -29,8 +29,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ace import heartbeat
 from ace.celery import gpu_queue
-from speculation import admission
-from speculation import metrics as stage_metrics
+from speculation.jobs import admission
+from speculation.selectors import metrics as stage_metrics
 
 logger = logging.getLogger(__name__)
 

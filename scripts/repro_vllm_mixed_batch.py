@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ace.settings")
 
 from ace import processes  # noqa: E402
-from speculation.demo import ensure_demo_pair  # noqa: E402
+from speculation.offline.demo import ensure_demo_pair  # noqa: E402
 
 PROMPT = "for i in range(10):\n    print(i)\nfor i in range(10):\n"
 

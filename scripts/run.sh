@@ -8,5 +8,5 @@ export ACE_HOME
 
 bash "$REPO_ROOT/scripts/setup.sh"
 cd "$REPO_ROOT"
-"$ACE_HOME/venv/bin/python" -m speculation.demo
+"$ACE_HOME/venv/bin/python" -m speculation.offline.demo
 exec "$ACE_HOME/venv/bin/python" -m ace.launcher

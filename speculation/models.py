@@ -141,7 +141,7 @@ class StageRecord(models.Model):
 
 
 class StageRollup(models.Model):
-    """Stage records summed per endpoint, minute, mode and action (speculation.rollups keeps it filled).
+    """Stage records summed per endpoint, minute, mode and action (speculation.selectors.rollups keeps it filled).
 
     Only sums and counts, so buckets add up to any coarser bucket; the charts read these rows plus the raw
     records of the last minutes that are not rolled up yet. p1..p16 (K_MAX): per-position acceptance rate times

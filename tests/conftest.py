@@ -1,7 +1,7 @@
 """Session fixtures that start the real processes the product runs with (see ace.processes).
 
 - `redis_server`: Debian's redis-server on a free loopback port; Celery (and settings.REDIS_URL) point at it.
-- `demo_pair`: the locally built demo target/draft pair (speculation.demo.ensure_demo_pair).
+- `demo_pair`: the locally built demo target/draft pair (speculation.offline.demo.ensure_demo_pair).
 - `vllm_server` / `vllm_ngram_server`: a real vLLM (CPU build) serving the demo target, plain / with vLLM's own
   n-gram speculative decoding. Handles with `.base_url` and `.model`.
 - `celery_worker`: a real `celery worker` subprocess (queues control and gpu.cpu) on this session's test
@@ -97,7 +97,7 @@ def _point_celery_at(url: str) -> None:
 
 @pytest.fixture(scope="session")
 def demo_pair():
-    from speculation.demo import ensure_demo_pair
+    from speculation.offline.demo import ensure_demo_pair
 
     return ensure_demo_pair()
 

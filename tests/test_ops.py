@@ -7,18 +7,9 @@ import json
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from ace import heartbeat, processes
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(sample name, sorted labels): value} of a Prometheus text exposition."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
+from tests.support.prometheus import samples
 
 
 @pytest.fixture
@@ -164,7 +155,7 @@ def test_queue_depth_and_worker_saturation_come_from_redis(client, redis_url):
 def test_prod_slots_come_from_admission_and_skip_expired_members(client, redis_url):
     import redis
 
-    from speculation import admission
+    from speculation.jobs import admission
 
     r = redis.Redis.from_url(redis_url)
     now = float(r.time()[0])

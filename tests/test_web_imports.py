@@ -1,6 +1,6 @@
 """The web process (pages, REST, gateway) never imports torch: loading the URL conf and the ASGI app stays light.
 
-torch costs about 1.25 s and hundreds of MB per web process; only the worker (speculation.tasks' generation,
+torch costs about 1.25 s and hundreds of MB per web process; only the worker (speculation.worker.tasks' generation,
 shadow replay, training) needs it.
 """
 
@@ -48,6 +48,8 @@ def test_loading_the_web_process_imports_no_torch():
 
 def test_the_check_would_see_torch_if_a_view_imported_it():
     # given: the same probe, with a module that does import torch (the worker's generation service)
-    loaded = _modules_loaded(WEB_PROCESS.replace("import ace.asgi", "import ace.asgi\nimport speculation.eagle.train"))
+    loaded = _modules_loaded(
+        WEB_PROCESS.replace("import ace.asgi", "import ace.asgi\nimport speculation.offline.eagle.train")
+    )
     # then: the probe reports it (so the first test can fail)
     assert "torch" in loaded

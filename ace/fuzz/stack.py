@@ -69,7 +69,7 @@ class FuzzStack:
         self._stack.callback(redis_proc.stop)
         if not self.upstream:
             from ace.launcher import DEMO_MODEL_NAME
-            from speculation.demo import ensure_demo_pair
+            from speculation.offline.demo import ensure_demo_pair
 
             vllm = processes.start_vllm(
                 model_dir=ensure_demo_pair().target_dir, served_model_name=DEMO_MODEL_NAME, log_dir=self.log_dir

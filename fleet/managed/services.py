@@ -148,7 +148,7 @@ def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
     """The native launch flags for this speculation ([] for none)."""
     if not speculation:
         return []
-    from speculation.native_flags import native_flags
+    from speculation.selectors.native_flags import native_flags
 
     args = native_flags(
         server_kind=server_kind,
@@ -177,7 +177,7 @@ def _switch_running(managed: ManagedServer) -> bool:
 
 def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed: ManagedServer) -> None:
     from speculation.models import Mode
-    from speculation.native_flags import NativeFlagsError
+    from speculation.selectors.native_flags import NativeFlagsError
     from speculation.services.policies import validate_policy
 
     # Prod on a managed endpoint runs the native path on the new instance: everything but the path is checked

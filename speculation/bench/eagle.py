@@ -1,4 +1,4 @@
-"""``python -m speculation.eagle.bench``: the EAGLE head against the separate draft model and n-gram lookup.
+"""``python -m speculation.bench.eagle``: the EAGLE head against the separate draft model and n-gram lookup.
 
 Same process, same prompts and same demo target as ``python -m speculation.bench`` (whose helpers it reuses):
 plain target decoding, ACE speculation at K=5 with the draft model, n-gram lookup and the EAGLE head, and
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from speculation import bench
-from speculation.demo import ensure_demo_pair
-from speculation.eagle.demo_head import default_head_dir, eagle_proposer_for
+from speculation.bench import engine as bench
 from speculation.engine import GenerationConfig, LocalTarget, SpecStats, generate, load_causal_lm
 from speculation.engine.eagle import EagleProposer, greedy_choice
+from speculation.offline.demo import ensure_demo_pair
+from speculation.offline.eagle.demo_head import default_head_dir, eagle_proposer_for
 
 K = bench.K
 MECHANISMS = [
@@ -56,7 +56,7 @@ def head_step_s(proposer: EagleProposer, prompt_ids: list[int]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speculation.eagle.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m speculation.bench.eagle", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and tokens")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--head", type=Path, help="EAGLE head directory (default: the demo target's)")
@@ -146,7 +146,7 @@ def build_report(results, costs, prompts, max_new, head_dir: Path, args) -> dict
     return {
         "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s))",
         "date": dt.date.today().isoformat(),
-        "command": "python -m speculation.eagle.bench " + " ".join(sys.argv[1:]),
+        "command": "python -m speculation.bench.eagle " + " ".join(sys.argv[1:]),
         "prompts": len(prompts),
         "max_new_tokens": max_new,
         "k": K,

@@ -1,6 +1,6 @@
 """``python -m speculation.bench``: ACE's speculative decoding against plain decoding and Hugging Face.
 
-One process, the same prompts (Spec-Bench questions from ../shared/datasets and held-out stdlib code) and
+One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
 the demo pair: plain target decoding; ACE speculation with the draft model and with n-gram lookup, each at
 K=5 and with dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
 constant schedule, no confidence cut-off: the same drafting as ACE's K=5). Greedy throughout.
@@ -23,9 +23,6 @@ from pathlib import Path
 
 import torch
 
-from speculation.demo import ensure_demo_pair
-from speculation.demo.corpus import stdlib_corpus
-from speculation.eagle.demo_head import eagle_proposer_for
 from speculation.engine import (
     DraftModelProposer,
     DynamicLookahead,
@@ -37,9 +34,12 @@ from speculation.engine import (
     generate,
     load_causal_lm,
 )
+from speculation.offline.demo import ensure_demo_pair
+from speculation.offline.demo.corpus import stdlib_corpus
+from speculation.offline.eagle.demo_head import eagle_proposer_for
+from speculation.offline.eagle.prompts import spec_bench_path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
+DEFAULT_QUESTIONS = spec_bench_path()
 K = 5
 TIMING_REPEATS = 30
 LOOP_MAX_N = 32  # longest n-gram (tokens) the looping measure looks for
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: best on a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default 32 quick, 128 full)")
     parser.add_argument(
-        "--demo-version", help="demo pair to benchmark (default: speculation.demo's DEMO_VERSION), e.g. demo-v4"
+        "--demo-version", help="demo pair to benchmark (default: speculation.offline.demo's DEMO_VERSION), e.g. demo-v4"
     )
     args = parser.parse_args(argv)
     if not args.questions.is_file():

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from ace import processes
-from speculation.benchmarking.load import quantile, run_concurrent
+from speculation.bench.load import quantile, run_concurrent
 
 logger = logging.getLogger(__name__)
 

@@ -8,63 +8,62 @@ Entry points:
 - ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``;
   ``generate_plain(target, prompt_ids, config)`` for baselines.
 - shadow replay: ``replay_greedy``, ``draft_greedy_predictions``, ``expected_acceptance``.
+
+Names are exported lazily (PEP 562), so importing a torch-free submodule such as
+``speculation.engine.projection`` (the web process does) does not import torch.
 """
 
-from speculation.engine.decode import GenerationConfig, GenerationResult, generate, generate_plain, step_lookahead
-from speculation.engine.errors import (
-    ContextLengthError,
-    EmptyPromptError,
-    LookaheadError,
-    ModelFormatError,
-    SamplingParamError,
-    SpecDecodeError,
-    VocabMismatchError,
-)
-from speculation.engine.loader import load_causal_lm
-from speculation.engine.lookahead import DEFAULT_K, K_MAX, K_MIN, DynamicLookahead, expected_tokens
-from speculation.engine.model import ModelArgs, Transformer, init_weights
-from speculation.engine.proposers import DraftModelProposer, NgramProposer, Proposal, Proposer
-from speculation.engine.replay import draft_greedy_predictions, expected_acceptance, replay_greedy
-from speculation.engine.sampling import SamplingParams, probs_from_logits
-from speculation.engine.stats import SpecStats
-from speculation.engine.target import LocalTarget, Target, TargetOutput
-from speculation.engine.verify import verify_greedy, verify_sampled
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_K",
-    "K_MAX",
-    "K_MIN",
-    "ContextLengthError",
-    "DraftModelProposer",
-    "DynamicLookahead",
-    "EmptyPromptError",
-    "GenerationConfig",
-    "GenerationResult",
-    "LocalTarget",
-    "LookaheadError",
-    "ModelArgs",
-    "ModelFormatError",
-    "NgramProposer",
-    "Proposal",
-    "Proposer",
-    "SamplingParamError",
-    "SamplingParams",
-    "SpecDecodeError",
-    "SpecStats",
-    "Target",
-    "TargetOutput",
-    "Transformer",
-    "VocabMismatchError",
-    "draft_greedy_predictions",
-    "expected_acceptance",
-    "expected_tokens",
-    "generate",
-    "generate_plain",
-    "init_weights",
-    "load_causal_lm",
-    "probs_from_logits",
-    "replay_greedy",
-    "step_lookahead",
-    "verify_greedy",
-    "verify_sampled",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "GenerationConfig": "decode",
+    "GenerationResult": "decode",
+    "generate": "decode",
+    "generate_plain": "decode",
+    "step_lookahead": "decode",
+    "ContextLengthError": "errors",
+    "EmptyPromptError": "errors",
+    "LookaheadError": "errors",
+    "ModelFormatError": "errors",
+    "SamplingParamError": "errors",
+    "SpecDecodeError": "errors",
+    "VocabMismatchError": "errors",
+    "load_causal_lm": "loader",
+    "DEFAULT_K": "lookahead",
+    "K_MAX": "lookahead",
+    "K_MIN": "lookahead",
+    "DynamicLookahead": "lookahead",
+    "expected_tokens": "lookahead",
+    "ModelArgs": "model",
+    "Transformer": "model",
+    "init_weights": "model",
+    "DraftModelProposer": "proposers",
+    "NgramProposer": "proposers",
+    "Proposal": "proposers",
+    "Proposer": "proposers",
+    "draft_greedy_predictions": "replay",
+    "expected_acceptance": "replay",
+    "replay_greedy": "replay",
+    "SamplingParams": "sampling",
+    "probs_from_logits": "sampling",
+    "SpecStats": "stats",
+    "LocalTarget": "target",
+    "Target": "target",
+    "TargetOutput": "target",
+    "verify_greedy": "verify",
+    "verify_sampled": "verify",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'speculation.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"speculation.engine.{module}"), name)
+    globals()[name] = value
+    return value

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from speculation.engine.errors import LookaheadError
+from speculation.engine.projection import expected_tokens
 from speculation.limits import K_MAX, K_MIN
-from speculation.projection import expected_tokens
 
 __all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "check_k", "expected_tokens"]
 

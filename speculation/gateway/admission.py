@@ -1,4 +1,4 @@
-"""The gateway's side of admission control and cancellation (speculation.admission has the design).
+"""The gateway's side of admission control and cancellation (speculation.jobs.admission has the design).
 
 ``admit`` takes a prod slot on the endpoint's node class or says the workers are at capacity; ``cancel`` tells
 the worker to stop a job (the client went away, or the gateway stopped waiting) and frees its slot.
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from speculation.admission import ADMIT_LUA, CANCEL_TTL_S, cancel_key, inflight_key, workers_key
 from speculation.gateway import background
 from speculation.gateway.channel import ChannelError, client
+from speculation.jobs.admission import ADMIT_LUA, CANCEL_TTL_S, cancel_key, inflight_key, workers_key
 
 logger = logging.getLogger(__name__)
 

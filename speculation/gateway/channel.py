@@ -9,7 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from speculation.channel import key
+from speculation.jobs.channel import key
 
 _pools: dict[int, aioredis.Redis] = {}
 

@@ -67,7 +67,7 @@ def unservable_reason(body: dict[str, Any], *, kind: str) -> str:
 
 def stop_fields_reason(body: dict[str, Any], *, kind: str, path: str) -> str:
     """Why prod cannot apply this request's stop / echo / min_tokens / ignore_eos fields as the server does
-    ("" when it can; the worker applies them through speculation.paths.stopping). A value the server would
+    ("" when it can; the worker applies them through speculation.worker.paths.stopping). A value the server would
     refuse goes plain too, so that the server's own error reaches the client."""
     stop = body.get("stop")
     if stop is not None:

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = settings.PROD_START_TIMEOUT_S
 STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
 DEFAULT_MAX_CONTEXT = 2048
-# Applied by the worker exactly as the server applies them (speculation.paths.stopping).
+# Applied by the worker exactly as the server applies them (speculation.worker.paths.stopping).
 STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output")
 SLOT_SLACK_S = 30.0  # a queued job's slot outlives its queue expiry by this much unless a worker refreshes it
 
@@ -135,7 +135,7 @@ async def serve(call: Call):
         return await plain(call, action=Action.SKIPPED, reason=slot.reason(route.node_class))
     stop_job = {"node_class": route.node_class, "request_id": call.request_id}
     try:
-        from speculation.tasks import enqueue_prod
+        from speculation.worker.tasks import enqueue_prod
 
         await asyncio.to_thread(enqueue_prod, job=job, node_class=route.node_class, expires_s=START_TIMEOUT_S)
     except ChannelError as exc:

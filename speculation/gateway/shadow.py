@@ -91,7 +91,7 @@ class ShadowCapture:
         background.spawn(self._enqueue(latency_ms=self.call.elapsed_ms()), what="shadow enqueue")
 
     async def _enqueue(self, *, latency_ms: float) -> None:
-        from speculation.tasks import enqueue_shadow
+        from speculation.worker.tasks import enqueue_shadow
 
         route = self.call.route
         sampling = request_sampling.parse(self.call.body)

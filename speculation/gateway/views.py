@@ -15,13 +15,13 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from speculation import metrics as stage_metrics
 from speculation.gateway import passthrough, validation
 from speculation.gateway.auth import authenticate
 from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
 from speculation.gateway.routes import route_cache
 from speculation.models import Mode
+from speculation.selectors import metrics as stage_metrics
 
 
 def _unauthorized(request_id: str) -> HttpResponse:

@@ -6,7 +6,7 @@ them. Messages:
     {"type": "tokens", "ids": [...], "text": "..."}       tokens committed by one verification step
     {"type": "done", "finish_reason": "stop"|"length", "stats": {...}}
     {"type": "error", "reason": "..."}                    the speculative path failed (the gateway falls back)
-    {"type": "cancelled", "tokens": n}                    the worker stopped after n tokens (speculation.admission)
+    {"type": "cancelled", "tokens": n}                    the worker stopped after n tokens (speculation.jobs.admission)
 Lists expire after EXPIRE_S so an abandoned request leaves nothing behind.
 """
 
@@ -32,7 +32,7 @@ class WorkerChannel:
         self.key = key(request_id)
 
     def send(self, message: dict[str, Any], *, slot: Any = None, release: Any = None) -> None:
-        """Push one message; with the job's slot (speculation.admission.JobSlot) the same round trip refreshes
+        """Push one message; with the job's slot (speculation.jobs.admission.JobSlot) the same round trip refreshes
         it and raises Cancelled when the gateway asked the job to stop. ``release`` (a JobSlot) frees the slot
         before the message goes out: the job's last message, so the client's next request finds it free."""
         pipe = self.client.pipeline(transaction=False)

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 
 from fleet.models import Endpoint
 from speculation.models import DraftKind, DraftModel, Mechanism, Mode, SpeculationPolicy, VerificationPath
-from speculation.services import capabilities
+from speculation.selectors import capabilities
 from speculation.services.policies import resolve_path, validate_policy
 
 

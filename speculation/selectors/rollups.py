@@ -3,7 +3,7 @@
 Reading is not write-free: `rollup_store.sums` first rolls up closed minutes that beat's `refresh_rollups_task`
 has not summed yet (normally none; a few rows after a quiet minute), then reads.
 
-Everything is computed from sums: speculation.rollup_store adds per-minute StageRollup rows (summed once by
+Everything is computed from sums: speculation.selectors.rollup_store adds per-minute StageRollup rows (summed once by
 the database) to aggregates of the newest raw records, so a page over 100k records reads a few thousand
 pre-summed rows at most and never loops over records in Python (see `manage.py bench_dashboard`).
 
@@ -27,7 +27,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from speculation.models import Action, PolicyChange, StageRecord
-from speculation.rollup_store import COLUMNS, MAX_K, SPECULATIVE_ACTIONS, ratio, sums
+from speculation.selectors.rollup_store import COLUMNS, MAX_K, SPECULATIVE_ACTIONS, ratio, sums
 
 Totals = dict[tuple, dict[str, float]]
 
@@ -402,7 +402,7 @@ def measured_costs(*, endpoint: Any, since: datetime | None = None) -> dict:
     """The cost ratios the projection needs, as the shadow measurements measured them.
 
     Each shadow record's projected multiplier is S = E[N] / (v + K c) with the draft's measured step time
-    over the target's measured time per token (c) and v = 1 (speculation.services.shadow states it), so
+    over the target's measured time per token (c) and v = 1 (speculation.worker.shadow states it), so
     c = (E[N] / S - v) / K per record; averaged over the newest COST_SAMPLE records in the database. The
     target step is the records' latency per output token. v comes from prod records where there are some
     (their measured multiplier S gives v = E[N] / S - K c, every overhead of the prod path included);

@@ -16,7 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from speculation.eagle.settings import (
+from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
+from speculation.offline.eagle.settings import (
     EpochReport,
     PipelineResult,
     PipelineSettings,
@@ -24,7 +25,6 @@ from speculation.eagle.settings import (
     TrainSettings,
     default_target_name,
 )
-from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.services import model_files
 from speculation.services.drafts import register_draft
 
@@ -79,7 +79,7 @@ def create_training_run(
 
 def start_training_run(**kwargs: Any) -> TrainingRun:
     """Create a run and queue it on the node class's GPU queue once the row is committed."""
-    from speculation.tasks_eagle import enqueue_training
+    from speculation.worker.tasks_eagle import enqueue_training
 
     run = create_training_run(**kwargs)
     transaction.on_commit(lambda: enqueue_training(run))
@@ -119,7 +119,7 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
     run.error = ""
     run.started_at = run.started_at or timezone.now()
     run.save(update_fields=["status", "error", "started_at", "updated_at"])
-    from speculation.eagle.pipeline import run_pipeline  # torch: imported by the worker only
+    from speculation.offline.eagle.pipeline import run_pipeline  # torch: imported by the worker only
 
     try:
         result = run_pipeline(

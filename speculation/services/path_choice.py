@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fleet.models import Endpoint
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy, StageRecord, VerificationPath
-from speculation.services import capabilities
+from speculation.selectors import capabilities
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet

@@ -21,7 +21,8 @@ from speculation.models import (
     SpeculationPolicy,
     VerificationPath,
 )
-from speculation.services import capabilities, model_files
+from speculation.selectors import capabilities
+from speculation.services import model_files
 from speculation.services.path_choice import choose_path
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from typing import Any
 from django.db import OperationalError
 
 from fleet.models import Endpoint
-from speculation import metrics
 from speculation.models import StageRecord
+from speculation.selectors import metrics
 
 logger = logging.getLogger(__name__)
 

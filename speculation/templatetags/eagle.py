@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django import template
 
-from speculation import native_flags
 from speculation.models import TrainingRun
+from speculation.selectors import native_flags
 
 register = template.Library()
 

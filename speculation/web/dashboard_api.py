@@ -6,7 +6,7 @@
     GET /api/v1/endpoints/{id}/policy-options/              (which modes, drafts, paths fit now, and why not)
     GET /api/v1/fleet-summary/
 
-Same functions as the pages (speculation.rollups, speculation.projection), so numbers never disagree.
+Same functions as the pages (speculation.selectors.rollups, speculation.engine.projection), so numbers never disagree.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rest_framework.views import APIView
 
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
-from speculation import options, rollups
+from speculation.engine.projection import project
 from speculation.models import DraftModel, SpeculationPolicy
-from speculation.projection import project
+from speculation.selectors import options, rollups
 
 app_name = "dashboard-api"
 

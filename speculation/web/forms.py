@@ -7,7 +7,7 @@ from django import forms
 
 from speculation.limits import K_MAX, K_MIN
 from speculation.models import Action, DraftKind, Mechanism, Mode, VerificationPath
-from speculation.rollups import RANGES
+from speculation.selectors.rollups import RANGES
 
 
 class PolicyForm(forms.Form):

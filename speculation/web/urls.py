@@ -1,6 +1,6 @@
 from django.urls import path
 
-from speculation import views
+from speculation.web import views
 
 app_name = "speculation"
 urlpatterns = [

@@ -1,7 +1,7 @@
 """Dashboard pages: fleet overview, endpoint speculation page, projection, draft registry.
 
-Thin: reads through speculation.rollups / speculation.options / fleet.selectors, writes through the policy
-and draft services. Chart data is embedded as JSON for the first paint and refreshed from the REST
+Thin: reads through speculation.selectors (rollups, options) and fleet.selectors, writes through the
+policy and draft services. Chart data is embedded as JSON for the first paint and refreshed from the REST
 timeseries API by static/js/dashboard.js.
 """
 
@@ -22,12 +22,12 @@ from fleet import permissions
 from fleet import selectors as fleet_selectors
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
-from speculation import options, rollups
-from speculation.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
+from speculation.engine.projection import MAX_PROJECTED_K, project
 from speculation.models import DraftModel, SpeculationPolicy
-from speculation.projection import MAX_PROJECTED_K, project
+from speculation.selectors import options, rollups
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
+from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
 
 RECORDS_PER_PAGE = 25
 PROBE_HISTORY_LENGTH = 20

@@ -2,7 +2,7 @@
 
 Both paths draft with the engine's proposers (speculation.engine). The local path is the engine's own loop
 (`generate` on a LocalTarget); the remote path verifies through the target's scoring API, one call per step
-(speculation.paths.loop.greedy_speculate with speculation.paths.remote.RemoteGreedyVerifier).
+(speculation.worker.paths.loop.greedy_speculate with speculation.worker.paths.remote.RemoteGreedyVerifier).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from django.conf import settings
 
 from fleet.models import Endpoint
 from fleet.netpolicy import PinnedTransport
-from speculation.admission import Cancelled, JobSlot
-from speculation.channel import WorkerChannel
 from speculation.engine import (
     DraftModelProposer,
     GenerationConfig,
@@ -30,14 +28,16 @@ from speculation.engine import (
     SamplingParams,
     generate,
 )
+from speculation.jobs.admission import Cancelled, JobSlot
+from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
-from speculation.paths import CommittedBatch, SpecRunStats, resources
-from speculation.paths.drafting import StepProposer
-from speculation.paths.loop import greedy_speculate
-from speculation.paths.remote import RemoteGreedyVerifier, RemoteTopKTarget
-from speculation.paths.stopping import StopMatcher, StopRule
-from speculation.paths.text import IncrementalText, eos_token_ids
-from speculation.services import baseline
+from speculation.worker import baseline
+from speculation.worker.paths import CommittedBatch, SpecRunStats, resources
+from speculation.worker.paths.drafting import StepProposer
+from speculation.worker.paths.loop import greedy_speculate
+from speculation.worker.paths.remote import RemoteGreedyVerifier, RemoteTopKTarget
+from speculation.worker.paths.stopping import StopMatcher, StopRule
+from speculation.worker.paths.text import IncrementalText, eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _text_source(policy: SpeculationPolicy) -> str:
 
 class StepLog:
     """An engine proposer that also notes each step's (accepted, drafted), so the record keeps SpecRunStats'
-    per-step counts (speculation.paths.base) whichever path ran."""
+    per-step counts (speculation.worker.paths.base) whichever path ran."""
 
     def __init__(self, proposer: Any) -> None:
         self.proposer = proposer

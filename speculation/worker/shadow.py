@@ -1,7 +1,7 @@
 """Shadow measurement in the GPU worker: what the policy's draft would have achieved on a served request.
 
 Greedy traffic: one teacher-forced draft pass over prompt + produced tokens gives the draft's proposal at
-every position; replaying the verification steps with lookahead K (speculation.paths.loop) gives exactly
+every position; replaying the verification steps with lookahead K (speculation.worker.paths.loop) gives exactly
 what prod would have accepted. Sampled traffic: the expected acceptance sum_x min(p, q) per position with p
 and q processed as the request asked (temperature, top-k, top-p): exact from the target's logits when the
 worker holds the target, else from the server's top-N log-probabilities (exact when top-k < N, otherwise a
@@ -19,10 +19,10 @@ from typing import Any
 from fleet.models import Endpoint
 from speculation.engine import DraftModelProposer, NgramProposer, SamplingParams, Transformer
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
-from speculation.paths import SpecRunStats, resources
-from speculation.paths.drafting import StepProposer, teacher_forced_next
-from speculation.paths.loop import replay_greedy_batches, step_k
 from speculation.services.records import record_stage
+from speculation.worker.paths import SpecRunStats, resources
+from speculation.worker.paths.drafting import StepProposer, teacher_forced_next
+from speculation.worker.paths.loop import replay_greedy_batches, step_k
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def draft_step_seconds(draft_model: Transformer, key: str, context: list[int]) -
 
 def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_tokens: int, k: int, stopped: bool):
     """The n-gram proposer is a function of the context, so its replay calls it on each committed prefix."""
-    from speculation.paths.base import CommittedBatch
+    from speculation.worker.paths.base import CommittedBatch
 
     proposer = NgramProposer()
     n, i = len(output_ids), 0
@@ -140,7 +140,7 @@ GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (as speculat
 
 def _target_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list, int]:
     """The server's top-N raw log-probabilities at every output position (one scoring call), and N."""
-    from speculation.services.generation import _headers, http
+    from speculation.worker.generation import _headers, http
 
     top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
     response = http().post(
@@ -180,9 +180,9 @@ def _measure_sampled(
     logits. Otherwise p comes from the server's top-N log-probabilities: exact when 0 < top_k < N, else a lower
     bound, recorded with the mass it could not attribute (speculation.engine.acceptance)."""
     from speculation.engine.acceptance import expected_acceptance_exact, expected_acceptance_from_top
+    from speculation.engine.projection import expected_tokens
     from speculation.engine.sampling import probs_from_logits
-    from speculation.paths.drafting import teacher_forced_logits
-    from speculation.projection import expected_tokens
+    from speculation.worker.paths.drafting import teacher_forced_logits
 
     if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
         record_stage(

@@ -1,6 +1,6 @@
 """Celery tasks of the speculation stage, on the endpoint's GPU node queue. Thin: they call services.
 
-Models are loaded once per worker process and kept (speculation.paths.resources).
+Models are loaded once per worker process and kept (speculation.worker.paths.resources).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from ace.celery import gpu_queue
 @worker_process_init.connect
 def _preload(**_: Any) -> None:
     """Import torch and transformers once per worker process, before any request waits on them."""
-    import speculation.services.generation  # noqa: F401
-    import speculation.services.shadow  # noqa: F401
+    import speculation.worker.generation  # noqa: F401
+    import speculation.worker.shadow  # noqa: F401
 
 
 _heartbeat: Any = None
@@ -29,7 +29,7 @@ def _declare_capacity(sender: Any = None, **_: Any) -> None:
     global _heartbeat
     from django.conf import settings
 
-    from speculation.admission import CapacityHeartbeat
+    from speculation.jobs.admission import CapacityHeartbeat
 
     queues = list(sender.app.amqp.queues.consume_from or {})
     node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
@@ -52,17 +52,17 @@ def _withdraw_capacity(**_: Any) -> None:
 def prod_generate_task(job: dict[str, Any]) -> None:
     # acks_late off: a prod request redelivered after a worker crash would generate into a channel the gateway
     # already gave up on (it fell back).
-    from speculation.channel import announce_started
+    from speculation.jobs.channel import announce_started
 
     announce_started(job["request_id"])  # before any heavy import: the gateway's start timeout is short
-    from speculation.services.generation import run_prod_generation
+    from speculation.worker.generation import run_prod_generation
 
     run_prod_generation(job)
 
 
 @shared_task(name="speculation.tasks.shadow_measure_task", acks_late=True, ignore_result=True)
 def shadow_measure_task(**kwargs: Any) -> None:
-    from speculation.services.shadow import measure_shadow
+    from speculation.worker.shadow import measure_shadow
 
     measure_shadow(**kwargs)
 
@@ -77,13 +77,13 @@ def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
 
 
 # register the EAGLE training task with the worker (autodiscovery finds `tasks` modules only)
-from speculation.tasks_eagle import train_eagle_head_task  # noqa: E402, F401
+from speculation.worker.tasks_eagle import train_eagle_head_task  # noqa: E402, F401
 
 
 @shared_task(name="speculation.tasks.refresh_rollups_task", ignore_result=True)
 def refresh_rollups_task() -> int:
     """Beat runs this on the control queue every minute, so the charts' per-minute rollups stay filled even
     when no page is viewed (a page view still rolls up what is missing first)."""
-    from speculation.rollup_store import refresh_rollups
+    from speculation.selectors.rollup_store import refresh_rollups
 
     return refresh_rollups()

@@ -1,6 +1,6 @@
 """Celery task of EAGLE head training, on the node class's GPU queue. Thin: it loads the run and calls the service.
 
-Registered with the worker by the import in speculation/tasks.py (Celery autodiscovers `tasks` modules only).
+Registered with the worker by the import in speculation/worker/tasks.py (Celery autodiscovers `tasks` modules only).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from ace.celery import gpu_queue
 @shared_task(name="speculation.tasks_eagle.train_eagle_head_task", acks_late=True, ignore_result=True)
 def train_eagle_head_task(run_id: int) -> None:
     # acks_late: a worker that dies mid-run leaves the message queued; the next worker resumes the checkpoint.
-    from speculation.eagle.service import run_training
     from speculation.models import TrainingRun
+    from speculation.services.eagle_training import run_training
 
     run_training(run=TrainingRun.objects.get(pk=run_id))
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-# the chromium `page` fixture (Debian's chromium, the agreed flags) is the fleet browser test's
-from tests.browser.test_register_endpoint import CHROMIUM, PASSWORD, READY_TIMEOUT_MS, page  # noqa: F401
-from tests.speculation.conftest import start_ace
+from tests.browser.conftest import CHROMIUM, PASSWORD, READY_TIMEOUT_MS
+from tests.support.stack import start_ace
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main():", "class Stack:\n    def __init__(self):"]
 MAX_TOKENS = 16

@@ -7,65 +7,19 @@ status panel must update by itself (polling), which the test proves with a marke
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from fleet.permissions import OPERATOR, grant_role
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# A probe of the CPU vLLM (models, tokenize, scoring, a short streamed generation) takes a few seconds;
-# the queue, the worker and the 1.5 s polling add a little. 120 s leaves room on a loaded 2-core machine.
-READY_TIMEOUT_MS = 120_000
-PASSWORD = "pw-browser-123456"
+from tests.browser.conftest import CHROMIUM, PASSWORD, READY_TIMEOUT_MS
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
 ]
-
-
-@pytest.fixture
-def page(live_server, artifacts_dir: Path):
-    # Playwright's sync API runs an event loop in this thread; Django's ORM calls made by the test (and the
-    # live_server thread) are still plain synchronous calls.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        # No CDN: any request that leaves the live server is refused and fails the test.
-        outside: list[str] = []
-
-        def only_live_server(route) -> None:
-            if route.request.url.startswith(live_server.url):
-                route.continue_()
-            else:
-                outside.append(route.request.url)
-                route.abort()
-
-        context.route("**/*", only_live_server)
-        page = context.new_page()
-        page.set_default_timeout(15_000)
-        try:
-            yield page
-            assert not outside, f"the pages fetched from outside the server: {outside}"
-        finally:
-            context.close()
-            browser.close()
 
 
 def _log_in(page, live_server, django_user_model, next_path: str) -> None:

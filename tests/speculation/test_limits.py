@@ -3,8 +3,9 @@ position a policy may use."""
 
 from __future__ import annotations
 
-from speculation import engine, limits, rollup_store
+from speculation import engine, limits
 from speculation.models import StageRollup
+from speculation.selectors import rollup_store
 
 
 def test_the_engine_and_the_stage_accept_the_same_k_range():

@@ -33,7 +33,7 @@ from django.utils import timezone
 from fleet.models import Endpoint, EndpointStatus
 from fleet.permissions import ADMIN, grant_role
 from speculation.models import Action, Mode, SpeculationPolicy, StageRecord
-from speculation.rollup_store import refresh_rollups
+from speculation.selectors.rollup_store import refresh_rollups
 
 BATCH = 5000  # rows per INSERT batch: large enough to amortise, small enough for SQLite's variable limit
 EXTRA_ENDPOINTS = 4

@@ -6,7 +6,7 @@ concurrent streams), then shadow and prod on the same greedy requests (tok/s mul
 prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees), and prod_coverage:
 the share of a mixed greedy request set (stop strings, echo, min_tokens, ...) that prod speculates.
 
---managed instead benchmarks one managed endpoint (speculation.benchmarking.managed): off vs prod with the
+--managed instead benchmarks one managed endpoint (speculation.bench.managed): off vs prod with the
 server's own n-gram and draft-model speculation at 1, 8, 32 streams, and the blue/green switches between them.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from speculation.benchmarking import coverage
-from speculation.benchmarking.load import load_prompts, paired_latencies, quantile, run_concurrent
-from speculation.benchmarking.stack import BenchStack
+from speculation.bench import coverage
+from speculation.bench.load import load_prompts, paired_latencies, quantile, run_concurrent
+from speculation.bench.stack import BenchStack
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Command(BaseCommand):
     def handle(
         self, *args, quick: bool, json_path: str | None, dataset: str, no_native: bool, managed: bool, **options
     ) -> None:
-        from speculation.demo import ensure_demo_pair
+        from speculation.offline.demo import ensure_demo_pair
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
@@ -66,7 +66,7 @@ class Command(BaseCommand):
             "throughput_max_tokens": 16 if quick else 32,
             "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
             "prod_max_tokens": 32 if quick else 64,
-            "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.benchmarking.coverage)
+            "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.bench.coverage)
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
@@ -91,7 +91,7 @@ class Command(BaseCommand):
             Path(json_path).write_text(text + "\n")
 
     def _managed(self, pair, *, quick: bool, json_path: str | None, dataset: str, started: float) -> None:
-        from speculation.benchmarking import managed
+        from speculation.bench import managed
 
         plan = {
             "requests": {1: 2, 8: 8, 32: 32} if quick else {1: 4, 8: 16, 32: 64},

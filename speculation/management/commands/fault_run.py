@@ -3,7 +3,7 @@
 ACE's real stack (Redis, the real vLLM serving the demo target, a Celery worker, ACE under uvicorn; started
 here, stopped at the end) under `--lanes` concurrent greedy prod streams, while, one after the other: the
 worker is SIGKILLed and restarted, Redis is stopped and restarted on its port, and vLLM is SIGKILLed and
-restarted on its port. Every request is classified (speculation.benchmarking.faults): correct text (equal to
+restarted on its port. Every request is classified (speculation.bench.faults): correct text (equal to
 the off-mode answer), a clear error, or a failure (wrong text, a stream cut without an error, a hang); every
 completed request must have its stage record. Counts, the fault timeline and ACE's own /metrics go to the JSON.
 """
@@ -25,9 +25,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from ace import processes
-from speculation.benchmarking.faults import Load, Outcome, chat_body, one_request, summarize
-from speculation.benchmarking.load import FALLBACK_PROMPTS, load_prompts
-from speculation.benchmarking.stack import BenchStack
+from speculation.bench.faults import Load, Outcome, chat_body, one_request, summarize
+from speculation.bench.load import FALLBACK_PROMPTS, load_prompts
+from speculation.bench.stack import BenchStack
 
 DATASET = Path(settings.BASE_DIR).parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
 
@@ -65,7 +65,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, json_path: str | None, lanes: int, path: str, **opts) -> None:
-        from speculation.demo import ensure_demo_pair
+        from speculation.offline.demo import ensure_demo_pair
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
@@ -131,7 +131,7 @@ class Command(BaseCommand):
         load.stop.set()
         runner.join(timeout=hang_s * 3)
         records = self._records(stack, load.outcomes)
-        from speculation.metrics import reason_class
+        from speculation.selectors.metrics import reason_class
 
         summary = summarize(load.outcomes, expected=expected, records=records, events=events, reason_class=reason_class)
         summary["metrics"] = self._metrics(stack)

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from speculation.rollup_store import rebuild_rollups, refresh_rollups
+from speculation.selectors.rollup_store import rebuild_rollups, refresh_rollups
 
 
 class Command(BaseCommand):

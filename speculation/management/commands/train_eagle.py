@@ -13,10 +13,10 @@ import torch
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from speculation.eagle.pipeline import Progress
-from speculation.eagle.service import create_training_run, run_training, start_training_run
-from speculation.eagle.train import EpochReport
 from speculation.models import TrainingRun, TrainingStatus
+from speculation.offline.eagle.pipeline import Progress
+from speculation.offline.eagle.train import EpochReport
+from speculation.services.eagle_training import create_training_run, run_training, start_training_run
 
 
 class _Echo(Progress):

@@ -1,11 +1,11 @@
-"""``python -m speculation.demo``: build the demo pair if needed and print where it is."""
+"""``python -m speculation.offline.demo``: build the demo pair if needed and print where it is."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from speculation.demo import ensure_demo_pair
+from speculation.offline.demo import ensure_demo_pair
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
-from speculation.demo.corpus import stdlib_corpus, unwrap_paragraphs
-from speculation.demo.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
-from speculation.demo.train import (
+from speculation.offline.demo.corpus import stdlib_corpus, unwrap_paragraphs
+from speculation.offline.demo.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
+from speculation.offline.demo.train import (
     DRAFT_SHAPE,
     MAX_POSITIONS,
     TARGET_SHAPE,

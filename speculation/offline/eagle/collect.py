@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from speculation.eagle.prompts import Prompt
+from speculation.offline.eagle.prompts import Prompt
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Where the demo target's trained EAGLE head lives, and its proposer when it exists.
 
-Both benchmarks (`python -m speculation.bench` and `python -m speculation.eagle.bench`) use it; neither
+Both benchmarks (`python -m speculation.bench` and `python -m speculation.bench.eagle`) use it; neither
 imports the other.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speculation.demo.build import ace_home
 from speculation.engine.eagle import EagleProposer
+from speculation.offline.demo.build import ace_home
 
 
 def default_head_dir(pair) -> Path:

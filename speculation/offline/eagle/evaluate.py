@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculation.eagle.collect import Sequences
 from speculation.engine.eagle import EagleDrafter, EagleHead, greedy_choice
+from speculation.offline.eagle.collect import Sequences
 
 
 @dataclass

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from speculation.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
-from speculation.eagle.prompts import read_prompts, split_prompts
-from speculation.eagle.settings import PipelineResult, PipelineSettings, Progress
-from speculation.eagle.train import train_head
 from speculation.engine.eagle import EagleConfig, EagleHead, param_count
+from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
+from speculation.offline.eagle.prompts import read_prompts, split_prompts
+from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress
+from speculation.offline.eagle.train import train_head
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _collected(
     train = collect(model, tokenizer, train_prompts, progress=report, **options)
     test = collect(model, tokenizer, test_prompts, progress=report, **options)
     if settings.text_windows:
-        from speculation.demo.corpus import stdlib_corpus
+        from speculation.offline.demo.corpus import stdlib_corpus
 
         progress.stage("collect", f"{settings.text_windows} teacher-forced text windows")
         text = stdlib_corpus().train_text(settings.text_windows * settings.window_tokens * 6)

@@ -1,9 +1,9 @@
 """Prompt sources for EAGLE head training and evaluation: Spec-Bench questions or a local text file.
 
-Sources (comma-separated to mix): `spec_bench` (`../shared/datasets/spec_bench_questions.jsonl` relative to
-the repository root; `ACE_SPEC_BENCH` overrides the path), `stdlib` (the beginnings of the Python standard
-library's files in the demo corpus' training split, category "code"), or a file: JSON lines (objects with a
-"prompt", "text" or "turns" field and an optional "category") or plain text, one prompt per paragraph.
+Sources (comma-separated to mix): `spec_bench` (the vendored `speculation/bench/data/spec_bench_questions.jsonl`;
+`ACE_SPEC_BENCH` overrides the path), `stdlib` (the beginnings of the Python standard library's files in the demo
+corpus' training split, category "code"), or a file: JSON lines (objects with a "prompt", "text" or "turns" field
+and an optional "category") or plain text, one prompt per paragraph.
 (Shadow traffic is not a source: stage records keep counts and rates, never prompt text.)
 """
 
@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+VENDORED_SPEC_BENCH = Path(__file__).resolve().parents[2] / "bench" / "data" / "spec_bench_questions.jsonl"
 SPEC_BENCH = "spec_bench"
 STDLIB = "stdlib"
 STDLIB_PROMPT_CHARS = 400
@@ -34,7 +34,7 @@ def spec_bench_path() -> Path:
     override = os.environ.get("ACE_SPEC_BENCH")
     if override:
         return Path(override)
-    return REPO_ROOT.parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
+    return VENDORED_SPEC_BENCH
 
 
 def _from_json_line(obj: dict, default_category: str) -> Prompt | None:
@@ -53,7 +53,7 @@ def read_prompts(source: str) -> list[Prompt]:
 
 
 def _stdlib_prompts() -> list[Prompt]:
-    from speculation.demo.corpus import stdlib_corpus
+    from speculation.offline.demo.corpus import stdlib_corpus
 
     prompts = []
     for path in stdlib_corpus().train_files:

@@ -1,7 +1,7 @@
 """EAGLE training settings, reports and progress hooks: plain dataclasses without torch.
 
 The web process validates and stores a training run's settings with these; only the worker that trains imports
-`speculation.eagle.train` / `pipeline` (and so torch).
+`speculation.offline.eagle.train` / `pipeline` (and so torch).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speculation.eagle.collect import Sequences
-from speculation.eagle.evaluate import replay
-from speculation.eagle.settings import EpochReport, TrainSettings
 from speculation.engine.eagle import EagleHead, init_weights
+from speculation.offline.eagle.collect import Sequences
+from speculation.offline.eagle.evaluate import replay
+from speculation.offline.eagle.settings import EpochReport, TrainSettings
 
 __all__ = ["EpochReport", "TrainSettings", "TrainingInterrupted", "train_head"]
 

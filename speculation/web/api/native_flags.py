@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.permissions import endpoint_for
-from speculation import native_flags
 from speculation.models import DraftModel
+from speculation.selectors import native_flags
 
 _RESPONSE = inline_serializer(
     "NativeFlags",

@@ -8,8 +8,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from speculation.eagle.service import start_training_run
 from speculation.models import TrainingRun
+from speculation.services.eagle_training import start_training_run
 
 
 class TrainingRunSerializer(serializers.ModelSerializer):

@@ -1,9 +1,9 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from speculation.api import views
-from speculation.api.native_flags import NativeFlagsView
-from speculation.api.training_runs import TrainingRunViewSet
+from speculation.web.api import views
+from speculation.web.api.native_flags import NativeFlagsView
+from speculation.web.api.training_runs import TrainingRunViewSet
 
 app_name = "speculation-api"
 

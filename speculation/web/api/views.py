@@ -13,15 +13,15 @@ from rest_framework.views import APIView
 
 from ace.query_params import id_param
 from fleet.permissions import endpoint_for, visible_endpoints
-from speculation.api.serializers import (
+from speculation.models import Action, DraftModel, Mode, StageRecord
+from speculation.services import drafts as draft_service
+from speculation.services import policies as policy_service
+from speculation.web.api.serializers import (
     DraftSerializer,
     PolicyChangeSerializer,
     PolicySerializer,
     StageRecordSerializer,
 )
-from speculation.models import Action, DraftModel, Mode, StageRecord
-from speculation.services import drafts as draft_service
-from speculation.services import policies as policy_service
 
 
 def _as_drf(exc: DjangoValidationError) -> ValidationError:

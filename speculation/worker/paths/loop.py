@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from speculation.paths.base import CommittedBatch
+from speculation.worker.paths.base import CommittedBatch
 
 
 class Proposer(Protocol):

@@ -44,7 +44,7 @@ def tokenizer(directory: str) -> Any:
 def model(directory: str) -> Loaded:
     """The causal LM in `directory` (the engine's Transformer, float32) with its tokenizer; loaded on first use."""
     from speculation.engine import load_causal_lm
-    from speculation.paths.text import eos_token_ids
+    from speculation.worker.paths.text import eos_token_ids
 
     with _lock:
         found = _loaded.get(directory)

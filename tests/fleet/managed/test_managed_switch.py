@@ -41,7 +41,7 @@ from fleet.models import Endpoint
 from speculation.models import DraftModel, PolicyChange, StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import get_policy, update_policy
-from tests.speculation.conftest import database_url
+from tests.support.stack import database_url
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from speculation import bench
+from speculation.bench import engine as bench
 
 TOP_KEYS = (
     "device",

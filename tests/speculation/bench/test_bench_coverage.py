@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speculation.benchmarking.coverage import mixed_requests, summarize
+from speculation.bench.coverage import mixed_requests, summarize
 from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speculation.bench import LOOP_MAX_N, is_looping, looping_share, repeated_ngram_coverage
+from speculation.bench.engine import LOOP_MAX_N, is_looping, looping_share, repeated_ngram_coverage
 
 NORMAL = (
     "Hawaii is a string of volcanic islands in the Pacific. On our first morning we walked to a small "

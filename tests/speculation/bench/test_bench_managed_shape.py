@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculation.benchmarking.managed import shape
+from speculation.bench.managed import shape
 
 
 def _mode(tok_s: float) -> dict:

@@ -1,4 +1,4 @@
-"""The fault run's report logic (speculation.benchmarking.faults): how a response is read and classified, and
+"""The fault run's report logic (speculation.bench.faults): how a response is read and classified, and
 what the summary counts. The fault run itself is a command (manage.py fault_run), not a test."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from speculation.benchmarking.faults import Outcome, classify, one_request, phase_at, summarize
+from speculation.bench.faults import Outcome, classify, one_request, phase_at, summarize
 from speculation.gateway.errors import REQUEST_ID_HEADER
-from speculation.metrics import reason_class
+from speculation.selectors.metrics import reason_class
 
 SSE = {"content-type": "text/event-stream"}
 

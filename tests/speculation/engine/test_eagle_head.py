@@ -11,8 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from speculation.eagle.collect import Sequences
-from speculation.eagle.train import TrainSettings, train_head
 from speculation.engine import GenerationConfig, LocalTarget, ModelArgs, Transformer, generate, generate_plain
 from speculation.engine import init_weights as init_target
 from speculation.engine.eagle import (
@@ -25,6 +23,8 @@ from speculation.engine.eagle import (
 )
 from speculation.engine.errors import VocabMismatchError
 from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.offline.eagle.collect import Sequences
+from speculation.offline.eagle.train import TrainSettings, train_head
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculation.projection import expected_tokens, multiplier, project
+from speculation.engine.projection import expected_tokens, multiplier, project
 
 
 @pytest.mark.parametrize(

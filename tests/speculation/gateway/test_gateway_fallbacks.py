@@ -17,7 +17,7 @@ from ace import processes
 from speculation.models import StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import update_policy
-from tests.speculation.conftest import database_url, register_probed_endpoint, start_ace
+from tests.support.stack import database_url, register_probed_endpoint, start_ace
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

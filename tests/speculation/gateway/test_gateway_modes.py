@@ -19,7 +19,7 @@ import pytest
 from speculation.models import StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import update_policy
-from tests.speculation.conftest import register_probed_endpoint
+from tests.support.stack import register_probed_endpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

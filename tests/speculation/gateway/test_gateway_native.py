@@ -12,7 +12,7 @@ import pytest
 from fleet.adapters.vllm_metrics import parse_spec_counters
 from speculation.models import StageRecord
 from speculation.services.policies import update_policy
-from tests.speculation.conftest import register_probed_endpoint
+from tests.support.stack import register_probed_endpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -28,8 +28,8 @@ import torch
 from speculation.models import StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import update_policy
-from tests.speculation.conftest import register_probed_endpoint
-from tests.speculation.engine.test_engine_sampling import chi2_critical, chi2_statistic
+from tests.support.stack import register_probed_endpoint
+from tests.support.stats import chi2_critical, chi2_statistic
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -193,7 +193,7 @@ def test_32_concurrent_prod_requests_are_all_answered_without_waiting(
 def test_a_client_that_disconnects_stops_the_worker(
     endpoint, draft, demo_pair, celery_worker, gateway_client, ace_server, token, redis_server
 ):
-    from speculation.channel import key
+    from speculation.jobs.channel import key
 
     _prod(endpoint, draft, demo_pair, k=1)
     _warm(gateway_client, endpoint)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from speculation.demo import build as demo_build
-from speculation.demo import ensure_demo_pair
-from speculation.demo.corpus import stdlib_corpus
-from speculation.demo.tokenizer import train_tokenizer
+from speculation.offline.demo import build as demo_build
+from speculation.offline.demo import ensure_demo_pair
+from speculation.offline.demo.corpus import stdlib_corpus
+from speculation.offline.demo.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_tokenizer_training_is_deterministic():
 def test_mixed_training_batches_take_rows_from_both_streams_by_share(share):
     import torch
 
-    from speculation.demo.train import TrainPlan, _mixed_windows
+    from speculation.offline.demo.train import TrainPlan, _mixed_windows
 
     code, prose = torch.arange(0, 1000), torch.arange(5000, 6000)
     plan = TrainPlan(seq_len=16, target_batch=64, prose_share=share)
@@ -160,7 +160,7 @@ def test_mixed_training_batches_take_rows_from_both_streams_by_share(share):
 def test_unlikelihood_penalises_probability_on_tokens_already_in_the_window():
     import torch
 
-    from speculation.demo.train import unlikelihood_loss
+    from speculation.offline.demo.train import unlikelihood_loss
 
     batch = torch.tensor([[1, 2, 3, 4]])  # positions predict 2, 3, 4; tokens seen so far: {1}, {1,2}, {1,2,3}
     on_seen, on_unseen = torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)
@@ -171,7 +171,7 @@ def test_unlikelihood_penalises_probability_on_tokens_already_in_the_window():
 
 
 def test_unwrapped_paragraphs_join_hard_wrapped_lines_and_keep_paragraph_breaks():
-    from speculation.demo.corpus import unwrap_paragraphs
+    from speculation.offline.demo.corpus import unwrap_paragraphs
 
     text = "Return the number of\n    items in the list.\n\n\n\nRaises ValueError\nwhen empty.\n\n   \n"
     assert unwrap_paragraphs(text) == ["Return the number of items in the list.", "Raises ValueError when empty."]

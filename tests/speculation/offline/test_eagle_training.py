@@ -12,13 +12,13 @@ import pytest
 import torch
 from django.core.management import call_command
 
-from speculation.eagle.collect import Sequences
-from speculation.eagle.pipeline import Progress
-from speculation.eagle.prompts import Prompt, PromptSourceError, read_prompts, split_prompts
-from speculation.eagle.service import create_training_run, run_training, start_training_run
-from speculation.eagle.train import CHECKPOINT, TrainingInterrupted, TrainSettings, train_head
 from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer
 from speculation.models import DraftKind, TrainingRun, TrainingStatus
+from speculation.offline.eagle.collect import Sequences
+from speculation.offline.eagle.pipeline import Progress
+from speculation.offline.eagle.prompts import Prompt, PromptSourceError, read_prompts, split_prompts
+from speculation.offline.eagle.train import CHECKPOINT, TrainingInterrupted, TrainSettings, train_head
+from speculation.services.eagle_training import create_training_run, run_training, start_training_run
 
 
 @pytest.fixture(autouse=True, scope="module")

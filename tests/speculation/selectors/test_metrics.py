@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ace import processes
-from speculation import metrics
-from tests.test_ops import samples
+from speculation.selectors import metrics
+from tests.support.prometheus import samples
 
 MODEL = "metered-model"
 
@@ -139,7 +139,7 @@ def test_reasons_map_to_their_bounded_label(action, reason, label):
 
 
 FEED = """
-from speculation import metrics
+from speculation.selectors import metrics
 metrics.count_passthrough(endpoint="e", mode="off")
 metrics.observe_record(endpoint="e", mode="shadow", action="would_speculate", fields={"acceptance_rate": 0.5})
 """

@@ -9,7 +9,7 @@ import pytest
 
 from fleet.models import Endpoint
 from speculation.models import DraftModel, SpeculationPolicy
-from speculation.native_flags import NativeFlagsError, native_flags
+from speculation.selectors.native_flags import NativeFlagsError, native_flags
 
 
 def test_vllm_draft_model_flags_are_one_speculative_config_json():

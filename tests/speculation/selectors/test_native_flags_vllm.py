@@ -12,7 +12,7 @@ import pytest
 from ace import processes
 from fleet.models import Endpoint
 from speculation.models import DraftModel
-from speculation.native_flags import flags_for_endpoint
+from speculation.selectors.native_flags import flags_for_endpoint
 from speculation.services.drafts import register_draft
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db]

@@ -11,8 +11,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from fleet.models import Endpoint
-from speculation import rollup_store
 from speculation.models import Action, Mode, RollupState, StageRecord, StageRollup
+from speculation.selectors import rollup_store
 
 pytestmark = pytest.mark.django_db
 
@@ -132,7 +132,7 @@ def test_positions_past_eight_are_kept_for_k_up_to_sixteen(endpoint):
 
 def test_the_beat_task_rolls_up_closed_minutes(endpoint):
     # given records older than the grace period and no page view since
-    from speculation.tasks import refresh_rollups_task
+    from speculation.worker.tasks import refresh_rollups_task
 
     records_at(endpoint, [timedelta(minutes=10)] * 2)
     # when beat's task runs (called in-process: the task is a thin wrapper)

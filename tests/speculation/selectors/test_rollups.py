@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.models import Endpoint
-from speculation import rollups
 from speculation.models import Action, Mode, PolicyChange, SpeculationPolicy, StageRecord
+from speculation.selectors import rollups
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
 

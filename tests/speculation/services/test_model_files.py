@@ -217,9 +217,9 @@ class _Planted:
 def test_a_planted_checkpoint_is_never_unpickled(tmp_path):
     import torch
 
-    from speculation.eagle.collect import Sequences
-    from speculation.eagle.train import CHECKPOINT, TrainSettings, train_head
     from speculation.engine.eagle import EagleConfig, EagleHead
+    from speculation.offline.eagle.collect import Sequences
+    from speculation.offline.eagle.train import CHECKPOINT, TrainSettings, train_head
 
     # given a checkpoint whose unpickling would run code (here: create a marker file)
     marker = tmp_path / "code-ran"

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from speculation.engine import replay_greedy
-from speculation.paths import SpecRunStats
-from speculation.paths.loop import commit, greedy_speculate, replay_greedy_batches
+from speculation.worker.paths import SpecRunStats
+from speculation.worker.paths.loop import commit, greedy_speculate, replay_greedy_batches
 
 EOS = 0
 

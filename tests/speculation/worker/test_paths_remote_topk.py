@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speculation.engine import SamplingParams, probs_from_logits
-from speculation.paths.remote import RemoteTopKTarget, RemoteVerificationError
+from speculation.worker.paths.remote import RemoteTopKTarget, RemoteVerificationError
 
 
 def _target(top_k: int, top_n: int = 8, vocab: int = 64) -> RemoteTopKTarget:

@@ -1,4 +1,4 @@
-"""The stop matcher (speculation.paths.stopping) against vLLM 0.32's rules, without models or servers."""
+"""The stop matcher (speculation.worker.paths.stopping) against vLLM 0.32's rules, without models or servers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from speculation.paths.stopping import StopMatcher, StopRule, check_stop_strings
+from speculation.worker.paths.stopping import StopMatcher, StopRule, check_stop_strings
 
 EOS = 0
 PIECES = {EOS: "", 1: "def", 2: " f", 3: "(x", 4: "):", 5: "\n", 6: "    return", 7: " x", 8: "\n\n", 9: "#"}

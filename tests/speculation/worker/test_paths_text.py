@@ -8,7 +8,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from speculation.paths.text import REPLACEMENT, IncrementalText
+from speculation.worker.paths.text import REPLACEMENT, IncrementalText
 
 TEXTS = [
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",

@@ -18,12 +18,12 @@ import pytest
 import redis
 import torch
 
-from speculation.admission import Cancelled, CapacityHeartbeat, JobSlot, cancel_key, inflight_key
 from speculation.engine import DraftModelProposer, LocalTarget
 from speculation.engine import decode as decode_module
-from speculation.services.generation import Prepared, speculate
-from tests.speculation.engine.conftest import draft_of, tiny_model
-from tests.speculation.engine.test_engine_sampling import (
+from speculation.jobs.admission import Cancelled, CapacityHeartbeat, JobSlot, cancel_key, inflight_key
+from speculation.worker.generation import Prepared, speculate
+from tests.support.models import draft_of, tiny_model
+from tests.support.stats import (
     chi2_critical,
     chi2_statistic,
     exact_sequence_distribution,
@@ -149,7 +149,7 @@ def local_job(db, redis_server, client, tiny_model_dir):
     """A prod job on the local path of an endpoint whose target and draft are the tiny model."""
     from fleet.models import Endpoint
     from speculation.models import DraftModel, SpeculationPolicy
-    from speculation.services.baseline import _key
+    from speculation.worker.baseline import _key
 
     endpoint = Endpoint.objects.create(name="tiny", base_url="http://127.0.0.1:9", node_class="cpu")
     draft = DraftModel.objects.create(name="tiny-draft", kind="draft_model", path=str(tiny_model_dir))
@@ -181,14 +181,14 @@ def local_job(db, redis_server, client, tiny_model_dir):
 
 
 def _messages(client, request_id: str) -> list[dict]:
-    from speculation.channel import key
+    from speculation.jobs.channel import key
 
     return [json.loads(m) for m in client.lrange(key(request_id), 0, -1)]
 
 
 def test_a_client_that_goes_away_stops_the_worker_within_one_step(local_job, client, monkeypatch):
-    from speculation.channel import WorkerChannel
-    from speculation.services.generation import run_prod_generation
+    from speculation.jobs.channel import WorkerChannel
+    from speculation.worker.generation import run_prod_generation
 
     # given: the gateway cancels right after the worker sent its second step (the client went away)
     send = WorkerChannel.send
@@ -214,7 +214,7 @@ def test_a_client_that_goes_away_stops_the_worker_within_one_step(local_job, cli
 
 
 def test_a_job_cancelled_before_it_starts_never_runs(local_job, client):
-    from speculation.services.generation import run_prod_generation
+    from speculation.worker.generation import run_prod_generation
 
     client.set(cancel_key(local_job["request_id"]), 1)  # the gateway stopped waiting for it
     run_prod_generation(local_job)

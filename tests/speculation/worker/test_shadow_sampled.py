@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculation.services.shadow import measure_shadow
+from speculation.worker.shadow import measure_shadow
 
 TEMPERATURE, TOP_P = 0.7, 0.9
 
