@@ -264,3 +264,36 @@ class TrainingRun(models.Model):
     @property
     def progress(self) -> float:
         return min(1.0, self.epoch / self.epochs) if self.epochs else 0.0
+
+
+class CostCalibration(models.Model):
+    """The step costs shadow's projection divides by, as a GPU worker measured them on the endpoint's node class
+    (speculation.worker.costs): the server's plain decode step, one draft step, and a verification of n tokens on
+    prod's path; each the median of repeated timings. c = draft step / target step, v(K) = verify(K + 1) / target
+    step (speculation.engine.projection.StepCosts)."""
+
+    endpoint = models.ForeignKey(Endpoint, related_name="cost_calibrations", on_delete=models.CASCADE)
+    draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.CASCADE)
+    node_class = models.SlugField(max_length=64)
+    path = models.CharField(max_length=8, choices=VerificationPath.choices)
+    measured_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    target_step_ms = models.FloatField()
+    draft_step_ms = models.FloatField()
+    verify_ms = models.JSONField(default=dict)  # tokens verified (K + 1, as a string key) -> ms
+    repeats = models.PositiveSmallIntegerField(default=0)
+    context_tokens = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-measured_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"costs of {self.endpoint_id} on {self.node_class}/{self.path} at {self.measured_at:%Y-%m-%d %H:%M:%S}"
+
+    def step_costs(self):  # -> speculation.engine.projection.StepCosts
+        from speculation.engine.projection import StepCosts
+
+        return StepCosts(
+            target_step_s=self.target_step_ms / 1000.0,
+            draft_step_s=self.draft_step_ms / 1000.0,
+            verify_s={int(n): ms / 1000.0 for n, ms in self.verify_ms.items()},
+        )
