@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from speculation.engine.errors import LookaheadError
-from speculation.engine.projection import expected_tokens
+from speculation.engine.projection import expected_tokens, verify_cost
 from speculation.limits import K_MAX, K_MIN
 
 __all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "check_k", "expected_tokens"]
@@ -58,20 +58,7 @@ class DynamicLookahead:
         self.verify_s[n] = verify_s if old is None else DECAY * old + (1 - DECAY) * verify_s
 
     def verify_cost(self, n_tokens: int) -> float:
-        if n_tokens in self.verify_s:
-            return self.verify_s[n_tokens]
-        below = [n for n in self.verify_s if n < n_tokens]
-        above = [n for n in self.verify_s if n > n_tokens]
-        if below and above:  # interpolate between the nearest measured sizes
-            lo, hi = max(below), min(above)
-            w = (n_tokens - lo) / (hi - lo)
-            return (1 - w) * self.verify_s[lo] + w * self.verify_s[hi]
-        nearest = max(below) if below else min(above)
-        points = sorted(self.verify_s)
-        if len(points) < 2:
-            return self.verify_s[nearest]
-        slope = max(0.0, (self.verify_s[points[-1]] - self.verify_s[points[0]]) / (points[-1] - points[0]))
-        return self.verify_s[nearest] + slope * (n_tokens - nearest)
+        return verify_cost(self.verify_s, n_tokens)  # the shadow projection's interpolation too
 
     def choose(self) -> int:
         k_start = min(self.k_start, self.k_max)
@@ -90,3 +77,51 @@ class DynamicLookahead:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+
+def load_bucket(batch_size: int) -> int:
+    """Batch sizes that share cost measurements: 1, 2, 4, 8, ... (the next power of two)."""
+    return 1 << max(0, batch_size - 1).bit_length()
+
+
+@dataclass
+class LoadAwareLookahead:
+    """Dynamic K for a batch of slots (speculation.engine.batch): the goodput of speculation at this load.
+
+    A step over B slots with K drafts costs verify(B rows x (K + 1) tokens) + K batched draft steps and commits
+    E[N] tokens per slot, so the K that maximises E[N] / (verify + K * draft) at the current batch size wins,
+    with K = 0 (plain batched decoding) among the candidates: as the batch grows the target pass stops being
+    memory-bound, verifying K + 1 tokens per slot costs nearly K + 1 times one, and speculation stops paying
+    (vLLM RFC #4565, SGLang PR #13376, Nightjar arXiv 2512.22420). Costs are measured per batch-size bucket
+    (a DynamicLookahead each); the acceptance is shared by all buckets (it does not depend on the load).
+    """
+
+    k_start: int = DEFAULT_K
+    accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    reached: float = PRIOR_WEIGHT
+    by_load: dict[int, DynamicLookahead] = field(default_factory=dict)  # load bucket -> its measured costs
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.reached
+
+    def _costs(self, batch_size: int) -> DynamicLookahead:
+        bucket = load_bucket(batch_size)
+        if bucket not in self.by_load:
+            self.by_load[bucket] = DynamicLookahead(k_start=self.k_start)
+        return self.by_load[bucket]
+
+    def choose(self, batch_size: int, *, k_max: int) -> int:
+        costs = self._costs(batch_size)
+        costs.k_max, costs.k_start = k_max, min(self.k_start, k_max)
+        costs.accepted, costs.reached = self.accepted, self.reached
+        return costs.choose()
+
+    def observe(
+        self, *, batch_size: int, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float
+    ) -> None:
+        """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
+        the slots; draft_s / verify_s the step's wall time."""
+        self._costs(batch_size).observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s)
+        self.accepted = DECAY * self.accepted + accepted
+        self.reached = DECAY * self.reached + reached
