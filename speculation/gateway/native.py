@@ -10,13 +10,8 @@ import logging
 
 import httpx
 
-from fleet.adapters.vllm_metrics import (
-    RUNNING,
-    parse_spec_counters,
-    requests_running,
-    stats_from_deltas,
-    stats_from_request_metrics,
-)
+from fleet.adapters import Unsupported, wire_for
+from fleet.adapters.wire import REQUESTS_RUNNING
 from fleet.managed.baseline import pick
 from speculation.gateway import background, passthrough, upstream
 from speculation.gateway.call import Call
@@ -28,17 +23,31 @@ from speculation.services.records import keep_record
 logger = logging.getLogger(__name__)
 
 
-async def scrape(call: Call) -> dict[str, float] | None:
+def no_counters_reason(call: Call) -> str:
     try:
-        response = await upstream.client().get(call.route.base_url + "/metrics", headers=call.route.upstream_headers)
+        wire_for(call.route.kind).spec_counters()
+    except Unsupported as exc:
+        return f"the server reported no acceptance ({exc.reason})"
+    return "the server reported no acceptance (no /metrics)"
+
+
+async def scrape(call: Call) -> dict[str, float] | None:
+    """The server's speculation counters (and the requests it runs), as its wire format reads them."""
+    wire = wire_for(call.route.kind)
+    try:
+        request = wire.spec_counters()
+    except Unsupported:
+        return None
+    try:
+        response = await upstream.client().request(
+            request.method, call.route.base_url + request.path, headers=call.route.upstream_headers
+        )
     except httpx.HTTPError as exc:
-        logger.warning("request %s: /metrics unreachable: %s", call.request_id, exc)
+        logger.warning("request %s: %s unreachable: %s", call.request_id, request.path, exc)
         return None
     if response.status_code != 200:
         return None
-    counters = parse_spec_counters(response.text)
-    counters[RUNNING] = requests_running(response.text)
-    return counters
+    return wire.parse_spec_counters(response.text)
 
 
 class NativeRecorder:
@@ -46,16 +55,17 @@ class NativeRecorder:
         self.call = call
         self.before = before
         self.output_tokens: int | None = None
-        self.request_metrics: dict | None = None
+        self.wire = wire_for(call.route.kind)
+        self.request_stats: dict | None = None
         self.splitter = EventSplitter()
 
     def _take(self, payload: dict) -> None:
         tokens = output_tokens_of(payload)
         if tokens is not None:
             self.output_tokens = tokens
-        metrics = payload.get("metrics")
-        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-            self.request_metrics = metrics["speculative_decoding"]
+        stats = self.wire.response_spec_stats(payload)
+        if stats is not None:
+            self.request_stats = stats
 
     def on_body(self, status: int, body: bytes) -> bytes:
         try:
@@ -95,8 +105,8 @@ class NativeRecorder:
                 **common,
             )
             return
-        if self.request_metrics is not None:
-            stats, source = stats_from_request_metrics(self.request_metrics), "per-request metrics"
+        if self.request_stats is not None:
+            stats, source = self.request_stats, "per-request metrics"
         else:
             after = await scrape(self.call)
             if self.before is None or after is None:
@@ -105,17 +115,17 @@ class NativeRecorder:
                     request_id=self.call.request_id,
                     mode=route.mode,
                     action=Action.SPECULATED,
-                    reason="the server reported no acceptance (no /metrics)",
+                    reason=no_counters_reason(self.call),
                     **common,
                 )
                 return
-            stats, source = stats_from_deltas(self.before, after), "/metrics counter deltas"
+            stats, source = self.wire.spec_stats(self.before, after), "/metrics counter deltas"
         tokens = self.output_tokens or 0
         tok_s = tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None
         reason = f"native; acceptance from {source}"
         measured: dict = {}
         # Managed endpoints: the same server without speculation, at the load this request started under.
-        load = int((self.before or {}).get(RUNNING, 0)) + 1
+        load = int((self.before or {}).get(REQUESTS_RUNNING, 0)) + 1
         chosen = pick(route.native_baseline, load) if route.native_baseline else None
         if chosen is not None and tok_s:
             bucket, baseline = chosen

@@ -17,7 +17,7 @@ import httpx
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from fleet.adapters import semantics_for
+from fleet.adapters import Unsupported, WireError, WireRequest, semantics_for, wire_for
 from speculation.gateway import admission, native, passthrough, upstream
 from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
@@ -49,29 +49,33 @@ class UpstreamError(RuntimeError):
     pass
 
 
-async def _post_json(call: Call, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+async def _send(call: Call, request: WireRequest) -> Any:
+    """One request of the endpoint's wire format (fleet.adapters.wire), its answer decoded from JSON."""
     try:
-        response = await upstream.client().post(
-            call.route.base_url + path,
-            content=dumps(payload).encode(),
+        response = await upstream.client().request(
+            request.method,
+            call.route.base_url + request.path,
+            content=dumps(request.json).encode() if request.json is not None else None,
             headers={**call.route.upstream_headers, "Content-Type": "application/json"},
         )
     except httpx.HTTPError as exc:
-        raise UpstreamError(f"{path}: {type(exc).__name__}") from exc
+        raise UpstreamError(f"{request.path}: {type(exc).__name__}") from exc
     if response.status_code != 200:
-        raise UpstreamError(f"{path}: HTTP {response.status_code}: {response.text[:200]}")
+        raise UpstreamError(f"{request.path}: HTTP {response.status_code}: {response.text[:200]}")
     return response.json()
 
 
 async def prompt_token_ids(call: Call) -> list[int]:
-    """The prompt as the target tokenizes it (chat template applied by the server itself)."""
+    """The prompt as the target tokenizes it (chat template applied by the server itself). Unsupported when the
+    server kind cannot tokenize it."""
     if call.kind == "completion" and isinstance(call.body.get("prompt"), list):
         return [int(t) for t in call.body["prompt"]]
+    wire = wire_for(call.route.kind)
     if call.kind == "chat":
-        payload = {"model": call.upstream_model, "messages": call.body["messages"], "add_generation_prompt": True}
+        request = wire.tokenize(model=call.upstream_model, messages=call.body["messages"])
     else:
-        payload = {"model": call.upstream_model, "prompt": call.body["prompt"]}
-    return [int(t) for t in (await _post_json(call, "/tokenize", payload))["tokens"]]
+        request = wire.tokenize(model=call.upstream_model, prompt=call.body["prompt"])
+    return wire.parse_tokenize(await _send(call, request))
 
 
 async def serve(call: Call):
@@ -94,6 +98,8 @@ async def serve(call: Call):
         return await plain(call, action=Action.SKIPPED, reason=reason)
     try:
         prompt_ids = await prompt_token_ids(call)
+    except Unsupported as exc:
+        return await plain(call, action=Action.SKIPPED, reason=f"cannot tokenize: {exc.reason}")
     except (UpstreamError, KeyError, ValueError) as exc:
         return await plain(call, action=Action.FELL_BACK, reason=f"tokenize failed: {exc}")
     max_context = int(route.capabilities.get("max_context") or DEFAULT_MAX_CONTEXT)
@@ -353,22 +359,26 @@ class ProdRun:
         if remaining <= 0:
             yield self.shape.chunk("", [], finish_reason="length", first=not first_sent)
             return
-        payload = {
-            "model": self.call.upstream_model,
-            "prompt": self.prompt_ids + self.ids,
-            "max_tokens": remaining,
-            **self.sampling.upstream(),
-            **self._stop_fields_left(),
-            "stream": True,
-            "return_token_ids": True,
-        }
+        wire = wire_for(self.call.route.kind)
+        try:
+            request = wire.continuation(
+                model=self.call.upstream_model,
+                token_ids=self.prompt_ids + self.ids,
+                max_tokens=remaining,
+                fields={**self.sampling.upstream(), **self._stop_fields_left()},
+                stream=True,
+            )
+        except Unsupported as exc:
+            self.failure += f"; no plain continuation: {exc.reason}"
+            self.unfinished = True
+            return
         splitter = EventSplitter()
         finish = None
         try:
             async with upstream.client().stream(
-                "POST",
-                self.call.route.base_url + "/v1/completions",
-                content=dumps(payload).encode(),
+                request.method,
+                self.call.route.base_url + request.path,
+                content=dumps(request.json).encode(),
                 headers={**self.call.route.upstream_headers, "Content-Type": "application/json"},
             ) as response:
                 if response.status_code != 200:
@@ -378,22 +388,21 @@ class ProdRun:
                 async for chunk in response.aiter_raw():
                     for raw in splitter.feed(chunk):
                         data = payload_of(raw)
-                        if not data or not data.get("choices"):
+                        piece = wire.parse_continuation(data) if data else None
+                        if piece is None:
                             continue
-                        choice = data["choices"][0]
-                        ids = choice.get("token_ids") or []
-                        self.ids.extend(ids)
-                        self.text += choice.get("text", "")
-                        finish = choice.get("finish_reason")
+                        self.ids.extend(piece.token_ids)
+                        self.text += piece.text
+                        finish = piece.finish_reason
                         yield self.shape.chunk(
-                            choice.get("text", ""),
-                            ids,
+                            piece.text,
+                            piece.token_ids,
                             finish_reason=finish,
-                            stop_reason=choice.get("stop_reason"),
+                            stop_reason=piece.stop_reason,
                             first=not first_sent,
                         )
                         first_sent = True
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, WireError) as exc:
             self.failure += f"; plain continuation failed too: {type(exc).__name__}"
             self.unfinished = True
             return

@@ -1,8 +1,10 @@
 """Shadow mode: the endpoint's response goes back untouched; a sampled fraction is measured off the path.
 
-For a sampled request the gateway asks the server for the token ids it produced (`return_token_ids`) and,
-unless the client asked for them itself, sets them back to null (what vLLM sends without the flag) before
-relaying, re-encoding the JSON compactly as vLLM writes it, so the bytes are those of an unsampled request.
+For a sampled request the gateway asks the server for the token ids it produced (the server kind's wire
+format says how: vLLM's and SGLang's `return_token_ids`) and, unless the client asked for them itself, strips
+them again before relaying (null for vLLM, absent for SGLang: what each sends without the flag), re-encoding
+the JSON compactly as vLLM writes it, so the bytes are those of an unsampled request. A server kind that
+cannot return token ids (a generic OpenAI-compatible one) is never sampled.
 The measurement task is enqueued after the last byte went out; a failure there is logged
 and never reaches the client.
 """
@@ -15,6 +17,7 @@ import logging
 import random
 from typing import Any
 
+from fleet.adapters import ServerWire, Unsupported, WireError, wire_for
 from speculation.gateway import background, passthrough
 from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
@@ -22,15 +25,15 @@ from speculation.gateway.sse import EventSplitter, dumps, payload_of
 
 logger = logging.getLogger(__name__)
 
-_IDS = ("token_ids", "prompt_token_ids")
-
 
 class ShadowCapture:
     """Observer that collects prompt and output token ids of choice 0 (and strips them when it added them)."""
 
-    def __init__(self, call: Call, *, injected: bool) -> None:
+    def __init__(self, call: Call, *, injected: bool, wire: ServerWire) -> None:
         self.call = call
         self.injected = injected
+        self.wire = wire
+        self.unreadable = False  # an answer's token ids could not be read: the sample is not measured
         self.prompt_ids: list[int] = []
         self.output_ids: list[int] = []
         self.finish_reason: str | None = None
@@ -38,29 +41,18 @@ class ShadowCapture:
 
     def _take(self, payload: dict[str, Any]) -> bool:
         """Collect ids from one response object; True when it carried some (and they were stripped)."""
-        found = False
-        if payload.get("prompt_token_ids") is not None:
-            self.prompt_ids = list(payload["prompt_token_ids"])
-            found = True
-            if self.injected:
-                payload["prompt_token_ids"] = None
-        for choice in payload.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            if choice.get("prompt_token_ids") is not None:
-                self.prompt_ids = list(choice["prompt_token_ids"])
-            if choice.get("token_ids") is not None:
-                self.output_ids.extend(choice["token_ids"])
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-            if self.injected:
-                for key in _IDS:
-                    if choice.get(key) is not None:
-                        found = True
-                        choice[key] = None
-            else:
-                found = found or any(key in choice for key in _IDS)
-        return found and self.injected
+        try:
+            seen = self.wire.take_token_ids(payload, strip=self.injected)
+        except WireError as exc:  # relay the bytes as they came; this sample is not measured
+            logger.info("shadow sample: unreadable token ids: %s", exc)
+            self.unreadable = True
+            return False
+        if seen.prompt_ids is not None:
+            self.prompt_ids = seen.prompt_ids
+        self.output_ids.extend(seen.output_ids)
+        if seen.finish_reason:
+            self.finish_reason = seen.finish_reason
+        return seen.found and self.injected
 
     def on_body(self, status: int, body: bytes) -> bytes:
         if status != 200:
@@ -84,7 +76,7 @@ class ShadowCapture:
         return b"".join(out)
 
     async def on_done(self, status: int, error: str = "") -> None:
-        if status != 200 or error or not self.output_ids or not self.prompt_ids:
+        if status != 200 or error or self.unreadable or not self.output_ids or not self.prompt_ids:
             if status == 200 and not error:
                 logger.info("request %s: shadow sample without token ids; not measured", self.call.request_id)
             return
@@ -123,6 +115,13 @@ async def serve(call: Call):
     route = call.route
     if route.shadow_sample_rate <= 0 or random.random() >= route.shadow_sample_rate:
         return await passthrough.forward(call)
-    injected = not call.body.get("return_token_ids")
-    content = call.upstream_bytes(return_token_ids=True) if injected else call.upstream_bytes()
-    return await passthrough.forward(call, content=content, observer=ShadowCapture(call, injected=injected))
+    wire = wire_for(route.kind)
+    try:
+        fields = wire.token_ids_fields()
+    except Unsupported as exc:
+        logger.info("request %s: shadow sample not measured: %s", call.request_id, exc.reason)
+        return await passthrough.forward(call)
+    injected = any(call.body.get(name) != value for name, value in fields.items())
+    content = call.upstream_bytes(**fields) if injected else call.upstream_bytes()
+    capture = ShadowCapture(call, injected=injected, wire=wire)
+    return await passthrough.forward(call, content=content, observer=capture)

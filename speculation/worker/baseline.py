@@ -1,8 +1,9 @@
 """Baseline tok/s of an endpoint: measured, never assumed.
 
-A calibration run: the endpoint generates plainly (greedy, end-of-sequence ignored) for the request's own
-prompt, timed end to end, and the rate is kept in Redis for BASELINE_TTL_S. Prod records compare their
-tok/s with it; plain traffic the stage sees (skipped, fell back) records its own tok/s too.
+A calibration run: the endpoint generates plainly (greedy, end-of-sequence ignored where the server kind
+allows it; the request and the reading of its answer come from the kind's adapter, fleet.adapters.wire) for
+the request's own prompt, timed end to end, and the rate is kept in Redis for BASELINE_TTL_S. Prod records
+compare their tok/s with it; plain traffic the stage sees (skipped, fell back) records its own tok/s too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 
 import httpx
 import redis
+
+from fleet.adapters import wire_for
 
 logger = logging.getLogger(__name__)
 
@@ -25,16 +28,24 @@ def _key(endpoint_id: int) -> str:
 
 
 def calibrate(
-    *, client: httpx.Client, base_url: str, model: str, headers: dict[str, str], prompt_ids: list[int], max_tokens: int
+    *,
+    client: httpx.Client,
+    base_url: str,
+    kind: str,
+    model: str,
+    headers: dict[str, str],
+    prompt_ids: list[int],
+    max_tokens: int,
 ) -> float:
-    tokens = max(1, min(CALIBRATION_TOKENS, max_tokens))
-    payload = {"model": model, "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    wire = wire_for(kind)
+    request = wire.baseline(model=model, prompt=prompt_ids, max_tokens=max(1, min(CALIBRATION_TOKENS, max_tokens)))
     started = time.perf_counter()
-    response = client.post(base_url.rstrip("/") + "/v1/completions", json=payload, headers=headers, timeout=120)
+    response = client.request(
+        request.method, base_url.rstrip("/") + request.path, json=request.json, headers=headers, timeout=120
+    )
     elapsed = time.perf_counter() - started
     response.raise_for_status()
-    produced = response.json()["usage"]["completion_tokens"]
-    return produced / elapsed
+    return wire.parse_baseline(response.json()) / elapsed
 
 
 def baseline_tok_s(*, redis_client: redis.Redis, endpoint_id: int, measure) -> float | None:

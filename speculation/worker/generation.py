@@ -243,6 +243,7 @@ def run_prod_generation(job: dict[str, Any]) -> None:
             measure=lambda: baseline.calibrate(
                 client=http(),
                 base_url=endpoint.base_url,
+                kind=endpoint.kind,
                 model=endpoint.served_model,
                 headers=_headers(endpoint),
                 prompt_ids=job["prompt_ids"],

@@ -139,26 +139,21 @@ GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (as speculat
 
 
 def _target_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list, int]:
-    """The server's top-N raw log-probabilities at every output position (one scoring call), and N."""
+    """The server's top-N raw log-probabilities at every output position (one scoring call through the server
+    kind's wire format), and N. fleet.adapters.Unsupported when the server kind cannot score token ids."""
+    from fleet.adapters import wire_for
     from speculation.worker.generation import _headers, http
 
+    wire = wire_for(endpoint.kind)
     top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
-    response = http().post(
-        endpoint.base_url.rstrip("/") + "/v1/completions",
-        headers=_headers(endpoint),
-        timeout=120,
-        json={
-            "model": endpoint.served_model,
-            "prompt": prompt_ids + output_ids,
-            "max_tokens": 1,
-            "temperature": 0,
-            "prompt_logprobs": top_n,
-        },
-    )
+    sequence = prompt_ids + output_ids
+    request = wire.score(model=endpoint.served_model, token_ids=sequence, top_n=top_n)
+    url = endpoint.base_url.rstrip("/") + request.path
+    response = http().request(request.method, url, headers=_headers(endpoint), timeout=120, json=request.json)
     response.raise_for_status()
-    scores = response.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
-    # the output token itself is returned too (with its rank): only the top-N by rank are a complete head
-    top = [{int(t): v["logprob"] for t, v in entry.items() if (v.get("rank") or 1) <= top_n} for entry in scores]
+    scored = wire.parse_score(response.json(), token_ids=sequence, top_n=top_n)
+    # only the top-N by rank are a complete head (the output token's own log-probability is kept apart)
+    top = [{t.token_id: t.logprob for t in position.top} for position in scored.positions[len(prompt_ids) :]]
     return top, top_n
 
 

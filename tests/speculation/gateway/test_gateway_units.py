@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.adapters import wire_for
 from fleet.adapters.vllm_metrics import parse_spec_counters, stats_from_deltas
 from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 from speculation.gateway.sse import EventSplitter, payload_of
@@ -115,7 +116,7 @@ WITHOUT_IDS = WITH_IDS.replace(b'"token_ids":[502,329,122]', b'"token_ids":null'
 def test_shadow_capture_strips_the_ids_it_asked_for_back_to_vllms_bytes():
     from speculation.gateway.shadow import ShadowCapture
 
-    capture = ShadowCapture(call=None, injected=True)  # type: ignore[arg-type]
+    capture = ShadowCapture(call=None, injected=True, wire=wire_for("vllm"))  # type: ignore[arg-type]
     assert capture.on_body(200, WITH_IDS) == WITHOUT_IDS
     assert (capture.prompt_ids, capture.output_ids) == ([1, 2, 3], [502, 329, 122])
 
@@ -123,6 +124,26 @@ def test_shadow_capture_strips_the_ids_it_asked_for_back_to_vllms_bytes():
 def test_shadow_capture_leaves_ids_the_client_asked_for():
     from speculation.gateway.shadow import ShadowCapture
 
-    capture = ShadowCapture(call=None, injected=False)  # type: ignore[arg-type]
+    capture = ShadowCapture(call=None, injected=False, wire=wire_for("vllm"))  # type: ignore[arg-type]
     assert capture.on_body(200, WITH_IDS) == WITH_IDS
     assert capture.output_ids == [502, 329, 122]
+
+
+def test_shadow_capture_on_sglang_removes_the_ids_it_asked_for():
+    # SGLang's completion choice omits token_ids / prompt_token_ids without return_token_ids
+    # (sgl-project/sglang openai/protocol.py CompletionResponseChoice); SGLang does not run here.
+    from speculation.gateway.shadow import ShadowCapture
+
+    streamed = b'data: {"id":"c","choices":[{"index":0,"text":"a","token_ids":[7],"prompt_token_ids":[1,2]}]}\n\n'
+    capture = ShadowCapture(call=None, injected=True, wire=wire_for("sglang"))  # type: ignore[arg-type]
+    assert capture.on_chunk(streamed) == b'data: {"id":"c","choices":[{"index":0,"text":"a"}]}\n\n'
+    assert (capture.prompt_ids, capture.output_ids) == ([1, 2], [7])
+
+
+def test_shadow_capture_relays_unreadable_ids_untouched_and_measures_nothing():
+    from speculation.gateway.shadow import ShadowCapture
+
+    broken = WITH_IDS.replace(b'"token_ids":[502,329,122]', b'"token_ids":["x"]')
+    capture = ShadowCapture(call=None, injected=True, wire=wire_for("vllm"))  # type: ignore[arg-type]
+    assert capture.on_body(200, broken) == broken
+    assert capture.unreadable
