@@ -162,7 +162,7 @@ def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) ->
     from django.db import transaction
 
     from fleet.models import Endpoint, ServerKind
-    from fleet.probing import start_probe
+    from fleet.tasks import start_probe
     from speculation.models import DraftKind, DraftModel
     from speculation.services.drafts import register_draft
     from speculation.services.policies import get_policy, reevaluate_path, update_policy

@@ -82,6 +82,14 @@ PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
 # prod: how long the gateway waits for a worker to take a request, and for its next tokens, before falling back.
 PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
+# Continuous batching (speculation.worker.batching): each GPU worker process serves up to this many local-path prod
+# requests together in one batch loop and declares processes x slots to admission control; 0 = one engine loop
+# per Celery task (a process serves one prod request at a time).
+PROD_BATCH_SLOTS = env_int("ACE_BATCH_SLOTS", 32, minimum=0)
+# Greedy slots draft the K that pays at the current batch size (K = 0, plain batched decoding, among them).
+PROD_BATCH_LOAD_AWARE_K = env_bool("ACE_BATCH_LOAD_AWARE_K", True)
+# shadow's projection: how long a GPU worker reuses its measured step costs (c, v) before timing them again.
+COST_REFRESH_S = env_int("ACE_COST_REFRESH", 600, minimum=10)
 
 # /metrics (ace.ops): served to loopback clients (unless ACE_METRICS_LOOPBACK=false) and to any client sending
 # `Authorization: Bearer <ACE_METRICS_TOKEN>`.
@@ -157,6 +165,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Largest request body (gateway prompts, REST, forms); the gateway answers a larger one with an OpenAI-shaped 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ACE_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# The gateway keeps what each API token may call in memory; a change made through ACE (token deleted, user
+# deactivated, role or team changed) applies on the next request, any other change within this many seconds.
+GATEWAY_AUTH_TTL_S = env_float("ACE_GATEWAY_AUTH_TTL", 5.0, minimum=0.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -201,7 +212,7 @@ SPECTACULAR_SETTINGS = {
         "ServerKindEnum": "fleet.models.ServerKind",
         "EndpointStatusEnum": "fleet.models.EndpointStatus",
         "ProbeStatusEnum": "fleet.models.ProbeStatus",
-        "MechanismEnum": "speculation.models.Mechanism",
+        "DraftKindEnum": "speculation.models.DraftKind",  # also a policy's mechanism
     },
 }
 

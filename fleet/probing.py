@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 
-from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from fleet.adapters import CANARY_TEXT, FailureKind, ProbeError, ProbeReport, get_adapter
@@ -22,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 # Re-exported for callers that fingerprint a local tokenizer the way the probe does (with special tokens):
 # fingerprint_token_ids(tokenizer(CANARY_TEXT, add_special_tokens=True)["input_ids"]).
-__all__ = ["CANARY_TEXT", "fingerprint_token_ids", "reprobe_all", "run_probe", "start_probe", "summarize"]
+__all__ = ["CANARY_TEXT", "fingerprint_token_ids", "run_probe", "summarize"]
 
 # Which endpoint status a fatal probe failure leads to; everything else is "error" with its reason.
 STATUS_FOR_FAILURE = {
@@ -36,36 +33,6 @@ PROBE_RESULT_FIELDS = (
     *("status", "outcome", "reason", "capabilities", "errors"),
     *("started_at", "finished_at", "duration_ms"),
 )
-ENQUEUE_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
-
-
-def start_probe(endpoint: Endpoint) -> Probe:
-    """Create a queued Probe and enqueue the probe task once the surrounding transaction commits."""
-    probe = Probe.objects.create(endpoint=endpoint, status=ProbeStatus.QUEUED)
-    if endpoint.status == EndpointStatus.NEW:
-        Endpoint.objects.filter(pk=endpoint.pk, status=EndpointStatus.NEW).update(status=EndpointStatus.PROBING)
-        endpoint.status = EndpointStatus.PROBING
-    transaction.on_commit(lambda: _enqueue(probe.pk))
-    return probe
-
-
-def _enqueue(probe_id: int) -> None:
-    from fleet.tasks import probe_endpoint_task
-
-    try:
-        probe_endpoint_task.apply_async(
-            args=[probe_id], queue=settings.CONTROL_QUEUE, retry=True, retry_policy=ENQUEUE_RETRY_POLICY
-        )
-    except Exception as exc:  # the broker is down: the probe is a result too, not a 500
-        logger.warning("could not queue probe %s: %s", probe_id, exc)
-        now = timezone.now()
-        Probe.objects.filter(pk=probe_id, status=ProbeStatus.QUEUED).update(
-            status=ProbeStatus.DONE,
-            outcome=EndpointStatus.ERROR,
-            reason=f"could not queue the probe: the task broker is unreachable ({type(exc).__name__})",
-            errors=[{"step": "queue", "kind": "broker_unreachable", "message": str(exc)[:300]}],
-            finished_at=now,
-        )
 
 
 def run_probe(probe_id: int) -> Probe | None:
@@ -143,25 +110,3 @@ def _record_on_endpoint(endpoint_id: int, probe: Probe, report: ProbeReport) -> 
 
 def _served_model(report: ProbeReport) -> str:
     return (report.capabilities.get("served_model") or "")[:255]
-
-
-def reprobe_all() -> int:
-    """Queue a probe of every endpoint that has none pending; returns how many were queued.
-
-    A probe still queued or running after two intervals was lost (worker or broker gone): it is closed as an
-    error so that it does not stay pending forever, and the endpoint is probed again.
-    """
-    stale_before = timezone.now() - timedelta(seconds=2 * settings.PROBE_INTERVAL_S)
-    pending = [ProbeStatus.QUEUED, ProbeStatus.RUNNING]
-    Probe.objects.filter(status__in=pending, created_at__lt=stale_before).update(
-        status=ProbeStatus.DONE,
-        outcome=EndpointStatus.ERROR,
-        reason="lost: the probe was never finished (worker or broker gone?)",
-        finished_at=timezone.now(),
-    )
-    queued = 0
-    for endpoint in Endpoint.objects.exclude(probes__status__in=pending):
-        with transaction.atomic():
-            start_probe(endpoint)
-        queued += 1
-    return queued

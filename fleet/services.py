@@ -118,7 +118,7 @@ def _collect(checks: dict[str, tuple]) -> dict:
 
 def _start_probe(endpoint: Endpoint) -> Probe:
     # Imported lazily: probing pulls in the adapters and the Celery app, which the models must not need.
-    from fleet.probing import start_probe
+    from fleet.tasks import start_probe
 
     return start_probe(endpoint)
 

@@ -40,10 +40,8 @@ class Mode(models.TextChoices):
     PROD = "prod", "Prod"
 
 
-class Mechanism(models.TextChoices):
-    DRAFT_MODEL = "draft_model", "Draft model"
-    EAGLE_HEAD = "eagle_head", "EAGLE head"
-    NGRAM = "ngram", "N-gram prompt lookup"
+# A policy's mechanism is the kind of draft it speculates with: one enum, two names that read well where used.
+Mechanism = DraftKind
 
 
 class VerificationPath(models.TextChoices):

@@ -26,15 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from speculation.limits import K_MAX, K_MIN
-
-
-class DraftKind:
-    """The draft kinds of speculation.models.DraftKind (kept import-free: this module needs no Django)."""
-
-    DRAFT_MODEL = "draft_model"
-    EAGLE_HEAD = "eagle_head"
-    NGRAM = "ngram"
-    values = (DRAFT_MODEL, EAGLE_HEAD, NGRAM)
+from speculation.models import DraftKind
 
 
 DEFAULT_K = 5

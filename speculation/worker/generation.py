@@ -17,6 +17,7 @@ import httpx
 import redis
 from django.conf import settings
 
+from fleet.adapters import wire_for
 from fleet.models import Endpoint
 from fleet.netpolicy import PinnedTransport
 from speculation.engine import (
@@ -115,9 +116,10 @@ class Prepared:
         caps = self.capabilities or {}
         return RemoteTopKTarget(
             client=self.verifier.client,
-            base_url=self.verifier.url.removesuffix("/v1/completions"),
+            base_url=self.verifier.base_url,
             model=self.verifier.model,
             headers=self.verifier.headers,
+            wire=self.verifier.wire,
             vocab_size=self.vocab_size,
             max_context=int(caps.get("max_context") or 1 << 30),
             top_k=top_k,
@@ -153,7 +155,11 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
     if target is not None:
         return Prepared(proposer=proposer, tokenizer=tok, eos_ids=eos, target=target)
     verifier = RemoteGreedyVerifier(
-        client=http(), base_url=endpoint.base_url, model=endpoint.served_model, headers=_headers(endpoint)
+        client=http(),
+        base_url=endpoint.base_url,
+        model=endpoint.served_model,
+        headers=_headers(endpoint),
+        wire=wire_for(endpoint.kind),
     )
     return Prepared(
         proposer=proposer,

@@ -13,7 +13,8 @@ from server_shapes import MODEL, openai_routes
 
 from ace.processes import free_port
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
-from fleet.probing import reprobe_all, run_probe, start_probe
+from fleet.probing import run_probe
+from fleet.tasks import reprobe_all, start_probe
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,8 @@ from django.db import transaction
 
 from fleet.adapters import CANARY_TEXT, adapter_for, fingerprint
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
-from fleet.probing import run_probe, start_probe
+from fleet.probing import run_probe
+from fleet.tasks import start_probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
