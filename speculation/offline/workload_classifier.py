@@ -80,7 +80,11 @@ def evaluate(nb: NaiveBayes, rows: list[Prompt]) -> dict:
         "accuracy": round(sum(right.values()) / max(1, len(rows)), 4),
         "held_out": len(rows),
         "per_category": {
-            label: {"accuracy": round(right[label] / seen[label], 4), "n": seen[label], "guesses": dict(confusion[label])}
+            label: {
+                "accuracy": round(right[label] / seen[label], 4),
+                "n": seen[label],
+                "guesses": dict(confusion[label]),
+            }
             for label in sorted(seen)
         },
     }
