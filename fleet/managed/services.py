@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from fleet import services as fleet_services
+from fleet.managed import canary
 from fleet.managed.args import ServerArgsError, validate_server_args
 from fleet.managed.models import ManagedKind, ManagedServer, ServerEvent, Switch, SwitchStatus
 from fleet.models import Endpoint, EndpointStatus
@@ -219,8 +220,15 @@ def request_switch(
     if policy.mode == "prod":
         fields["path"] = "native"  # prod on a managed endpoint is the server's own speculation
     actor = user if user is not None and user.is_authenticated else None
+    speculation = speculation_of(policy)
     switch = Switch.objects.create(
-        managed=managed, requested_by=actor, fields=fields, changes=changes, speculation=speculation_of(policy)
+        managed=managed,
+        requested_by=actor,
+        fields=fields,
+        changes=changes,
+        speculation=speculation,
+        # Whether the supervisor checks the new instance before moving the route (fleet.managed.canary).
+        canary=canary.requested(settings.MANAGED_SWITCH_CANARY, speculation),
     )
     logger.info("managed endpoint %s: switch %s queued (%s)", endpoint.name, switch.pk, switch.speculation or "plain")
     return switch

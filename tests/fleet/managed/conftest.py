@@ -1,0 +1,52 @@
+"""Shared fixtures of the managed endpoint tests that need no server process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from fleet.adapters import ProbeReport
+from fleet.managed import switching
+from fleet.managed.models import InstanceRole, InstanceState, ServerInstance
+from fleet.managed.services import create_managed_endpoint
+from fleet.models import Endpoint
+from fleet.permissions import OPERATOR, grant_role
+
+
+@pytest.fixture
+def operator():
+    user = get_user_model().objects.create_user(username="managed-ops", password="pw-ops-123456")
+    grant_role(user=user, role=OPERATOR)
+    return user
+
+
+@pytest.fixture
+def managed_endpoint(tmp_path: Path, operator) -> Endpoint:
+    """A managed endpoint of a stand-in model directory (no server is started)."""
+    directory = tmp_path / "managed-target"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return create_managed_endpoint(name="managed", model_dir=str(directory), created_by=operator, node_class="cpu")
+
+
+@pytest.fixture
+def serving() -> Callable[..., ServerInstance]:
+    """Route an endpoint to a first instance, as the supervisor leaves it once that instance serves."""
+
+    def route(endpoint: Endpoint, port: int = 41001) -> ServerInstance:
+        instance = ServerInstance.objects.create(
+            managed=endpoint.managed, role=InstanceRole.ACTIVE, state=InstanceState.STARTING, port=port
+        )
+        report = ProbeReport(
+            capabilities={"served_model": "m", "tokenizer_fingerprint": "f" * 64, "native_speculation": False}
+        )
+        switching.activate(instance=instance, report=report, duration_ms=5.0, started=instance.started_at)
+        endpoint.refresh_from_db()
+        instance.refresh_from_db()
+        return instance
+
+    return route
