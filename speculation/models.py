@@ -101,6 +101,8 @@ class StageRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     mode = models.CharField(max_length=8, choices=Mode.choices)
     action = models.CharField(max_length=16, choices=Action.choices)
+    # the request's workload key (speculation.workloads.keys: given by the client or the prompt's category)
+    workload = models.CharField(max_length=64, blank=True, default="")
     reason = models.TextField(blank=True, default="")
     path = models.CharField(max_length=8, blank=True, default="")
     mechanism = models.CharField(max_length=16, blank=True, default="")
@@ -139,7 +141,7 @@ class StageRecord(models.Model):
 
 
 class StageRollup(models.Model):
-    """Stage records summed per endpoint, minute, mode and action (speculation.selectors.rollups keeps it filled).
+    """Stage records summed per endpoint, minute, mode, action and workload (selectors.rollup_store fills it).
 
     Only sums and counts, so buckets add up to any coarser bucket; the charts read these rows plus the raw
     records of the last minutes that are not rolled up yet. p1..p16 (K_MAX): per-position acceptance rate times
@@ -150,6 +152,7 @@ class StageRollup(models.Model):
     bucket_start = models.DateTimeField()
     mode = models.CharField(max_length=8, choices=Mode.choices)
     action = models.CharField(max_length=16, choices=Action.choices)
+    workload = models.CharField(max_length=64, blank=True, default="")
     n = models.PositiveIntegerField(default=0)
     n_spec = models.PositiveIntegerField(default=0)  # records that drafted something
     drafted = models.BigIntegerField(default=0)
@@ -203,7 +206,9 @@ class StageRollup(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["endpoint", "bucket_start", "mode", "action"], name="stage_rollup_key")
+            models.UniqueConstraint(
+                fields=["endpoint", "bucket_start", "mode", "action", "workload"], name="stage_rollup_workload_key"
+            )
         ]
         indexes = [models.Index(fields=["bucket_start", "endpoint"])]
 
