@@ -1,9 +1,10 @@
 """Remote path: the draft runs in the GPU worker; the target verifies through its own API.
 
-One vLLM `/v1/completions` call per step: the prompt is the committed token ids followed by the K drafts,
-`prompt_logprobs: 1` gives, at every draft position, the target's rank of the draft token and its argmax,
-and `max_tokens: 1` at temperature 0 generates the target's next token after the last draft: the bonus
-token when every draft is accepted. Exact at temperature 0 (argmax check).
+One scoring call per step, in the endpoint kind's wire format (fleet.adapters.wire: vLLM's `prompt_logprobs`
+on /v1/completions, SGLang's /generate with `return_logprob`): the sequence is the committed token ids followed
+by the K drafts; the top-1 log-probabilities give, at every draft position, the target's rank of the draft
+token and its argmax, and one greedy token is generated after the last draft: the bonus token when every
+draft is accepted. Exact at temperature 0 (argmax check).
 
 Sampled requests with 0 < top_k < N (the server's max logprobs) run the engine's own loop on
 RemoteTopKTarget: the target's processed distribution is then fully known from its top-N log-probabilities.
@@ -12,9 +13,10 @@ RemoteTopKTarget: the target's processed distribution is then fully known from i
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import httpx
+
+from fleet.adapters import PositionScores, Scored, ServerWire
 
 logger = logging.getLogger(__name__)
 
@@ -25,51 +27,63 @@ class RemoteVerificationError(RuntimeError):
     pass
 
 
-def _argmax(entry: dict[str, Any]) -> int:
-    """The rank-1 token of one prompt_logprobs entry ({token id as str: {"logprob", "rank", ...}})."""
-    best = min(entry.items(), key=lambda item: (item[1].get("rank") or 1 << 30, -item[1]["logprob"]))
-    return int(best[0])
+def score(
+    *,
+    client: httpx.Client,
+    base_url: str,
+    headers: dict[str, str],
+    wire: ServerWire,
+    model: str,
+    token_ids: list[int],
+    top_n: int | None,
+) -> Scored:
+    """One scoring call: the target's top_n log-probabilities at every position of `token_ids` (None: none) and
+    its greedy next token. Every failure is a RemoteVerificationError."""
+    request = wire.score(model=model, token_ids=token_ids, top_n=top_n)
+    url = base_url.rstrip("/") + request.path
+    try:
+        response = client.request(request.method, url, json=request.json, headers=headers, timeout=VERIFY_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise RemoteVerificationError(f"target scoring call failed: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise RemoteVerificationError(f"target scoring call: HTTP {response.status_code}: {response.text[:200]}")
+    try:
+        return wire.parse_score(response.json(), token_ids=token_ids, top_n=top_n)
+    except ValueError as exc:  # fleet.adapters.WireError, or an answer that is not JSON
+        raise RemoteVerificationError(f"target scoring call: {exc}") from exc
 
 
 class RemoteGreedyVerifier:
-    def __init__(self, *, client: httpx.Client, base_url: str, model: str, headers: dict[str, str]) -> None:
+    def __init__(
+        self, *, client: httpx.Client, base_url: str, model: str, headers: dict[str, str], wire: ServerWire
+    ) -> None:
         self.client = client
-        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.base_url = base_url.rstrip("/")
         self.model = model
         self.headers = headers
+        self.wire = wire
 
     def verify(self, context: list[int], drafts: list[int]) -> tuple[int, int]:
-        payload = {
-            "model": self.model,
-            "prompt": context + drafts,
-            "max_tokens": 1,
-            "temperature": 0,
-            "prompt_logprobs": 1 if drafts else None,
-            "return_token_ids": True,
-            "ignore_eos": False,
-        }
-        try:
-            response = self.client.post(self.url, json=payload, headers=self.headers, timeout=VERIFY_TIMEOUT)
-        except httpx.HTTPError as exc:
-            raise RemoteVerificationError(f"target scoring call failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise RemoteVerificationError(f"target scoring call: HTTP {response.status_code}: {response.text[:200]}")
-        choice = response.json()["choices"][0]
-        generated = choice.get("token_ids") or []
+        scored = score(
+            client=self.client,
+            base_url=self.base_url,
+            headers=self.headers,
+            wire=self.wire,
+            model=self.model,
+            token_ids=context + drafts,
+            top_n=1 if drafts else None,
+        )
+        generated = scored.generated
         if not drafts:
             if not generated:
                 raise RemoteVerificationError("the target returned no token")
             return 0, int(generated[0])
-        scores = choice.get("prompt_logprobs") or []
-        if len(scores) != len(context) + len(drafts):
-            raise RemoteVerificationError(
-                f"prompt_logprobs has {len(scores)} entries, expected {len(context) + len(drafts)}"
-            )
         for i, draft in enumerate(drafts):
-            entry = scores[len(context) + i]
-            mine = entry.get(str(draft))
-            if mine is None or mine.get("rank") != 1:
-                return i, _argmax(entry)
+            position = scored.positions[len(context) + i]
+            if position is None:  # only the first token of a sequence has none, and the context is not empty
+                raise RemoteVerificationError(f"no log-probabilities at draft position {i}")
+            if not position.is_argmax(draft):
+                return i, position.argmax()
         if not generated:
             # Finished right after the drafts without generating (cannot happen with max_tokens 1 and a budget).
             raise RemoteVerificationError("the target generated no bonus token")
@@ -94,6 +108,7 @@ class RemoteTopKTarget:
         base_url: str,
         model: str,
         headers: dict[str, str],
+        wire: ServerWire,
         vocab_size: int,
         max_context: int,
         top_k: int,
@@ -104,9 +119,10 @@ class RemoteTopKTarget:
         if not 0 < top_k < top_n:
             raise RemoteVerificationError(f"top_k {top_k} must be in (0, {top_n}) for remote sampled verification")
         self.client = client
-        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.base_url = base_url.rstrip("/")
         self.model = model
         self.headers = headers
+        self.wire = wire
         self.vocab_size = vocab_size
         self.max_context = max_context
         self.top_k, self.top_n = top_k, top_n
@@ -124,38 +140,32 @@ class RemoteTopKTarget:
         new = [int(t) for t in tokens.tolist()]
         start = len(self.tokens)
         prompt = self.tokens + new
-        payload = {
-            "model": self.model,
-            "prompt": [*prompt, PLACEHOLDER_TOKEN],
-            "max_tokens": 1,
-            "temperature": 0,
-            "prompt_logprobs": self.top_n,
-        }
-        try:
-            response = self.client.post(self.url, json=payload, headers=self.headers, timeout=VERIFY_TIMEOUT)
-        except httpx.HTTPError as exc:
-            raise RemoteVerificationError(f"target scoring call failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise RemoteVerificationError(f"target scoring call: HTTP {response.status_code}: {response.text[:200]}")
-        scores = response.json()["choices"][0].get("prompt_logprobs") or []
-        if len(scores) != len(prompt) + 1:
-            raise RemoteVerificationError(f"prompt_logprobs has {len(scores)} entries, expected {len(prompt) + 1}")
+        scored = score(
+            client=self.client,
+            base_url=self.base_url,
+            headers=self.headers,
+            wire=self.wire,
+            model=self.model,
+            token_ids=[*prompt, PLACEHOLDER_TOKEN],
+            top_n=self.top_n,
+        )
         logits = torch.full((len(new), self.vocab_size), float("-inf"))  # [T, V]
-        for row, entry in enumerate(scores[start + 1 :]):
-            self._fill(logits[row], entry)
+        for row, position in enumerate(scored.positions[start + 1 :]):
+            if position is None:
+                raise RemoteVerificationError("no log-probabilities after a committed token")
+            self._fill(logits[row], position)
         self.tokens = prompt
         return TargetOutput(logits=logits, hidden=None)
 
-    def _fill(self, row, entry: dict[str, Any]) -> None:
-        ranked = sorted((int(v.get("rank") or 1 << 30), int(t), float(v["logprob"])) for t, v in entry.items())
-        top = [(token, logprob) for rank, token, logprob in ranked if rank <= self.top_n]
+    def _fill(self, row, position: PositionScores) -> None:
+        top = position.top
         if len(top) < self.top_k + 1:
             raise RemoteVerificationError(
                 f"the server returned {len(top)} top log-probabilities, need {self.top_k + 1}"
             )
-        if top[self.top_k][1] >= top[self.top_k - 1][1]:
+        if top[self.top_k].logprob >= top[self.top_k - 1].logprob:
             raise RemoteVerificationError("a tie at the top-k cut: the processed distribution is not known exactly")
-        for _, token, logprob in ranked:  # top-N and the prompt's own token: all true values
+        for token, logprob in position.logprobs().items():  # top-N and the prompt's own token: all true values
             if token >= self.vocab_size:
                 raise RemoteVerificationError(f"the server returned token {token} outside the vocabulary")
             row[token] = logprob

@@ -1,28 +1,33 @@
-"""The remote path's sampled target: from a server's top-N prompt log-probabilities (vLLM's entry shape), the
-processed distribution at top_k < N equals the one from the full logits; a tie at the cut is refused."""
+"""The remote path's sampled target: from a server's top-N prompt log-probabilities (vLLM's entry shape, read by
+its adapter's wire format), the processed distribution at top_k < N equals the one from the full logits; a tie
+at the cut is refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from fleet.adapters import PositionScores, wire_for
 from speculation.engine import SamplingParams, probs_from_logits
 from speculation.worker.paths.remote import RemoteTopKTarget, RemoteVerificationError
 
 
 def _target(top_k: int, top_n: int = 8, vocab: int = 64) -> RemoteTopKTarget:
     return RemoteTopKTarget(
-        client=None, base_url="http://unused", model="m", headers={}, vocab_size=vocab, max_context=512,
-        top_k=top_k, top_n=top_n,
+        client=None, base_url="http://unused", model="m", headers={}, wire=wire_for("vllm"), vocab_size=vocab,
+        max_context=512, top_k=top_k, top_n=top_n,
     )  # fmt: skip
 
 
-def _entry(logits: torch.Tensor, top_n: int, own_token: int) -> dict:
-    """vLLM's prompt_logprobs entry: the top-N by rank, plus the prompt's own token with its rank."""
+def _entry(logits: torch.Tensor, top_n: int, own_token: int) -> PositionScores:
+    """vLLM's prompt_logprobs entry (the top-N by rank, plus the prompt's own token with its rank), as read by
+    the vLLM wire format."""
     logprobs = torch.log_softmax(logits.double(), -1)
     order = logprobs.argsort(descending=True).tolist()
     shown = set(order[:top_n]) | {own_token}
-    return {str(t): {"logprob": float(logprobs[t]), "rank": order.index(t) + 1} for t in shown}
+    entry = {str(t): {"logprob": float(logprobs[t]), "rank": order.index(t) + 1} for t in shown}
+    answer = {"choices": [{"index": 0, "token_ids": [0], "prompt_logprobs": [None, entry]}]}
+    return wire_for("vllm").parse_score(answer, token_ids=[0, own_token], top_n=top_n).positions[1]
 
 
 @pytest.mark.parametrize(
