@@ -6,40 +6,26 @@ what prod would have accepted. Sampled traffic: the expected acceptance sum_x mi
 and q processed as the request asked (temperature, top-k, top-p): exact from the target's logits when the
 worker holds the target, else from the server's top-N log-probabilities (exact when top-k < N, otherwise a
 lower bound recorded with the mass it could not see: speculation.engine.acceptance).
-The projection uses measured costs: c = draft step / target step, v = one verification call / target step.
+The projected multiplier S = E[N] / (v(K) + K c) uses the costs this worker measured on the endpoint's node class
+(speculation.worker.costs: the server's decode step, the draft step, a verification of K + 1 tokens on prod's path;
+medians of repeated timings, refreshed), the lookahead controller's cost model.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
 from typing import Any
 
 from fleet.models import Endpoint
-from speculation.engine import DraftModelProposer, NgramProposer, SamplingParams, Transformer
+from speculation.engine import NgramProposer, SamplingParams
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
 from speculation.services.records import record_stage
+from speculation.worker.costs import projection
 from speculation.worker.paths import SpecRunStats, resources
-from speculation.worker.paths.drafting import StepProposer, teacher_forced_next
+from speculation.worker.paths.drafting import teacher_forced_next
 from speculation.worker.paths.loop import replay_greedy_batches, step_k
 
 logger = logging.getLogger(__name__)
-
-_draft_step_s: dict[str, float] = {}
-
-
-def draft_step_seconds(draft_model: Transformer, key: str, context: list[int]) -> float:
-    """Measured once per worker and draft: the time of one greedy draft step with a warm cache."""
-    if key not in _draft_step_s:
-        runner = StepProposer(DraftModelProposer(draft_model, target_vocab_size=draft_model.vocab_size))
-        head = context[:64]
-        head = head + runner.propose(head, 1)  # warm-up; the next proposal continues from the cached prefix
-        steps = 8
-        started = time.perf_counter()
-        runner.propose(head, steps)
-        _draft_step_s[key] = (time.perf_counter() - started) / steps
-    return _draft_step_s[key]
 
 
 def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_tokens: int, k: int, stopped: bool):
@@ -85,7 +71,6 @@ def measure_shadow(
         "output_tokens": len(output_ids),
         "latency_ms": latency_ms,
     }
-    target_step_s = (latency_ms / 1000.0) / max(1, len(output_ids))
     baseline_tok_s = len(output_ids) / (latency_ms / 1000.0) if latency_ms > 0 else None
     if temperature >= GREEDY_BELOW:
         _measure_sampled(
@@ -96,7 +81,6 @@ def measure_shadow(
             output_ids=output_ids,
             params=SamplingParams(temperature=temperature, top_k=max(0, int(top_k or 0)), top_p=float(top_p)),
             baseline_tok_s=baseline_tok_s,
-            target_step_s=target_step_s,
             common=common,
         )
         return
@@ -104,29 +88,25 @@ def measure_shadow(
         batches = replay_ngram_batches(
             prompt_ids=prompt_ids, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
         )
-        c = 0.0
     else:
         draft = resources.model(policy.draft.path)
         draft_next = teacher_forced_next(draft.model, prompt_ids, output_ids)
         batches = replay_greedy_batches(
             draft_next=draft_next, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
         )
-        c = draft_step_seconds(draft.model, policy.draft.path, prompt_ids + output_ids) / target_step_s
     stats = SpecRunStats(k=k)
     for batch in batches:
         stats.add(batch)
     fields = stats.as_record()
     tau = fields["mean_accepted_len"] or 1.0
     k_mean = stats.drafted / stats.passes if stats.passes else 0.0
-    # v: a verification costs about one target step (memory-bound GPU regime); on this measurement the cost of
-    # the verification call is not separately timed, so v = 1 is stated in the reason.
-    projected = tau / (1.0 + k_mean * c) if math.isfinite(c) else None
+    projected, basis = projection(endpoint=endpoint, policy=policy, context=prompt_ids, tokens_per_step=tau, k=k_mean)
     record_stage(
         endpoint_id=endpoint_id,
         request_id=request_id,
         mode=Mode.SHADOW,
         action=Action.WOULD_SPECULATE,
-        reason=f"greedy replay (exact); projection with measured c={c:.3f}, v=1",
+        reason=f"greedy replay (exact); {basis}",
         baseline_tok_s=baseline_tok_s,
         multiplier=projected,
         tok_s=baseline_tok_s * projected if baseline_tok_s and projected else None,
@@ -166,7 +146,6 @@ def _measure_sampled(
     output_ids: list[int],
     params: SamplingParams,
     baseline_tok_s: float | None,
-    target_step_s: float,
     common: dict[str, Any],
 ) -> None:
     """Expected acceptance sum_x min(p(x), q(x)) per output position, p and q processed as the request asked.
@@ -212,8 +191,7 @@ def _measure_sampled(
     alpha = float(per_position.mean()) if per_position.numel() else 0.0
     k = policy.k
     tau = expected_tokens(alpha=min(1.0, max(0.0, alpha)), k=k)
-    c = draft_step_seconds(draft.model, policy.draft.path, prompt_ids + output_ids) / target_step_s
-    projected = tau / (1.0 + k * c) if math.isfinite(c) else None
+    projected, basis = projection(endpoint=endpoint, policy=policy, context=prompt_ids, tokens_per_step=tau, k=k)
     record_stage(
         endpoint_id=endpoint.pk,
         request_id=request_id,
@@ -221,7 +199,7 @@ def _measure_sampled(
         action=Action.WOULD_SPECULATE,
         reason=f"sampled traffic (temperature {params.temperature:g}, top_k {params.top_k}, top_p "
         f"{params.top_p:g}): expected acceptance sum_x min(p, q) {source}; mean accepted length from the "
-        f"i.i.d. formula; projection with measured c={c:.3f}, v=1",
+        f"i.i.d. formula; {basis}",
         alpha=alpha,
         unseen_mass=unseen_mass,
         acceptance_rate=(tau - 1.0) / k if k else None,

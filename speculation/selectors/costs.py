@@ -1,0 +1,114 @@
+"""The step costs a GPU worker measured (CostCalibration) and the projection they give, for the pages and the API.
+
+c = draft step / target step and v(K) = verify(K + 1 tokens) / target step, as speculation.worker.costs measured
+them on the endpoint's node class (medians of repeated timings, refreshed). `projection_vs_prod` puts shadow's
+projected multiplier and prod's measured one side by side per K, each averaged in the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Avg, Count
+from django.utils import timezone
+
+from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
+from speculation.models import Action, CostCalibration, StageRecord
+
+
+def fresh_calibration(
+    *, endpoint_id: int, node_class: str, path: str, draft_id: int | None, max_age_s: float
+) -> CostCalibration | None:
+    """The newest calibration of this endpoint, node class, path and draft younger than max_age_s."""
+    return (
+        CostCalibration.objects.filter(
+            endpoint_id=endpoint_id,
+            node_class=node_class,
+            path=path,
+            draft_id=draft_id,
+            measured_at__gte=timezone.now() - timedelta(seconds=max_age_s),
+        )
+        .order_by("-measured_at", "-id")
+        .first()
+    )
+
+
+def latest_calibration(*, endpoint: Any) -> CostCalibration | None:
+    """The newest calibration for the endpoint's current policy (its draft), on any path."""
+    policy = getattr(endpoint, "policy", None)
+    rows = CostCalibration.objects.filter(endpoint_id=endpoint.pk)
+    if policy is not None and policy.pk:
+        rows = rows.filter(draft_id=policy.draft_id)
+    return rows.order_by("-measured_at", "-id").first()
+
+
+def measured_costs(*, endpoint: Any, k: int | None = None) -> dict:
+    """c, v at K (the policy's by default) and v per K, from the newest calibration; `missing` says what is not."""
+    row = latest_calibration(endpoint=endpoint)
+    if row is None:
+        return {
+            "calibrated": False,
+            "c": None,
+            "v": None,
+            "v_per_k": {},
+            "target_step_ms": (endpoint.capabilities or {}).get("tpot_ms"),
+            "draft_step_ms": None,
+            "missing": ["c and v: no calibration yet (the GPU worker measures them on the first shadow request)"],
+        }
+    costs = row.step_costs()
+    policy = getattr(endpoint, "policy", None)
+    k = k or (policy.k if policy is not None else 1)
+    return {
+        "calibrated": True,
+        "c": round(costs.c, 4),
+        "v": round(costs.v(k), 4),
+        "v_per_k": {j: round(costs.v(j), 4) for j in range(1, MAX_PROJECTED_K + 1)},
+        "target_step_ms": round(row.target_step_ms, 3),
+        "draft_step_ms": round(row.draft_step_ms, 3),
+        "path": row.path,
+        "node_class": row.node_class,
+        "measured_at": row.measured_at,
+        "repeats": row.repeats,
+        "missing": [],
+    }
+
+
+def step_costs(*, endpoint: Any) -> StepCosts | None:
+    row = latest_calibration(endpoint=endpoint)
+    return row.step_costs() if row is not None else None
+
+
+def projection_vs_prod(*, endpoint: Any, since: datetime, alpha: float | None = None) -> list[dict]:
+    """Per K: shadow's mean projected multiplier, prod's mean measured multiplier (each with its record count),
+    their ratio, and the projection from the measured alpha and costs at that K."""
+    rows = (
+        StageRecord.objects.filter(
+            endpoint_id=endpoint.pk,
+            action__in=(Action.WOULD_SPECULATE, Action.SPECULATED),
+            created_at__gte=since,
+            multiplier__gt=0,
+            k__isnull=False,
+        )
+        .values("action", "k")
+        .annotate(n=Count("id"), multiplier=Avg("multiplier"))
+    )
+    by_k: dict[int, dict] = {}
+    for row in rows:
+        side = "shadow" if row["action"] == Action.WOULD_SPECULATE else "prod"
+        by_k.setdefault(row["k"], {})[side] = {"n": row["n"], "multiplier": round(row["multiplier"], 3)}
+    costs = step_costs(endpoint=endpoint)
+    curve = {p.k: p.multiplier for p in costs.curve(alpha=min(1.0, alpha))} if costs and alpha is not None else {}
+    table = []
+    for k in sorted(set(by_k) | set(curve)):
+        shadow, prod = by_k.get(k, {}).get("shadow"), by_k.get(k, {}).get("prod")
+        table.append(
+            {
+                "k": k,
+                "shadow": shadow,
+                "prod": prod,
+                "ratio": round(shadow["multiplier"] / prod["multiplier"], 3) if shadow and prod else None,
+                "curve": round(curve[k], 3) if k in curve else None,
+            }
+        )
+    return table
