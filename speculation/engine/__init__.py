@@ -19,6 +19,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BatchDecoder": "batch",
+    "SlotUpdate": "batch",
     "GenerationConfig": "decode",
     "GenerationResult": "decode",
     "generate": "decode",
@@ -36,6 +38,7 @@ _EXPORTS = {
     "K_MAX": "lookahead",
     "K_MIN": "lookahead",
     "DynamicLookahead": "lookahead",
+    "LoadAwareLookahead": "lookahead",
     "expected_tokens": "lookahead",
     "ModelArgs": "model",
     "Transformer": "model",

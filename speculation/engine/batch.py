@@ -1,0 +1,320 @@
+"""Continuous batching: many requests (slots) speculated together, each exactly as if it ran alone.
+
+One ``step()`` drafts every active slot in one draft forward per draft position and verifies every slot in one
+target forward (speculation.engine.batch_model: one KV-cache row per slot, each at its own position). A request
+joins with ``add()`` (its prompt is prefilled into a free row; it takes part in the next step) and leaves when
+it is done (a stop token, max_new_tokens, the context) or when the caller ``remove()``s it (cancelled, or a
+stop string matched); the last row moves into the freed one, so active slots are always rows 0..n-1.
+
+Per slot the rules are decode.generate's: the same draft length limit (step_lookahead), verification
+(verify_greedy / verify_sampled of verify.py on the slot's own rows, with its own seeded generator, drawn in
+the same order as generate: a slot's draws do not depend on its neighbours), min_tokens suppression and stop
+tokens. Greedy slots are therefore token-identical to plain decoding of the request alone; sampled slots are
+distributed exactly as the target's processed distribution.
+
+Lookahead: with a LoadAwareLookahead, greedy slots draft the K it chooses at the current batch size (K = 0 is
+plain batched decoding); their output does not depend on K. Sampled slots keep their request's K, so that the
+same seed gives the same tokens whatever the load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from speculation.engine.batch_model import BatchedModel
+from speculation.engine.decode import (
+    GenerationConfig,
+    _suppress_before_min_tokens,
+    _truncate_at_stop,
+    check_request,
+    step_lookahead,
+)
+from speculation.engine.lookahead import LoadAwareLookahead
+from speculation.engine.model import Transformer
+from speculation.engine.proposers import NgramProposer
+from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+from speculation.engine.stats import SpecStats
+from speculation.engine.verify import verify_greedy, verify_sampled
+
+
+class BatchFullError(RuntimeError):
+    """Every slot is taken: the caller keeps the request until one frees."""
+
+
+@dataclass(frozen=True)
+class SlotUpdate:
+    """What one step did for one slot."""
+
+    key: Hashable
+    tokens: list[int]  # committed: the accepted drafts + the target's token, cut after a stop token
+    drafted: int
+    accepted: int  # accepted drafts that were emitted
+    finish_reason: str | None = None  # "stop" | "length": the slot left the batch after this step
+    stats: SpecStats | None = None  # the slot's whole run, with its last update
+
+
+@dataclass
+class _Slot:
+    key: Hashable
+    config: GenerationConfig
+    params: SamplingParams
+    committed: list[int]
+    max_context: int
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    suppress: Tensor
+    started: float
+    stats: SpecStats = field(default_factory=SpecStats)
+    produced: int = 0
+    target_len: int = 0  # positions in the slot's target row (committed - 1 between steps)
+    draft_len: int = 0  # positions in the slot's draft row
+
+
+@dataclass
+class _Proposals:
+    drafts: list[Tensor]  # per slot [k_b] (device)
+    qs: list[Tensor | None]  # per slot [k_b, V], None = one-hot drafts
+    fed: int  # draft positions fed per row this step (0: the draft model did not run)
+
+
+class BatchDecoder:
+    """Slots of one target (and one draft model, or n-gram lookup, or none: plain batched decoding)."""
+
+    def __init__(
+        self,
+        target: Transformer,
+        *,
+        slots: int,
+        draft: Transformer | None = None,
+        ngram: NgramProposer | None = None,
+        lookahead: LoadAwareLookahead | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        if draft is not None and ngram is not None:
+            raise ValueError("a batch drafts with a draft model or with n-gram lookup, not both")
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
+        self.target = BatchedModel(target, max_rows=slots, max_len=max_context)
+        self.draft = BatchedModel(draft, max_rows=slots, max_len=max_context) if draft is not None else None
+        self.ngram = ngram
+        self.lookahead = lookahead
+        self.slots = slots
+        self.vocab_size = target.vocab_size
+        self.max_context = min(m.max_len for m in (self.target, self.draft) if m is not None)
+        self.device = self.target.device
+        self._active: list[_Slot] = []
+        self._done: list[SlotUpdate] = []  # requests that had nothing to generate
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self._active)
+
+    def add(self, key: Hashable, prompt_ids: list[int], config: GenerationConfig) -> None:
+        """Prefill the prompt into a free row; the request takes part in the next step."""
+        max_context = check_request(self, prompt_ids, config)  # type: ignore[arg-type]  # vocab_size/max_context
+        if not self.free:
+            raise BatchFullError(f"all {self.slots} batch slots are taken")
+        slot = _Slot(
+            key=key,
+            config=config,
+            params=config.sampling,
+            committed=list(prompt_ids),
+            max_context=max_context,
+            generator=torch.Generator(device=self.device).manual_seed(config.seed),
+            stop_ids=frozenset(config.stop_token_ids),
+            suppress=torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=self.device),
+            started=time.perf_counter(),
+        )
+        if config.max_new_tokens <= 0 or len(prompt_ids) >= max_context:
+            self._done.append(
+                SlotUpdate(key=key, tokens=[], drafted=0, accepted=0, finish_reason="length", stats=slot.stats)
+            )
+            return
+        row = len(self._active)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.reserve(row + 1, len(prompt_ids))
+                if len(prompt_ids) > 1:  # every prompt token but the last, as LocalTarget.prefill
+                    feed = torch.tensor([prompt_ids[:-1]], device=self.device)
+                    model.forward(feed, [0], first_row=row, last=[len(prompt_ids) - 2])
+        slot.target_len = slot.draft_len = len(prompt_ids) - 1
+        slot.stats.prefill_s = time.perf_counter() - slot.started
+        self._active.append(slot)
+
+    def remove(self, key: Hashable) -> bool:
+        """Drop a request (cancelled, or its caller ended it); False when it is not in the batch."""
+        for row, slot in enumerate(self._active):
+            if slot.key == key:
+                self._free_row(row)
+                return True
+        return False
+
+    @torch.inference_mode()
+    def step(self) -> list[SlotUpdate]:
+        """One draft + verify for every active slot; returns each slot's committed tokens."""
+        updates, self._done = self._done, []
+        if not self._active:
+            return updates
+        batch_size = len(self._active)
+        ks = self._lookaheads(batch_size)
+        t0 = time.perf_counter()
+        proposals = self._propose(ks)
+        if self.lookahead is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # time the draft apart from the verification (measured costs)
+        t1 = time.perf_counter()
+        rows = self._verify(proposals)  # the step's one device read
+        t2 = time.perf_counter()
+        updates += self._commit(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1)
+        if self.lookahead is not None:
+            drafted = max(len(d) for d in proposals.drafts)
+            accepted = sum(min(row[0], len(d)) for row, d in zip(rows, proposals.drafts, strict=True))
+            reached = sum(min(row[0] + 1, len(d)) for row, d in zip(rows, proposals.drafts, strict=True))
+            self.lookahead.observe(
+                batch_size=batch_size,
+                drafted=drafted,
+                accepted=accepted,
+                reached=reached,
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+            )
+        finished = {u.key for u in updates if u.finish_reason}
+        for row in range(len(self._active) - 1, -1, -1):  # leave after the step, highest row first
+            if self._active[row].key in finished:
+                self._free_row(row)
+        return updates
+
+    def _lookaheads(self, batch_size: int) -> list[int]:
+        """Each slot's draft length this step (0 when nothing drafts)."""
+        if self.draft is None and self.ngram is None:
+            return [0] * batch_size
+        k_batch = None
+        if self.lookahead is not None:
+            k_batch = self.lookahead.choose(batch_size, k_max=max(s.config.k for s in self._active))
+        ks = []
+        for slot in self._active:
+            k = slot.config.k if k_batch is None or not slot.params.greedy else min(k_batch, slot.config.k)
+            ks.append(
+                step_lookahead(k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context)
+            )
+        return ks
+
+    def _propose(self, ks: list[int]) -> _Proposals:
+        empty = torch.empty(0, dtype=torch.long, device=self.device)
+        if self.ngram is not None:
+            drafts = [
+                torch.tensor(self.ngram.lookup(s.committed, k), dtype=torch.long, device=self.device) if k else empty
+                for s, k in zip(self._active, ks, strict=True)
+            ]
+            return _Proposals(drafts=drafts, qs=[None] * len(ks), fed=0)
+        if self.draft is None or max(ks) == 0:
+            return _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
+        return self._draft_model_proposals(self.draft, ks)
+
+    def _draft_model_proposals(self, draft: BatchedModel, ks: list[int]) -> _Proposals:
+        """K = max(ks) draft forwards over all rows: the first feeds each row's unseen committed tokens, the
+        next ones the previous draft token. A slot samples (or takes the argmax of) its first k_b only."""
+        slots, k_max = self._active, max(ks)
+        feeds = [torch.tensor(s.committed[s.draft_len :], device=self.device) for s in slots]
+        draft.reserve(len(slots), max(len(s.committed) for s in slots) + k_max)
+        starts = [s.draft_len for s in slots]
+        last = [len(s.committed) - s.draft_len - 1 for s in slots]
+        logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last)  # [B, V]
+        positions = [len(s.committed) for s in slots]  # where each row's next fed token goes
+        zeros = [0] * len(slots)
+        columns: list[Tensor] = []
+        qs: list[list[Tensor]] = [[] for _ in slots]
+        for j in range(k_max):
+            token = logits.argmax(-1)  # [B]
+            for b, slot in enumerate(slots):
+                if not slot.params.greedy and j < ks[b]:
+                    q = probs_from_logits(logits[b], slot.params)  # [V]
+                    token[b] = sample(q, slot.generator)
+                    qs[b].append(q)
+            columns.append(token)
+            if j + 1 < k_max:  # the last draft token is never fed (as DraftModelProposer)
+                logits = draft.forward(token[:, None], positions, last=zeros)
+                positions = [p + 1 for p in positions]
+        drafted = torch.stack(columns, dim=1)  # [B, K]
+        return _Proposals(
+            drafts=[drafted[b, :k] for b, k in enumerate(ks)],
+            qs=[torch.stack(q) if q else None for q in qs],
+            fed=k_max,
+        )
+
+    def _verify(self, proposals: _Proposals) -> list[list[int]]:
+        """One target forward over [last committed, drafts] of every row -> per slot [accepted, tokens...]."""
+        slots = self._active
+        lasts = torch.tensor([s.committed[-1] for s in slots], device=self.device)
+        feeds = [torch.cat([lasts[b : b + 1], d]) for b, d in enumerate(proposals.drafts)]
+        width = max(f.shape[0] for f in feeds)
+        starts = [s.target_len for s in slots]
+        self.target.reserve(len(slots), max(starts) + width)
+        logits = self.target.forward(pad_sequence(feeds, batch_first=True), starts)  # [B, T, V]
+        results = []
+        for b, slot in enumerate(slots):
+            drafts = proposals.drafts[b]
+            rows = logits[b, : drafts.shape[0] + 1]  # [k_b + 1, V]
+            rows = _suppress_before_min_tokens(rows, slot.produced, slot.config.min_tokens, slot.suppress)
+            if slot.params.greedy:
+                num_accepted, tokens = verify_greedy(drafts, rows)
+            else:
+                p = probs_from_logits(rows, slot.params)
+                num_accepted, tokens = verify_sampled(drafts, proposals.qs[b], p, slot.generator)
+            row = torch.cat([num_accepted.view(1), tokens])
+            results.append(torch.nn.functional.pad(row, (0, width - tokens.shape[0])))
+        return torch.stack(results).tolist()  # [B, 1 + T]: the one device read of the step
+
+    def _commit(self, rows: list[list[int]], proposals: _Proposals, *, draft_s: float, verify_s: float):
+        updates = []
+        for slot, row, drafts in zip(self._active, rows, proposals.drafts, strict=True):
+            drafted = int(drafts.shape[0])
+            accepted, new = row[0], row[1 : row[0] + 2]
+            new, accepted_counted, reached, stopped = _truncate_at_stop(new, accepted, drafted, slot.stop_ids)
+            before = len(slot.committed)
+            slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
+            if proposals.fed:  # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid
+                slot.draft_len = before + min(accepted, proposals.fed - 1)
+            slot.committed.extend(new)
+            slot.produced += len(new)
+            slot.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
+            slot.stats.draft_s += draft_s
+            slot.stats.verify_s += verify_s
+            finish = None
+            if stopped:
+                finish = "stop"
+            elif slot.produced >= slot.config.max_new_tokens or len(slot.committed) >= slot.max_context:
+                finish = "length"
+            if finish:
+                slot.stats.output_tokens = slot.produced
+                slot.stats.elapsed_s = time.perf_counter() - slot.started
+            updates.append(
+                SlotUpdate(
+                    key=slot.key,
+                    tokens=new,
+                    drafted=drafted,
+                    accepted=accepted_counted,
+                    finish_reason=finish,
+                    stats=slot.stats if finish else None,
+                )
+            )
+        return updates
+
+    def _free_row(self, row: int) -> None:
+        """The last row moves into the freed one (its cached positions only), so rows stay 0..n-1."""
+        last = len(self._active) - 1
+        if row != last:
+            moved = self._active[last]
+            self.target.move_row(last, row, moved.target_len)
+            if self.draft is not None:
+                self.draft.move_row(last, row, moved.draft_len)
+            self._active[row] = moved
+        self._active.pop()

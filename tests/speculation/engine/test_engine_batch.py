@@ -1,0 +1,200 @@
+"""Continuous batching: every slot of a batch is exactly its request alone.
+
+Equalities (no tolerance): greedy slots, joining at different steps with prompts of different lengths, are
+token-identical to plain decoding of each request alone; a sampled slot draws with its own seeded generator in
+the order generate() does, so it gives the tokens generate() gives with that seed, whoever its neighbours are.
+Statistical (stated tolerance): sampled slots follow the target's processed distribution (chi-square against
+exact enumeration, rejected at p < 1e-3, and the same check rejects a wrong sampler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+import torch
+
+from speculation.engine import (
+    DraftModelProposer,
+    EmptyPromptError,
+    GenerationConfig,
+    LoadAwareLookahead,
+    LocalTarget,
+    NgramProposer,
+    SamplingParams,
+    generate,
+    generate_plain,
+)
+from speculation.engine import batch as batch_module
+from speculation.engine.batch import BatchDecoder, BatchFullError
+from tests.support.stats import chi2_critical, chi2_statistic, exact_sequence_distribution, wrong_verify_sampled
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [7, 7, 7, 7, 2, 3, 4, 5, 6, 1, 2, 3, 4], [9, 8], [3] * 20]
+JOIN_AT = [0, 0, 1, 3, 6, 7]  # the step before which each request arrives
+
+
+def run(decoder: BatchDecoder, requests: list[tuple[list[int], GenerationConfig]], join_at: list[int]):
+    """Feed requests as they arrive (a full batch keeps them waiting); -> tokens per request, largest batch."""
+    out: dict[Hashable, list[int]] = {i: [] for i in range(len(requests))}
+    waiting, done, step, largest = list(range(len(requests))), set(), 0, 0
+    while len(done) < len(requests):
+        while waiting and join_at[waiting[0]] <= step and decoder.free:
+            key = waiting.pop(0)
+            decoder.add(key, *requests[key])
+        largest = max(largest, len(decoder))
+        for update in decoder.step():
+            out[update.key] += update.tokens
+            if update.finish_reason:
+                done.add(update.key)
+        step += 1
+        assert step < 1000, "the batch never finished"
+    return out, largest
+
+
+def decoder_for(kind: str, target_model, draft_model, *, slots: int = 3, lookahead=None) -> BatchDecoder:
+    return BatchDecoder(
+        target_model,
+        slots=slots,
+        draft=draft_model if kind == "draft" else None,
+        ngram=NgramProposer() if kind == "ngram" else None,
+        lookahead=lookahead,
+        max_context=target_model.max_len,
+    )
+
+
+@pytest.mark.parametrize("load_aware", [False, True])
+@pytest.mark.parametrize("kind", ["draft", "ngram", "plain"])
+def test_greedy_slots_joining_at_different_steps_equal_plain_decoding_of_each_request_alone(
+    target_model, draft_model, kind, load_aware
+):
+    # given six requests of different prompt lengths, K and lengths, arriving at different steps, 3 slots
+    requests = [(p, GenerationConfig(max_new_tokens=18 + 5 * i, k=2 + i % 4)) for i, p in enumerate(PROMPTS)]
+    decoder = decoder_for(kind, target_model, draft_model, lookahead=LoadAwareLookahead() if load_aware else None)
+    # when
+    out, largest = run(decoder, requests, JOIN_AT)
+    # then: each equals plain greedy decoding of that request alone, and the batch was really shared
+    for i, (prompt, config) in enumerate(requests):
+        assert out[i] == generate_plain(LocalTarget(target_model), prompt, config).tokens, i
+    assert largest == 3
+
+
+def test_stop_tokens_min_tokens_and_context_ends_are_per_slot(target_model, draft_model):
+    # given: the first tokens plain decoding gives each prompt, to stop on
+    first = [generate_plain(LocalTarget(target_model), p, GenerationConfig(max_new_tokens=12)).tokens for p in PROMPTS]
+    configs = [
+        GenerationConfig(max_new_tokens=30, k=4, stop_token_ids=(first[0][5],)),
+        GenerationConfig(
+            max_new_tokens=30, k=3, stop_token_ids=(first[1][2],), min_tokens=6, suppress_ids=(first[1][2],)
+        ),
+        GenerationConfig(max_new_tokens=30, k=5, max_context=14),
+        GenerationConfig(max_new_tokens=0, k=3),
+        GenerationConfig(max_new_tokens=40, k=2),
+    ]
+    requests = list(zip(PROMPTS, configs, strict=False))
+    # when
+    out, _ = run(decoder_for("draft", target_model, draft_model), requests, [0, 0, 1, 1, 2])
+    # then: each slot stops where generate() stops the request alone
+    for i, (prompt, config) in enumerate(requests):
+        proposer = DraftModelProposer(draft_model, target_vocab_size=target_model.vocab_size)
+        assert out[i] == generate(LocalTarget(target_model), proposer, prompt, config).tokens, i
+    assert out[0][-1] == first[0][5] and len(out[2]) == 14 - len(PROMPTS[2]) and out[3] == []
+
+
+def test_a_slot_that_leaves_early_frees_its_row_and_the_others_continue_exactly(target_model, draft_model):
+    # given four running requests
+    decoder = decoder_for("draft", target_model, draft_model, slots=4)
+    config = GenerationConfig(max_new_tokens=30, k=3)
+    for i in range(4):
+        decoder.add(i, PROMPTS[i], config)
+    out = {i: [] for i in range(4)}
+    # when: request 1 (a middle row) is cancelled after 3 steps and request 3 (the last row) after 5
+    for step in range(60):
+        if step == 3:
+            assert decoder.remove(1)
+        if step == 5:
+            assert decoder.remove(3)
+        for update in decoder.step():
+            out[update.key] += update.tokens
+    # then: the others are exact, and the freed rows take new requests
+    for i in (0, 2):
+        assert out[i] == generate_plain(LocalTarget(target_model), PROMPTS[i], config).tokens
+    assert len(decoder) == 0 and decoder.free == 4 and not decoder.remove(1)
+
+
+def test_a_full_batch_and_a_bad_prompt_are_refused_at_join(target_model):
+    decoder = decoder_for("plain", target_model, None, slots=1)
+    decoder.add("a", [1, 2], GenerationConfig(max_new_tokens=4))
+    with pytest.raises(BatchFullError):
+        decoder.add("b", [1, 2], GenerationConfig(max_new_tokens=4))
+    with pytest.raises(EmptyPromptError):
+        decoder.add("c", [], GenerationConfig(max_new_tokens=4))
+
+
+def sampled(seed: int, **kwargs) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=30, k=3, temperature=0.8, top_p=0.9, seed=seed, **kwargs)
+
+
+def test_a_sampled_slot_draws_what_its_request_alone_draws_with_that_seed(target_model, draft_model):
+    # given sampled requests (seeds 7, 8, 9) batched with greedy ones, and under a load-aware K
+    requests = [(PROMPTS[0], sampled(7)), (PROMPTS[1], GenerationConfig(max_new_tokens=25, k=4))]
+    requests += [(PROMPTS[2], sampled(8, top_k=5)), (PROMPTS[3], sampled(9)), (PROMPTS[4], sampled(7))]
+    decoder = decoder_for("draft", target_model, draft_model, slots=4, lookahead=LoadAwareLookahead())
+    # when
+    out, _ = run(decoder, requests, [0, 0, 1, 2, 4])
+    # then: each equals generate() of the request alone with its seed: neighbours and load change nothing
+    for i, (prompt, config) in enumerate(requests):
+        proposer = DraftModelProposer(draft_model, target_vocab_size=target_model.vocab_size)
+        assert out[i] == generate(LocalTarget(target_model), proposer, prompt, config).tokens, i
+    alone_other_seed = generate(
+        LocalTarget(target_model), DraftModelProposer(draft_model, target_vocab_size=48), PROMPTS[0], sampled(8)
+    )
+    assert out[0] != alone_other_seed.tokens  # the seed matters (30 tokens at temperature 0.8)
+
+
+def test_greedy_slots_follow_the_load_aware_k_and_sampled_slots_keep_theirs(target_model, draft_model):
+    class PlainAtThisLoad(LoadAwareLookahead):
+        def choose(self, batch_size: int, *, k_max: int) -> int:
+            return 0
+
+    requests = [(PROMPTS[0], GenerationConfig(max_new_tokens=20, k=4)), (PROMPTS[1], sampled(3))]
+    decoder = decoder_for("draft", target_model, draft_model, lookahead=PlainAtThisLoad())
+    decoder.add(0, *requests[0])
+    decoder.add(1, *requests[1])
+    drafted = {0: 0, 1: 0}
+    while len(decoder):
+        for update in decoder.step():
+            drafted[update.key] += update.drafted
+    assert drafted[0] == 0  # K = 0: plain batched decoding
+    assert drafted[1] > 0  # the seed's draws stay those of the request's own K
+
+
+def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, make_tiny_model):
+    # given a 4-token vocabulary: the 64 three-token continuations are enumerated exactly; 400 seeded requests
+    # run 8 at a time, each batched with neighbours of other seeds
+    target_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=3, std=0.6)
+    draft_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=4, std=0.9)
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    exact = exact_sequence_distribution(target_model, [1, 2], 3, params)
+
+    def counts() -> torch.Tensor:
+        found = torch.zeros(64)
+        for first in range(0, 400, 8):
+            decoder = BatchDecoder(target_model, slots=8, draft=draft_model, max_context=target_model.max_len)
+            for seed in range(first, first + 8):
+                config = GenerationConfig(max_new_tokens=3, k=2, temperature=0.7, top_p=0.9, seed=seed)
+                decoder.add(seed, [1, 2], config)
+            out: dict[Hashable, list[int]] = {}
+            while len(decoder):
+                for update in decoder.step():
+                    out.setdefault(update.key, []).extend(update.tokens)
+            for a, b, c in out.values():
+                found[a * 16 + b * 4 + c] += 1
+        return found
+
+    # when / then: p < 1e-3 rejects (a false alarm in 0.1 % of runs) ...
+    stat, dof = chi2_statistic(counts(), exact)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} >= {chi2_critical(dof):.1f} (dof {dof})"
+    # ... and the same check rejects a wrong sampler (recovered token from p, not the residual)
+    monkeypatch.setattr(batch_module, "verify_sampled", wrong_verify_sampled)
+    stat, dof = chi2_statistic(counts(), exact)
+    assert stat >= chi2_critical(dof), f"the wrong sampler passed: chi2 {stat:.1f} (dof {dof})"

@@ -1,0 +1,61 @@
+"""Load-aware K: the lookahead that pays at the batch's current size, K = 0 (plain batched decoding) included."""
+
+from __future__ import annotations
+
+from speculation.engine import LoadAwareLookahead
+from speculation.engine.lookahead import load_bucket
+
+
+def measured(*, alpha: float, costs: dict[int, tuple[dict[int, float], float]]) -> LoadAwareLookahead:
+    """A lookahead with these measurements: batch size -> ({tokens verified per slot: seconds}, draft step)."""
+    lookahead = LoadAwareLookahead(k_start=5)
+    lookahead.accepted, lookahead.reached = alpha * 1000, 1000.0
+    for batch_size, (verify, draft_step) in costs.items():
+        table = lookahead._costs(batch_size)
+        table.verify_s, table.draft_step_s = dict(verify), draft_step
+    return lookahead
+
+
+def test_batch_sizes_share_measurements_by_power_of_two():
+    assert [load_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
+
+
+def test_it_speculates_while_verifying_more_tokens_is_nearly_free_and_stops_when_it_costs_their_number():
+    # given: one slot, verify cost flat in the tokens (memory-bound); 32 slots, verify cost proportional to
+    # the tokens (compute-bound), at the same acceptance and relative draft cost
+    lookahead = measured(
+        alpha=0.8,
+        costs={1: ({1: 1.0, 6: 1.1}, 0.05), 32: ({1: 1.0, 3: 3.0, 6: 6.0}, 0.05)},
+    )
+    # when / then
+    assert lookahead.choose(1, k_max=8) >= 4
+    assert lookahead.choose(32, k_max=8) == 0
+    assert lookahead.choose(30, k_max=8) == 0  # 30 slots: the 32 bucket's measurements
+
+
+def test_it_chooses_within_the_requests_k():
+    lookahead = measured(alpha=0.95, costs={4: ({1: 1.0, 9: 1.0}, 0.01)})
+    assert lookahead.choose(4, k_max=3) == 3
+
+
+def test_acceptance_is_shared_by_every_batch_size():
+    # given a flat verify cost at 8 slots, where a good draft pays
+    lookahead = measured(alpha=0.9, costs={8: ({1: 1.0, 6: 1.05}, 0.1)})
+    assert lookahead.choose(8, k_max=5) > 0
+    # when steps at 1 slot see every draft rejected
+    for _ in range(120):
+        lookahead.observe(batch_size=1, drafted=5, accepted=0, reached=1, draft_s=0.5, verify_s=1.0)
+    # then the 8-slot choice backs off too
+    assert lookahead.alpha < 0.05
+    assert lookahead.choose(8, k_max=5) == 0
+
+
+def test_fresh_batch_sizes_explore_before_they_choose():
+    # the first steps at a new size measure: k_start, a shorter K (verify cost against K), then a plain step
+    lookahead = LoadAwareLookahead(k_start=4)
+    seen = []
+    for _ in range(3):
+        k = lookahead.choose(16, k_max=4)
+        seen.append(k)
+        lookahead.observe(batch_size=16, drafted=k, accepted=k // 2, reached=k, draft_s=0.01 * k, verify_s=0.1)
+    assert seen == [4, 2, 0]
