@@ -78,6 +78,7 @@ class OpenAIWire(ServerWire):
         "continuation": "the OpenAI API does not return the token ids it generated",
         "spec_counters": "the OpenAI API does not say whether or how the server speculates",
         "token_ids": "the OpenAI API does not return a response's token ids",
+        "in_flight": "the OpenAI API does not say how many requests the server runs",
     }
 
     def baseline(self, *, model: str, prompt: str | list[int], max_tokens: int) -> WireRequest:

@@ -15,7 +15,8 @@ openai/serving_tokenize.py):
   choices[i].token_ids, streamed incrementally, and prompt_token_ids; absent without the flag), `ignore_eos`,
   and `matched_stop` where vLLM says `stop_reason`.
 - /metrics (with --enable-metrics) exports speculation only as gauges (`sglang:spec_accept_length`,
-  `sglang:spec_accept_rate`: running averages), so no per-request acceptance can be derived from it.
+  `sglang:spec_accept_rate`: running averages), so no per-request acceptance can be derived from it; the load
+  as gauges `sglang:num_running_reqs` and `sglang:num_queue_reqs`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from fleet.adapters.wire import (
     WireRequest,
     as_token_ids,
     is_int,
+    sum_gauges,
 )
 from fleet.adapters.wire import expect_dict as expect_answer
 from fleet.adapters.wire import expect_list as expect_answer_list
@@ -118,6 +120,12 @@ class SglangWire(OpenAICompletionsWithTokenIds):
             rank = next((t.rank for t in ranked if t.token_id == token), None)
             positions.append(PositionScores(top=ranked, token=TokenLogprob(token, logprob, rank)))
         return Scored(positions=positions, generated=generated)
+
+    def in_flight(self) -> WireRequest:
+        return WireRequest("GET", "/metrics")
+
+    def parse_in_flight(self, text: str) -> float:
+        return sum_gauges(text, ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
 
 
 def _triples(entries: list[Any], what: str) -> list[tuple[float, int]]:

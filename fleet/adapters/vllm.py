@@ -40,6 +40,7 @@ from fleet.adapters.wire import (
     first_choice,
     is_int,
     ranked_top,
+    sum_gauges,
 )
 
 # /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
@@ -114,6 +115,12 @@ class VllmWire(OpenAICompletionsWithTokenIds):
 
     def spec_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
         return vllm_metrics.stats_from_deltas(before, after)
+
+    def in_flight(self) -> WireRequest:
+        return WireRequest("GET", "/metrics")
+
+    def parse_in_flight(self, text: str) -> float:
+        return sum_gauges(text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
 
     def response_spec_stats(self, payload: Any) -> dict[str, Any] | None:
         """`metrics.speculative_decoding` (vLLM 0.32 with --per-request-spec-decode-metrics)."""

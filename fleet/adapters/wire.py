@@ -19,6 +19,7 @@ The operations (one pair of build / parse methods each):
     token_ids_fields, take_token_ids
                              ask a served response to carry its prompt and output token ids (shadow capture),
                              read them back and strip them again
+    in_flight                the requests the server is running or queueing (a managed instance drains)
 """
 
 from __future__ import annotations
@@ -197,6 +198,15 @@ class ServerWire:
         """A response's own speculative-decoding metrics, or None when it carries none."""
         return None
 
+    # --- load ---------------------------------------------------------------------------------------------------
+
+    def in_flight(self) -> WireRequest:
+        raise self.refuse("in_flight")
+
+    def parse_in_flight(self, text: str) -> float:
+        """Requests running or waiting, summed over engines (0 when the gauges are absent)."""
+        raise self.refuse("in_flight")
+
     # --- token ids of a served response (shadow) -----------------------------------------------------------------
 
     def token_ids_fields(self) -> dict[str, Any]:
@@ -232,6 +242,19 @@ def as_token_ids(value: Any, what: str) -> list[int]:
     if not all(is_int(t) for t in ids):
         raise WireError(f"{what} is not a list of integer token ids")
     return ids
+
+
+def sum_gauges(text: str, names: tuple[str, ...]) -> float:
+    """The sum of the Prometheus samples of these metric names (every label set)."""
+    total = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return total
 
 
 def first_choice(body: Any, what: str) -> dict[str, Any]:

@@ -16,32 +16,29 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from fleet.adapters import wire_for
+
 BUCKETS = (1, 4)
 BASELINE_TOKENS = 32
 BASELINE_PROMPT = "def fibonacci(n):\n"
 
 
-def _one(base_url: str, model: str) -> float:
-    payload = {
-        "model": model,
-        "prompt": BASELINE_PROMPT,
-        "max_tokens": BASELINE_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
+def _one(base_url: str, kind: str, model: str) -> float:
+    wire = wire_for(kind)  # the server kind's plain greedy request, end of sequence ignored
+    request = wire.baseline(model=model, prompt=BASELINE_PROMPT, max_tokens=BASELINE_TOKENS)
     started = time.perf_counter()
-    response = httpx.post(base_url + "/v1/completions", json=payload, timeout=300)
+    response = httpx.request(request.method, base_url + request.path, json=request.json, timeout=300)
     elapsed = time.perf_counter() - started
     response.raise_for_status()
-    return response.json()["usage"]["completion_tokens"] / elapsed
+    return wire.parse_baseline(response.json()) / elapsed
 
 
-def measure(*, base_url: str, model: str, buckets: tuple[int, ...] = BUCKETS) -> dict[str, float]:
+def measure(*, base_url: str, kind: str, model: str, buckets: tuple[int, ...] = BUCKETS) -> dict[str, float]:
     """{bucket: mean per-stream tok/s at that many concurrent streams}."""
     result: dict[str, float] = {}
     for c in buckets:
         with ThreadPoolExecutor(max_workers=c) as pool:
-            rates = list(pool.map(lambda _: _one(base_url, model), range(c)))
+            rates = list(pool.map(lambda _: _one(base_url, kind, model), range(c)))
         result[str(c)] = round(statistics.fmean(rates), 3)
     return result
 

@@ -36,7 +36,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from ace import processes
-from fleet.adapters import adapter_for
+from fleet.adapters import Unsupported, adapter_for, wire_for
 from fleet.managed import args as server_args
 from fleet.managed import baseline, canary, switching
 from fleet.managed.models import (
@@ -64,7 +64,6 @@ LOG_TAIL_LINES = 40
 LEASE_KEY = "ace:managed:supervisor:{node_class}"
 LEASE_S = 15
 # vLLM's gauges of requests in flight (the old instance drains until both are 0).
-IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def last_error(tail: str) -> str:
@@ -81,15 +80,15 @@ def backoff_s(failures: int) -> float:
     return min(BACKOFF_MAX_S, 2.0 ** max(0, failures - 1))
 
 
-def in_flight(metrics_text: str) -> float:
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(IN_FLIGHT_GAUGES):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
+def in_flight(base_url: str, kind: str) -> float:
+    """Requests the instance is running or queueing, as its server kind reports them (0 when it cannot say)."""
+    wire = wire_for(kind)
+    try:
+        request = wire.in_flight()
+        response = httpx.request(request.method, base_url + request.path, timeout=2)
+    except (Unsupported, httpx.HTTPError):
+        return 0.0
+    return wire.parse_in_flight(response.text) if response.status_code == 200 else 0.0
 
 
 class Supervisor:
@@ -314,7 +313,7 @@ class Supervisor:
         if managed.switches.filter(status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists():
             return
         try:
-            buckets = baseline.measure(base_url=active.base_url, model=managed.served_name)
+            buckets = baseline.measure(base_url=active.base_url, kind=managed.server_kind, model=managed.served_name)
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             logger.warning("baseline of %s not measured: %s", managed.endpoint.name, exc)
             ManagedServer.objects.filter(pk=managed.pk).update(baseline_requested=False)
@@ -396,12 +395,7 @@ class Supervisor:
         waited = (timezone.now() - since).total_seconds()
         if waited < DRAIN_GRACE_S:
             return
-        busy = 0.0
-        try:
-            response = httpx.get(instance.base_url + "/metrics", timeout=2)
-            busy = in_flight(response.text) if response.status_code == 200 else 0.0
-        except httpx.HTTPError:
-            busy = 0.0
+        busy = in_flight(instance.base_url, instance.managed.server_kind)
         if busy and waited < DRAIN_TIMEOUT_S:
             return
         why = "drained" if not busy else f"drain timeout ({busy:.0f} requests still in flight)"

@@ -227,6 +227,16 @@ def test_sglang_continuation_reads_matched_stop_and_strips_absent_ids():
     assert payload["choices"][0] == {"index": 0, "text": "a"}  # SGLang omits the fields without the flag
 
 
+def test_the_load_of_a_server_is_read_from_its_own_gauges():
+    vllm = 'vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 1.0\nother 5\n'
+    sglang = 'sglang:num_running_reqs{tp_rank="0"} 3.0\nsglang:num_queue_reqs{tp_rank="0"} 4.0\nsglang:x 0.5\n'
+    assert VLLM.in_flight().path == SGLANG.in_flight().path == "/metrics"
+    assert VLLM.parse_in_flight(vllm) == 3.0 and SGLANG.parse_in_flight(sglang) == 7.0
+    assert VLLM.parse_in_flight(sglang) == 0.0  # another kind's gauges are not this kind's load
+    with pytest.raises(Unsupported):
+        OPENAI.in_flight()
+
+
 def test_sglang_refuses_spec_counters_because_it_exports_only_averages():
     with pytest.raises(Unsupported, match="gauges"):
         SGLANG.spec_counters()

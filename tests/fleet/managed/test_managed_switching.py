@@ -13,12 +13,12 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from fleet import services as fleet_services
-from fleet.adapters import ProbeReport
+from fleet.adapters import ProbeReport, wire_for
 from fleet.adapters.vllm_metrics import stats_from_request_metrics
 from fleet.managed import switching
 from fleet.managed.models import InstanceRole, InstanceState, ServerInstance, Switch, SwitchStatus
 from fleet.managed.services import create_managed_endpoint, spec_args
-from fleet.managed.supervisor import backoff_s, in_flight, last_error
+from fleet.managed.supervisor import backoff_s, last_error
 from fleet.models import Endpoint
 from fleet.permissions import OPERATOR, grant_role
 from speculation.models import PolicyChange
@@ -194,7 +194,7 @@ def test_per_request_acceptance_in_vllm_0_32s_shape():
 def test_supervisor_rules():
     assert [backoff_s(n) for n in (1, 2, 3, 10)] == [1.0, 2.0, 4.0, 60.0]
     metrics = 'vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 1.0\nother 5\n'
-    assert in_flight(metrics) == 3.0
+    assert wire_for("vllm").parse_in_flight(metrics) == 3.0  # what a draining instance still serves
     assert last_error("INFO start\nValueError: no such model\nINFO bye") == "ValueError: no such model"
 
 
