@@ -56,6 +56,7 @@ class SglangWire(OpenAICompletionsWithTokenIds):
     """SGLang at request time: its native /tokenize and /generate, its OpenAI completions with token ids."""
 
     kind: ClassVar[str] = "sglang"
+    scoring_method: ClassVar[str | None] = "return_logprob"
     stop_reason_key: ClassVar[str] = "matched_stop"
     stripped_ids_absent: ClassVar[bool] = True
     refusals: ClassVar[dict[str, str]] = {

@@ -51,6 +51,7 @@ class VllmWire(OpenAICompletionsWithTokenIds):
     """vLLM at request time: every operation."""
 
     kind: ClassVar[str] = "vllm"
+    scoring_method: ClassVar[str | None] = "prompt_logprobs"
 
     def tokenize(
         self,

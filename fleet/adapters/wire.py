@@ -123,6 +123,8 @@ class ServerWire:
 
     kind: ClassVar[str] = "?"
     refusals: ClassVar[dict[str, str]] = {}
+    # The probe's prompt_scoring_method that `score` speaks (None: scoring token ids by id is refused).
+    scoring_method: ClassVar[str | None] = None
 
     def refuse(self, operation: str) -> Unsupported:
         return Unsupported(self.kind, operation, self.refusals.get(operation, "the server kind does not offer it"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.adapters import wire_for
 from fleet.models import Endpoint
 
 
@@ -20,6 +21,8 @@ def native_speculation(endpoint: Endpoint) -> bool:
 
 
 def can_score_token_prompts(endpoint: Endpoint) -> bool:
-    """Remote verification needs token-id prompts scored with vLLM's prompt_logprobs."""
+    """Remote verification needs token-id prompts scored by token id, the way the server kind's adapter scores
+    them (vLLM's prompt_logprobs, SGLang's return_logprob; fleet.adapters.wire), and the probe found it works."""
     caps = _caps(endpoint)
-    return bool(caps.get("token_id_prompts")) and caps.get("prompt_scoring_method") == "prompt_logprobs"
+    method = wire_for(endpoint.kind).scoring_method
+    return bool(caps.get("token_id_prompts")) and method is not None and caps.get("prompt_scoring_method") == method

@@ -89,7 +89,7 @@ def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):
         return "the server does not speculate itself"
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):
-        return "the server does not score token-id prompts (prompt_logprobs)"
+        return "the server does not score token-id prompts by token id (vLLM prompt_logprobs, SGLang return_logprob)"
     if path == VerificationPath.LOCAL:
         if not policy.target_path:
             return "no target_path"

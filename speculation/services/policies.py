@@ -141,7 +141,10 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):
         return ["path native needs a server that speculates itself (the probe found no speculative decoding)"]
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):
-        return ["path remote needs an endpoint that scores token-id prompts (prompt_logprobs); the probe found none"]
+        return [
+            "path remote needs an endpoint that scores token-id prompts by token id (vLLM prompt_logprobs, SGLang "
+            "return_logprob); the probe found none"
+        ]
     if path == VerificationPath.LOCAL and not policy.target_path:
         return ["path local needs target_path: the target's model directory on the node class"]
     if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
