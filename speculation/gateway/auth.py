@@ -1,59 +1,63 @@
 """Gateway authentication: an ACE API token (DRF Token), sent the OpenAI way (`Authorization: Bearer ...`).
 
-Every request looks the token up in the database (one small query batch, no cache), so a revoked token, a
-deactivated user or a narrowed scope takes effect on the very next request. The token's scope says which
-endpoints it may call: every endpoint its user can see (fleet.permissions.visible_endpoints), or a listed
-subset of those (fleet.models.GatewayTokenScope).
+What a token may do (its user, active or not, and the ids of the endpoints it may call: every endpoint its user
+can see (fleet.permissions.visible_endpoints), or a listed subset of those (fleet.models.GatewayTokenScope)) is
+read from the database once and kept in this process, keyed by the SHA-256 digest of the token (never the token
+itself), so a request pays no database query. An entry is dropped (speculation.gateway.freshness):
+- on the next request after any save or delete of a token, scope, user, group, permission or endpoint made
+  through Django (ace_token, the admin, the REST API, the pages: signals bump the gateway version, in this
+  process at once and in the others through Redis);
+- after ACE_GATEWAY_AUTH_TTL seconds (settings.GATEWAY_AUTH_TTL_S, default 5) whatever happened, which bounds
+  changes no signal announces (a queryset update(), SQL by hand);
+- after 0.25 s while Redis cannot be read.
+Unknown tokens are remembered the same way (a flood of bad tokens costs no query each), at most MAX_ENTRIES.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db.models import QuerySet
+from django.conf import settings
 from rest_framework.authtoken.models import Token
 
 from fleet.models import GatewayTokenScope
-from fleet.permissions import role_of, visible_endpoints
+from fleet.permissions import ADMIN, role_of, visible_endpoints
+from speculation.gateway.db import read
+from speculation.gateway.freshness import Stamp
 
 MAX_KEY_LEN = 128
+MAX_ENTRIES = 10_000
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's user and, for a token scoped to a list, the listed endpoint ids."""
+    """Who is calling: the token's user and the endpoint ids it may call (None: every endpoint, an admin's)."""
 
-    user: Any
-    scoped_ids: frozenset[int] | None  # None: every endpoint the user can see
+    user_id: int
+    callable_ids: frozenset[int] | None
 
-    def _callable(self) -> QuerySet:
-        visible = visible_endpoints(self.user)
-        return visible if self.scoped_ids is None else visible.filter(pk__in=self.scoped_ids)
-
-    async def may_call(self, endpoint_id: int) -> bool:
-        """One small query for the endpoint this request names (never the list of every callable endpoint)."""
-        return await self._callable().filter(pk=endpoint_id).aexists()
-
-    async def callable_ids(self) -> frozenset[int]:
-        """Every endpoint id this token may call (for /v1/models)."""
-        return frozenset([pk async for pk in self._callable().values_list("pk", flat=True)])
+    def may_call(self, endpoint_id: int) -> bool:
+        return self.callable_ids is None or endpoint_id in self.callable_ids
 
 
-def _lookup(key: str) -> Principal | None:
-    # The token with its user and scope in one query; the user's role is read (and remembered on the user) here
-    # too, so the per-request check afterwards is one EXISTS.
+def _load(key: str) -> Principal | None:
+    # The token with its user and scope in one query, the user's role in one more, and unless it is an admin's
+    # unscoped token, the ids it may call in a third.
     row = Token.objects.select_related("user", "ace_scope").filter(key=key).first()
     if row is None or not row.user.is_active:
         return None
-    role_of(row.user)
     try:
         scope = row.ace_scope
     except GatewayTokenScope.DoesNotExist:
         scope = None
-    scoped = None if scope is None or scope.all_visible else frozenset(scope.endpoints.values_list("pk", flat=True))
-    return Principal(user=row.user, scoped_ids=scoped)
+    listed = None if scope is None or scope.all_visible else scope.endpoints.values_list("pk", flat=True)
+    if listed is None and role_of(row.user) == ADMIN:
+        return Principal(user_id=row.user.pk, callable_ids=None)
+    visible = visible_endpoints(row.user)
+    if listed is not None:
+        visible = visible.filter(pk__in=listed)
+    return Principal(user_id=row.user.pk, callable_ids=frozenset(visible.values_list("pk", flat=True)))
 
 
 def _key_from_header(header: str) -> str:
@@ -63,9 +67,25 @@ def _key_from_header(header: str) -> str:
     return key.strip()
 
 
-async def authenticate(header: str) -> Principal | None:
+_principals: dict[bytes, tuple[Principal | None, Stamp]] = {}
+
+
+def forget_all() -> None:
+    """Drop every remembered token (tests; the version bump does it in the product)."""
+    _principals.clear()
+
+
+async def authenticate(header: str, *, stamp: Stamp) -> Principal | None:
     """The caller the Authorization header belongs to, with the endpoints it may call; None when invalid."""
     key = _key_from_header(header or "")
     if not key or len(key) > MAX_KEY_LEN:
         return None
-    return await sync_to_async(_lookup, thread_sensitive=True)(key)
+    digest = hashlib.sha256(key.encode()).digest()
+    found = _principals.get(digest)
+    if found is not None and stamp.keeps(found[1], max_age_s=settings.GATEWAY_AUTH_TTL_S):
+        return found[0]
+    principal = await read(_load, key)
+    if len(_principals) >= MAX_ENTRIES:
+        _principals.clear()
+    _principals[digest] = (principal, stamp)
+    return principal

@@ -1,8 +1,8 @@
 """The gateway's routing table: model name -> endpoint + policy, cached per process.
 
-Built from the database in one query and reused while the Redis routing version is unchanged (one GET per
-request, about 0.1 ms) and for at most MAX_AGE_S; when Redis is unreachable the table lives NO_REDIS_TTL_S,
-so a mode switch still reaches the next request soon after.
+Built from the database in one query batch and reused while the gateway version is unchanged (one Redis GET per
+request, shared with the token check: speculation.gateway.freshness) and for at most MAX_AGE_S; while Redis is
+unreachable the table lives 0.25 s, so a mode switch still reaches the next request soon after.
 """
 
 from __future__ import annotations
@@ -13,20 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-from django.conf import settings
-
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
+from speculation.gateway.db import read
+from speculation.gateway.freshness import Stamp, VersionReader
 from speculation.models import Mode, SpeculationPolicy
-from speculation.services.version import ROUTING_VERSION_KEY
 
 logger = logging.getLogger(__name__)
 
 MAX_AGE_S = 5.0
-NO_REDIS_TTL_S = 0.25
 MISS_REBUILD_S = 0.5
-REDIS_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,53 +107,36 @@ def _build_table() -> dict[str, Route]:
 
 
 class RouteCache:
+    """The table and the version reader of one event loop."""
+
     def __init__(self) -> None:
         self._table: dict[str, Route] | None = None
-        self._version: bytes | None = None
-        self._built_at = 0.0
-        self._redis: aioredis.Redis | None = None
-        self._redis_down_until = 0.0
+        self._built: Stamp | None = None
+        self._versions = VersionReader()
         self._lock = asyncio.Lock()
 
-    def _client(self) -> aioredis.Redis:
-        if self._redis is None:
-            self._redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.2, socket_timeout=0.2)
-        return self._redis
+    async def stamp(self) -> Stamp:
+        """The gateway version now (one Redis GET): read once per request, for the table and the token alike."""
+        return await self._versions.stamp()
 
-    async def _current_version(self) -> bytes | None:
-        if time.monotonic() < self._redis_down_until:
-            return None  # Redis failed a moment ago: do not pay a connect timeout on every request
-        try:
-            value = await self._client().get(ROUTING_VERSION_KEY)
-            return value or b"0"
-        except (aioredis.RedisError, OSError):
-            self._redis_down_until = time.monotonic() + REDIS_RETRY_S
-            return None
-
-    async def table(self) -> dict[str, Route]:
-        now = time.monotonic()
-        version = await self._current_version()
-        fresh = self._table is not None and now - self._built_at < MAX_AGE_S
-        if fresh and version is not None and version == self._version:
-            return self._table  # type: ignore[return-value]
-        if fresh and version is None and now - self._built_at < NO_REDIS_TTL_S:
-            return self._table  # type: ignore[return-value]
+    async def table(self, stamp: Stamp | None = None) -> dict[str, Route]:
+        stamp = stamp or await self.stamp()
+        if self._table is not None and self._built is not None and stamp.keeps(self._built, max_age_s=MAX_AGE_S):
+            return self._table
         async with self._lock:
-            if self._table is not None and self._built_at > now:
+            if self._table is not None and self._built is not None and self._built.read_at >= stamp.read_at:
                 return self._table  # another request rebuilt it while this one waited
-            from asgiref.sync import sync_to_async
-
-            self._table = await sync_to_async(_build_table, thread_sensitive=True)()
-            self._version = version
-            self._built_at = time.monotonic()
+            self._table = await read(_build_table)
+            self._built = stamp
             return self._table
 
-    async def lookup(self, model: str) -> Route | None:
-        route = (await self.table()).get(model)
-        if route is None and time.monotonic() - self._built_at > MISS_REBUILD_S:
+    async def lookup(self, model: str, stamp: Stamp | None = None) -> Route | None:
+        stamp = stamp or await self.stamp()
+        route = (await self.table(stamp)).get(model)
+        if route is None and self._built is not None and time.monotonic() - self._built.read_at > MISS_REBUILD_S:
             # An unknown name may be an endpoint registered a moment ago (its version bump not seen yet).
-            self._version = None
-            route = (await self.table()).get(model)
+            self._built = None
+            route = (await self.table(await self.stamp())).get(model)
         return route
 
 

@@ -1,8 +1,9 @@
 """The OpenAI-compatible views: async, so a streaming response holds no thread.
 
-Each request: authenticate (the token and its scope, read from the database), find the route (cached table,
-version-checked), then hand the call to its mode: off relays bytes, shadow relays and samples a measurement,
-prod speculates.
+Each request: read the gateway version (one Redis GET), authenticate (the token's principal, cached per process:
+speculation.gateway.auth), find the route (cached table), then hand the call to its mode: off relays bytes,
+shadow relays and samples a measurement, prod speculates. `serve` and `list_models` are the gateway itself: the
+lean ASGI app (speculation.gateway.asgi, what ace.asgi serves /v1 with) and the Django views below both call them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
 from speculation.gateway.routes import route_cache
 from speculation.models import Mode
+from speculation.workloads import keys as workload_keys
 from speculation.selectors import metrics as stage_metrics
 
 
@@ -45,14 +47,18 @@ def _body(request: HttpRequest) -> bytes | None:
     return None if limit is not None and len(raw) > limit else raw
 
 
-async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
+async def serve(
+    *, kind: str, method: str, authorization: str, raw: bytes | None, workload_header: str | None = None
+) -> HttpResponseBase:
+    """One completion request (`raw`: its body, None when over the size limit), answered in the endpoint's mode."""
     request_id = new_request_id()
-    if request.method != "POST":
+    if method != "POST":
         return error_response(405, "Use POST.", code="method_not_allowed", request_id=request_id)
-    principal = await authenticate(request.headers.get("Authorization", ""))
+    cache = route_cache()
+    stamp = await cache.stamp()
+    principal = await authenticate(authorization, stamp=stamp)
     if principal is None:
         return _unauthorized(request_id)
-    raw = _body(request)
     if raw is None:
         message = f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (ACE_MAX_BODY_BYTES)."
         return error_response(413, message, code="request_too_large", request_id=request_id)
@@ -64,8 +70,8 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
         return error_response(
             400, "The body must be a JSON object naming a model.", code="invalid_request", request_id=request_id
         )
-    route = await route_cache().lookup(body["model"])
-    if route is None or not await principal.may_call(route.endpoint_id):
+    route = await cache.lookup(body["model"], stamp)
+    if route is None or not principal.may_call(route.endpoint_id):
         # Outside the token's scope reads exactly like an unknown name: other teams' endpoints stay unseen.
         return error_response(
             404,
@@ -77,7 +83,13 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
         body, invalid = validation.checked(body, kind=kind)
         if invalid is not None:
             return invalid.response(request_id)
-    call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id)
+        try:  # the key every stage record of this request carries (given, or the prompt's category)
+            workload = workload_keys.resolve(header=workload_header, body=body, kind=kind).key
+        except workload_keys.BadWorkload as bad:
+            return validation.Problem(bad.param, bad.message, code="invalid_workload").response(request_id)
+    else:
+        workload = ""
+    call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id, workload=workload)
     if route.mode != Mode.PROD:  # prod requests count when their stage record is written
         stage_metrics.count_passthrough(endpoint=route.name, mode=route.mode)
     if route.mode == Mode.SHADOW:
@@ -91,6 +103,17 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
     return await passthrough.forward(call)
 
 
+async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
+    authorization = request.headers.get("Authorization", "")
+    return await serve(
+        kind=kind,
+        method=request.method or "",
+        authorization=authorization,
+        raw=_body(request),
+        workload_header=request.headers.get(workload_keys.HEADER),
+    )
+
+
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     return await _serve(request, "chat")
@@ -102,17 +125,23 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
 
 
 async def models(request: HttpRequest) -> HttpResponse:
+    return await list_models(request.headers.get("Authorization", ""))
+
+
+async def list_models(authorization: str) -> HttpResponse:
+    """/v1/models: the endpoints this token may call, one entry each."""
     request_id = new_request_id()
-    principal = await authenticate(request.headers.get("Authorization", ""))
+    cache = route_cache()
+    stamp = await cache.stamp()
+    principal = await authenticate(authorization, stamp=stamp)
     if principal is None:
         return _unauthorized(request_id)
-    table = await route_cache().table()
+    table = await cache.table(stamp)
     created = int(time.time())
-    allowed = await principal.callable_ids()
     seen: set[int] = set()
     data = []
     for route in table.values():
-        if route.endpoint_id in seen or route.endpoint_id not in allowed:
+        if route.endpoint_id in seen or not principal.may_call(route.endpoint_id):
             continue
         seen.add(route.endpoint_id)
         data.append(

@@ -1,9 +1,10 @@
-"""A cheap version number for the gateway's routing table (endpoints + policies).
+"""A cheap version number for the gateway's caches: its routing table (endpoints + policies) and its tokens
+(token, scope, user, group: who may call what).
 
-Every write that changes how a request is routed bumps one Redis counter; each gateway process compares
-the counter with the one its cached table was built at, so a mode switch applies to the next request
-without a database query per request. When Redis cannot be reached the gateway falls back to a short
-time-to-live (see speculation.gateway.routes).
+Every write that changes how a request is routed or who may make it bumps one Redis counter, and this process's
+own generation at once; each gateway process compares both with those its cached entries were built at, so a
+mode switch or a revoked token applies to the next request without a database query per request. When Redis
+cannot be reached the gateway falls back to a short time-to-live (see speculation.gateway.freshness).
 """
 
 from __future__ import annotations
@@ -17,9 +18,22 @@ logger = logging.getLogger(__name__)
 
 ROUTING_VERSION_KEY = "ace:routing-version"
 
+_local_generation = 0
+
+
+def local_generation() -> int:
+    return _local_generation
+
+
+def invalidate_local() -> None:
+    """This process's gateway caches are rebuilt on their next request (even before the change commits)."""
+    global _local_generation
+    _local_generation += 1
+
 
 def bump_routing_version() -> None:
-    """Tell every gateway process that endpoints or policies changed. Never raises: the TTL covers a miss."""
+    """Tell every gateway process that endpoints, policies or tokens changed. Never raises: the TTL covers a miss."""
+    invalidate_local()
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
         try:

@@ -1,0 +1,65 @@
+"""A model server that answers at once: `python -m speculation.bench.fake_upstream PORT`.
+
+For measuring the gateway's own overhead without a model's noise: every POST to /v1/completions or
+/v1/chat/completions gets the same small OpenAI-shaped JSON body (keep-alive, HTTP/1.1), GET /v1/models lists
+one model. Raw asyncio, no framework, so its own cost stays far below the gateway's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+MODEL = "fake-target"
+COMPLETION = json.dumps(
+    {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "model": MODEL,
+        "choices": [{"index": 0, "text": " pass", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+    }
+).encode()
+MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]}).encode()
+
+
+def _reply(body: bytes, status: str = "200 OK") -> bytes:
+    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *lines = head.decode("latin1").split("\r\n")
+            length = 0
+            for line in lines:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            if length:
+                await reader.readexactly(length)
+            method, path = request_line.split(" ")[:2]
+            if method == "GET" and path == "/v1/models":
+                writer.write(_reply(MODELS))
+            elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+                writer.write(_reply(COMPLETION))
+            else:
+                writer.write(_reply(b'{"error": "not found"}', "404 Not Found"))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(port: int) -> None:
+    server = await asyncio.start_server(_serve, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(int(sys.argv[1])))
