@@ -6,12 +6,12 @@ import logging
 import time
 
 import pytest
-from server_shapes import json_reply, models_route, openai_routes
 
 from ace.processes import free_port
 from fleet.adapters import FailureKind, adapter_for
 from fleet.models import EndpointStatus
 from fleet.probing import summarize
+from tests.support.server_shapes import json_reply, models_route, openai_routes
 
 
 def probe(kind: str, base_url: str, **kwargs):

@@ -1,17 +1,17 @@
 """The SGLang and OpenAI-compatible adapters against their servers' response shapes (loopback stub servers).
 
-SGLang cannot run on this machine; the shapes come from SGLang's own API definitions (see server_shapes.py).
+SGLang cannot run on this machine; the shapes come from SGLang's own API definitions (see tests/support/server_shapes.py).
 The vLLM adapter, and the OpenAI-compatible adapter against a real server, are in test_probing_vllm.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from server_shapes import MODEL, fake_token_ids, openai_routes, sglang_routes
 
 from fleet.adapters import CANARY_TEXT, FailureKind, adapter_for, fingerprint
 from fleet.models import EndpointStatus
 from fleet.probing import summarize
+from tests.support.server_shapes import MODEL, fake_token_ids, openai_routes, sglang_routes
 
 
 def test_sglang_probe_records_every_capability(http_stub):

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import time
 
-from server_shapes import openai_routes
-
 from fleet.adapters import FailureKind, adapter_for
 from fleet.adapters.openai import PROBE_BUDGET_TIMEOUTS
+from tests.support.server_shapes import openai_routes
 
 PLAIN_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -10,10 +10,10 @@ the only check of its wire format.
 from __future__ import annotations
 
 import pytest
-from server_shapes import fake_token_ids, sglang_generate, sglang_routes
 
 from fleet.adapters import Continued, Unsupported, WireError, wire_for
 from fleet.adapters.wire import REQUESTS_RUNNING
+from tests.support.server_shapes import fake_token_ids, sglang_generate, sglang_routes
 
 VLLM = wire_for("vllm")
 SGLANG = wire_for("sglang")

@@ -15,12 +15,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 import redis
-from server_shapes import openai_routes
 
 from ace.env import env_networks
 from fleet import netpolicy
 from fleet.adapters import FailureKind, adapter_for
 from fleet.netpolicy import AsyncPinnedTransport, PinnedTransport, URLNotAllowed, check_url
+from tests.support.server_shapes import openai_routes
 
 EVERYTHING = "0.0.0.0/0,::/0"
 

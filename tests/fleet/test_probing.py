@@ -9,12 +9,12 @@ import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
-from server_shapes import MODEL, openai_routes
 
 from ace.processes import free_port
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
 from fleet.probing import run_probe
 from fleet.tasks import reprobe_all, start_probe
+from tests.support.server_shapes import MODEL, openai_routes
 
 pytestmark = pytest.mark.django_db
 
