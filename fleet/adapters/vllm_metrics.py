@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from fleet.adapters.wire import REQUESTS_RUNNING
+from fleet.adapters.wire import REQUESTS_RUNNING, sum_gauges
 
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -102,11 +102,4 @@ RUNNING = REQUESTS_RUNNING  # the key under which the requests running are kept 
 
 def requests_running(text: str) -> float:
     """vLLM's gauge of requests running, summed over engines (0 when absent)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
+    return sum_gauges(text, ("vllm:num_requests_running",))
