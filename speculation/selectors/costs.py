@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Avg, Count
 from django.utils import timezone
 
-from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
+from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, project
 from speculation.models import Action, CostCalibration, StageRecord
 
 
@@ -74,6 +74,23 @@ def measured_costs(*, endpoint: Any, k: int | None = None) -> dict:
     }
 
 
+def projection(*, endpoint: Any, alpha: float | None, c: float | None = None, v: float | None = None) -> dict:
+    """The curve S(K) for K = 1..8 from the measured alpha with the measured c and v(K), or a what-if c / v.
+
+    `assumed` says when a number is not measured (a what-if, or v = 1 before any calibration)."""
+    costs = measured_costs(endpoint=endpoint)
+    c_used = c if c is not None else costs["c"]
+    if v is not None:
+        v_used, v_of = v, v
+    elif costs["calibrated"]:
+        v_used, v_of = costs["v"], step_costs(endpoint=endpoint).v
+    else:
+        v_used = v_of = 1.0
+    curve = project(alpha=min(1.0, alpha), c=c_used, v=v_of) if alpha is not None and c_used is not None else []
+    assumed = c is not None or v is not None or not costs["calibrated"]
+    return {"costs": costs, "c": c_used, "v": v_used, "assumed": assumed, "curve": curve}
+
+
 def step_costs(*, endpoint: Any) -> StepCosts | None:
     row = latest_calibration(endpoint=endpoint)
     return row.step_costs() if row is not None else None
@@ -109,6 +126,7 @@ def projection_vs_prod(*, endpoint: Any, since: datetime, alpha: float | None = 
                 "prod": prod,
                 "ratio": round(shadow["multiplier"] / prod["multiplier"], 3) if shadow and prod else None,
                 "curve": round(curve[k], 3) if k in curve else None,
+                "v": round(costs.v(k), 3) if costs else None,
             }
         )
     return table

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Avg, Count, F, FloatField, QuerySet, Subquery, Value
-from django.db.models.functions import Cast
 from django.utils import timezone
 
 from speculation.models import Action, PolicyChange, StageRecord
@@ -387,78 +385,3 @@ def stage_records(
     if until:
         qs = qs.filter(created_at__lte=until)
     return qs.only(*RECORD_COLUMNS).order_by("-created_at", "-id")
-
-
-# --- costs for the projection ---------------------------------------------------------------------------
-
-COST_SAMPLE = 500  # the newest shadow measurements the cost estimate averages over (bounded work per view)
-
-
-# The mean draft length of a record's verification steps.
-K_MEAN = Cast(F("drafted_tokens"), FloatField()) / Cast(F("target_passes"), FloatField())
-
-
-def measured_costs(*, endpoint: Any, since: datetime | None = None) -> dict:
-    """The cost ratios the projection needs, as the shadow measurements measured them.
-
-    Each shadow record's projected multiplier is S = E[N] / (v + K c) with the draft's measured step time
-    over the target's measured time per token (c) and v = 1 (speculation.worker.shadow states it), so
-    c = (E[N] / S - v) / K per record; averaged over the newest COST_SAMPLE records in the database. The
-    target step is the records' latency per output token. v comes from prod records where there are some
-    (their measured multiplier S gives v = E[N] / S - K c, every overhead of the prod path included);
-    without them it is None and the projection uses 1 (the GPU memory-bound value) and says so."""
-    row = _newest_measured(
-        endpoint_id=endpoint.pk, action=Action.WOULD_SPECULATE, since=since, output_tokens__gt=0
-    ).aggregate(
-        n=Count("id"),
-        c=Avg((F("mean_accepted_len") / F("multiplier") - Value(1.0)) / K_MEAN),
-        target_step_ms=Avg(F("latency_ms") / Cast(F("output_tokens"), FloatField())),
-    )
-    missing: list[str] = []
-    c = row["c"]
-    if c is None:
-        missing.append("the draft cost c (no shadow measurement with a projection yet)")
-    c = None if c is None else max(0.0, c)
-    v = _measured_v(endpoint_id=endpoint.pk, since=since, c=c)
-    if v is None:
-        missing.append("the verification cost v (needs prod records; v = 1, the GPU memory-bound value, until then)")
-    tpot = (endpoint.capabilities or {}).get("tpot_ms")
-    return {
-        "records": row["n"],
-        "c": None if c is None else round(c, 4),
-        "v": v,
-        "target_step_ms": _round(row["target_step_ms"]) or tpot,
-        "draft_step_ms": None if c is None or not row["target_step_ms"] else _round(c * row["target_step_ms"]),
-        "missing": missing,
-    }
-
-
-def _measured_v(*, endpoint_id: int, since: datetime | None, c: float | None) -> float | None:
-    """v = E[N] / S - K c averaged over the newest prod records (None without c or prod records)."""
-    if c is None:
-        return None
-    row = _newest_measured(endpoint_id=endpoint_id, action=Action.SPECULATED, since=since).aggregate(
-        v=Avg(F("mean_accepted_len") / F("multiplier") - K_MEAN * Value(c))
-    )
-    return None if row["v"] is None or row["v"] <= 0 else round(row["v"], 4)
-
-
-def _newest_measured(*, endpoint_id: int, action: str, since: datetime | None, **extra: Any) -> QuerySet:
-    """The newest COST_SAMPLE records of `action` that carry a multiplier, drafts and an accepted length."""
-    recent = StageRecord.objects.filter(
-        endpoint_id=endpoint_id,
-        action=action,
-        multiplier__gt=0,
-        drafted_tokens__gt=0,
-        target_passes__gt=0,
-        mean_accepted_len__isnull=False,
-        **extra,
-    )
-    if since is not None:
-        recent = recent.filter(created_at__gte=since)
-    recent_ids = recent.order_by("-created_at", "-id").values("pk")[:COST_SAMPLE]
-    return StageRecord.objects.filter(pk__in=Subquery(recent_ids))
-
-
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(float(value), digits)

@@ -25,8 +25,8 @@ from rest_framework.views import APIView
 
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
-from speculation.engine.projection import project
 from speculation.models import DraftModel, SpeculationPolicy
+from speculation.selectors import costs as cost_selectors
 from speculation.selectors import options, rollups
 
 app_name = "dashboard-api"
@@ -124,8 +124,9 @@ class DistributionsView(APIView):
 class ProjectionView(APIView):
     @extend_schema(
         summary="What prod would give: measured shadow acceptance and costs, multiplier for K = 1..8",
-        description="S = E[N] / (v + K c), E[N] = (1 - alpha^(K+1)) / (1 - alpha). c and v override the "
-        "measured costs (the response says so with assumed=true).",
+        description="S = E[N] / (v(K) + K c), E[N] = (1 - alpha^(K+1)) / (1 - alpha); c and v(K) as the GPU "
+        "worker last measured them (costs.measured_at, costs.v_per_k). c and v override the measured costs "
+        "(the response says so with assumed=true, as before any calibration, when v = 1 is used).",
         parameters=[
             RANGE_PARAM,
             OpenApiParameter("c", OpenApiTypes.FLOAT, required=False),
@@ -137,7 +138,6 @@ class ProjectionView(APIView):
         endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
         time_range = _range(request)
         measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
-        costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
         overrides = {}
         for name in ("c", "v"):
             if name in request.query_params:
@@ -147,31 +147,17 @@ class ProjectionView(APIView):
                     raise ValidationError({name: ["must be a number"]}) from exc
                 if overrides[name] < 0 or (name == "v" and overrides[name] == 0):
                     raise ValidationError({name: ["must be positive"]})
-        c = overrides.get("c", costs["c"])
-        v = overrides.get("v", costs["v"] if costs["v"] is not None else 1.0)
-        alpha = measured["alpha"]
-        curve = []
-        if alpha is not None and c is not None:
-            curve = [
-                {
-                    "k": p.k,
-                    "expected_tokens": round(p.expected_tokens, 4),
-                    "multiplier": round(p.multiplier, 4),
-                    "best": p.best,
-                }
-                for p in project(alpha=min(1.0, alpha), c=c, v=v)
-            ]
-        return Response(
+        what_if = cost_selectors.projection(endpoint=endpoint, alpha=measured["alpha"], **overrides)
+        curve = [
             {
-                "range": time_range.name,
-                "measured": measured,
-                "costs": costs,
-                "c": c,
-                "v": v,
-                "assumed": bool(overrides) or costs["v"] is None,
-                "curve": curve,
+                "k": p.k,
+                "expected_tokens": round(p.expected_tokens, 4),
+                "multiplier": round(p.multiplier, 4),
+                "best": p.best,
             }
-        )
+            for p in what_if["curve"]
+        ]
+        return Response({"range": time_range.name, "measured": measured, **what_if, "curve": curve})
 
 
 class OptionSerializer(serializers.Serializer):

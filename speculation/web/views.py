@@ -22,8 +22,9 @@ from fleet import permissions
 from fleet import selectors as fleet_selectors
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
-from speculation.engine.projection import MAX_PROJECTED_K, project
+from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.models import DraftModel, SpeculationPolicy
+from speculation.selectors import costs as cost_selectors
 from speculation.selectors import options, rollups
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
@@ -174,6 +175,17 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         "page": page,
         "page_query": query.urlencode(),
         "timeseries_url": reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk]),
+        **_projection_context(endpoint, time_range),
+    }
+
+
+def _projection_context(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
+    """Shadow's projection beside prod's measurement per K, and the costs the worker measured."""
+    since = time_range.since(timezone.now())
+    alpha = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=since).get("alpha")
+    return {
+        "calibration": cost_selectors.measured_costs(endpoint=endpoint),
+        "projection_rows": cost_selectors.projection_vs_prod(endpoint=endpoint, since=since, alpha=alpha),
     }
 
 
@@ -235,25 +247,18 @@ def projection(request: HttpRequest, pk: int) -> HttpResponse:
     endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
     time_range = _time_range(request)
     measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
-    costs = rollups.measured_costs(endpoint=endpoint, since=time_range.since(timezone.now()))
-    c = _float_param(request, "c")
     v = _float_param(request, "v")
-    assumed = c is not None or v is not None
-    c = c if c is not None else costs.get("c")
-    v = v if v is not None else (costs.get("v") or 1.0)
-    alpha = measured.get("alpha")
-    curve = project(alpha=min(1.0, alpha), c=c, v=v) if alpha is not None and c is not None and v > 0 else []
+    what_if = cost_selectors.projection(
+        endpoint=endpoint, alpha=measured.get("alpha"), c=_float_param(request, "c"), v=v if v else None
+    )
+    curve = what_if["curve"]
     context = {
         "endpoint": endpoint,
         "policy": _policy_of(endpoint),
         "range": time_range,
         "ranges": list(rollups.RANGES),
         "measured": measured,
-        "costs": costs,
-        "c": c,
-        "v": v,
-        "assumed": assumed,
-        "curve": curve,
+        **what_if,
         "best": next((p for p in curve if p.best), None),
         "chart": {"k": [p.k for p in curve], "s": [round(p.multiplier, 4) for p in curve]},
         "k_max": MAX_PROJECTED_K,

@@ -206,15 +206,31 @@ def test_settings_form_shows_the_service_refusal_on_the_field(client_in, endpoin
     assert not SpeculationPolicy.objects.filter(endpoint=endpoint, mode="prod").exists()
 
 
+def add_calibration(endpoint: Endpoint, *, target_ms: float, draft_ms: float, verify_ms: dict[int, float]) -> None:
+    """The step costs a GPU worker measured (speculation.worker.costs)."""
+    from speculation.models import CostCalibration
+
+    CostCalibration.objects.create(
+        endpoint=endpoint,
+        node_class="cpu",
+        path="remote",
+        target_step_ms=target_ms,
+        draft_step_ms=draft_ms,
+        verify_ms={str(n): ms for n, ms in verify_ms.items()},
+        repeats=5,
+    )
+
+
 def test_projection_marks_the_best_k_from_measured_alpha_and_costs(client_in, endpoint):
     SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
-    # shadow measured E[N] = 3 at K = 5 and projected 1.5x with v = 1: c = (3 / 1.5 - 1) / 5 = 0.2
     add_records(endpoint, 5, alpha=0.7, mean_accepted_len=3.0, multiplier=1.5, target_passes=2, output_tokens=6)
+    # the worker measured a draft step of 2 ms on a 10 ms target step (c = 0.2), verification as one step (v = 1)
+    add_calibration(endpoint, target_ms=10.0, draft_ms=2.0, verify_ms={1: 10.0, 9: 10.0})
 
     response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]))
     what_if = client_in.get(reverse("speculation:projection", args=[endpoint.pk]), {"c": "0.05"})
 
-    assert response.context["costs"]["c"] == 0.2
+    assert response.context["costs"]["c"] == 0.2 and response.context["assumed"] is False
     curve = response.context["curve"]
     assert [p.k for p in curve] == list(range(1, 9))
     assert response.context["best"].k == 3  # ANCHORS: alpha 0.7, c 0.2 -> K* = 3
@@ -222,17 +238,46 @@ def test_projection_marks_the_best_k_from_measured_alpha_and_costs(client_in, en
     assert what_if.context["best"].k == 6 and what_if.context["assumed"] is True  # alpha 0.7, c 0.05 -> K* = 6
 
 
-def test_projection_takes_v_from_prod_records_when_there_are_some(client_in, endpoint):
-    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.PROD)
-    add_records(endpoint, 3, mean_accepted_len=3.0, multiplier=1.5, target_passes=2, output_tokens=6)  # c = 0.2
-    # prod measured E[N] = 3 at K = 5 but only 1.0x: v = 3 / 1.0 - 5 * 0.2 = 2.0 (the prod path's overheads)
-    add_records(endpoint, 2, mode=Mode.PROD, mean_accepted_len=3.0, multiplier=1.0, target_passes=2)
+def test_projection_divides_by_the_verify_cost_measured_per_k(client_in, endpoint):
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW, k=5)
+    add_records(endpoint, 3, alpha=0.7, mean_accepted_len=3.0, multiplier=1.5, target_passes=2, output_tokens=6)
+    # verifying 2 tokens costs one step, 9 tokens three steps: longer lookaheads pay less than with v = 1
+    add_calibration(endpoint, target_ms=10.0, draft_ms=0.5, verify_ms={1: 10.0, 2: 10.0, 9: 30.0})
 
     response = client_in.get(reverse("speculation:projection", args=[endpoint.pk]))
+    api = client_in.get(f"/api/v1/endpoints/{endpoint.pk}/projection/").json()
 
-    assert response.context["costs"]["v"] == 2.0
-    assert response.context["v"] == 2.0
-    assert response.context["best"].multiplier == pytest.approx(max(p.multiplier for p in response.context["curve"]))
+    v_at_5 = (10.0 + (6 - 2) / (9 - 2) * 20.0) / 10.0  # 6 tokens verified: interpolated between 2 and 9
+    assert response.context["v"] == pytest.approx(v_at_5, abs=1e-4)
+    s_at_5 = next(p.multiplier for p in response.context["curve"] if p.k == 5)
+    assert s_at_5 == pytest.approx((1 - 0.7**6) / 0.3 / (v_at_5 + 5 * 0.05))
+    assert response.context["best"].k < 5  # with v = 1 it would be 7 (alpha 0.7, c 0.05)
+    assert api["v"] == response.context["v"] and api["assumed"] is False
+    assert [p["k"] for p in api["curve"] if p["best"]] == [response.context["best"].k]
+
+
+def test_endpoint_page_shows_shadows_projection_beside_prods_measurement_per_k(client_in, endpoint):
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.PROD, k=3)
+    add_records(endpoint, 4, k=3, multiplier=2.0, mean_accepted_len=3.0, target_passes=2)  # shadow projected 2.0x
+    add_records(endpoint, 2, mode=Mode.PROD, k=3, multiplier=2.5, mean_accepted_len=3.0, target_passes=2)
+    add_records(endpoint, 1, mode=Mode.PROD, k=5, multiplier=1.5)  # prod only at K = 5
+    add_calibration(endpoint, target_ms=10.0, draft_ms=1.0, verify_ms={1: 10.0, 9: 10.0})
+
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+
+    rows = {row["k"]: row for row in response.context["projection_rows"]}
+    assert rows[3]["shadow"] == {"n": 4, "multiplier": 2.0} and rows[3]["prod"] == {"n": 2, "multiplier": 2.5}
+    assert rows[3]["ratio"] == 0.8
+    assert rows[5]["shadow"] is None and rows[5]["prod"]["multiplier"] == 1.5 and rows[5]["ratio"] is None
+    assert rows[3]["v"] == 1.0 and rows[3]["curve"] is not None  # the curve from alpha 0.7 with c = 0.1, v = 1
+    body = response.content.decode()
+    assert 'id="projection-vs-prod-table"' in body and "the server's plain decode step" in body
+    assert "2.00×" in body and "2.50×" in body
+
+
+def test_endpoint_page_says_when_no_costs_are_measured_yet(client_in, endpoint):
+    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    assert "no calibration yet" in body and 'id="projection-vs-prod-empty"' in body
 
 
 def test_projection_without_shadow_data_says_what_to_do(client_in, endpoint):
