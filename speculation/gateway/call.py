@@ -24,6 +24,7 @@ class Call:
     body: dict[str, Any]
     raw: bytes
     request_id: str
+    workload: str = ""  # the workload key its stage records carry (speculation.workloads.keys); "" in off mode
     started: float = field(default_factory=time.perf_counter)
 
     @property

@@ -94,6 +94,7 @@ class NativeRecorder:
             "mechanism": route.mechanism,
             "latency_ms": latency_ms,
             "output_tokens": self.output_tokens or 0,
+            "workload": self.call.workload,
         }
         if status != 200 or error:
             keep_record(

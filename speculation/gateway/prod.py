@@ -259,7 +259,13 @@ class ProdRun:
         self.recorded = True
         latency_ms = self.call.elapsed_ms()
         route = self.call.route
-        common = {"path": route.path, "mechanism": route.mechanism, "k": route.k, "latency_ms": latency_ms}
+        common = {
+            "path": route.path,
+            "mechanism": route.mechanism,
+            "k": route.k,
+            "latency_ms": latency_ms,
+            "workload": self.call.workload,
+        }
         if self.failure:
             tokens = len(self.ids)
             keep_record(

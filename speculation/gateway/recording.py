@@ -61,6 +61,7 @@ class PlainRecorder:
             reason=reason,
             path=self.call.route.path,
             mechanism=self.call.route.mechanism,
+            workload=self.call.workload,
             output_tokens=tokens,
             tok_s=tokens / (latency_ms / 1000.0) if tokens and latency_ms > 0 else None,
             latency_ms=latency_ms,

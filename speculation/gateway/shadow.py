@@ -103,6 +103,7 @@ class ShadowCapture:
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             latency_ms=latency_ms,
+            workload=self.call.workload,
         )
 
 

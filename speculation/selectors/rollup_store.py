@@ -135,7 +135,7 @@ def refresh_rollups(*, now: datetime | None = None) -> int:
         rows = (
             StageRecord.objects.filter(created_at__gte=start, created_at__lt=cutoff)
             .annotate(bucket=EpochBucket("created_at", seconds=ROLLUP_SECONDS))
-            .values("endpoint_id", "bucket", "mode", "action")
+            .values("endpoint_id", "bucket", "mode", "action", "workload")
             .annotate(**RAW_COLUMNS)
             .order_by()
         )
@@ -145,9 +145,10 @@ def refresh_rollups(*, now: datetime | None = None) -> int:
                 bucket_start=datetime.fromtimestamp(row["bucket"], tz=UTC),
                 mode=row["mode"],
                 action=row["action"],
+                workload=row["workload"],
                 **{c: _value(c, row[c]) for c in COLUMNS},
             )
-            for row in rows  # one per (endpoint, minute, mode, action), not per record
+            for row in rows  # one per (endpoint, minute, mode, action, workload), not per record
         ]
         StageRollup.objects.bulk_create(objects, batch_size=500)
         state.rolled_until = cutoff
@@ -183,10 +184,11 @@ def sums(
     endpoint_ids: Iterable[int] | None = None,
     actions: Iterable[str] | None = None,
     modes: Iterable[str] | None = None,
+    workloads: Iterable[str] | None = None,
     refresh: bool = True,
 ) -> dict[tuple, dict[str, float]]:
     """Sums of every column over records with since <= created_at <= until, grouped by `group` (any of
-    endpoint_id, mode, action) and, with bucket_s (a multiple of 60), by time bucket (epoch seconds,
+    endpoint_id, mode, action, workload) and, with bucket_s (a multiple of 60), by time bucket (epoch seconds,
     first in the key). Reads StageRollup where it covers the range and raw records elsewhere."""
     if bucket_s is not None and bucket_s % ROLLUP_SECONDS:
         raise ValueError(f"bucket width must be a multiple of {ROLLUP_SECONDS} s")
@@ -206,6 +208,8 @@ def sums(
         filters &= Q(action__in=list(actions))
     if modes is not None:
         filters &= Q(mode__in=list(modes))
+    if workloads is not None:
+        filters &= Q(workload__in=list(workloads))
 
     result: dict[tuple, dict[str, float]] = {}
 

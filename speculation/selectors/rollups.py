@@ -130,14 +130,15 @@ def _collapse(totals: Totals, *, actions: tuple[str, ...] | None, key: Callable[
     return out
 
 
-def _bucketed(*, endpoint_id: int, time_range: TimeRange, now: datetime) -> Totals:
-    """Everything an endpoint's charts need in one read: sums per (bucket, mode, action)."""
+def _bucketed(*, endpoint_id: int, time_range: TimeRange, now: datetime, workload: str | None = None) -> Totals:
+    """Everything an endpoint's charts need in one read: sums per (bucket, mode, action), of one workload or all."""
     return sums(
         since=time_range.since(now),
         until=now,
         group=["mode", "action"],
         bucket_s=time_range.bucket_s,
         endpoint_ids=[endpoint_id],
+        workloads=None if workload is None else [workload],
     )
 
 
@@ -177,14 +178,21 @@ def _timeseries_payload(
     }
 
 
-def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, now: datetime | None = None) -> dict:
-    """One metric over time for one endpoint: series of (bucket start, value, record count), plus the
-    policy change points in the range. Raises ValueError for an unknown metric or range."""
+def timeseries(
+    *,
+    endpoint_id: int,
+    metric: str,
+    range_name: str | None = None,
+    now: datetime | None = None,
+    workload: str | None = None,
+) -> dict:
+    """One metric over time for one endpoint (one workload's requests, or all): series of (bucket start, value,
+    record count), plus the policy change points in the range. Raises ValueError for an unknown metric or range."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     time_range = get_range(range_name)
     now = now or timezone.now()
-    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now)
+    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now, workload=workload)
     changes = policy_change_points(endpoint_id=endpoint_id, since=time_range.since(now), until=now)
     return _timeseries_payload(
         endpoint_id=endpoint_id, metric=metric, time_range=time_range, now=now, totals=totals, change_points=changes
@@ -192,13 +200,18 @@ def timeseries(*, endpoint_id: int, metric: str, range_name: str | None = None, 
 
 
 def endpoint_charts(
-    *, endpoint_id: int, metrics: tuple[str, ...], range_name: str | None = None, now: datetime | None = None
+    *,
+    endpoint_id: int,
+    metrics: tuple[str, ...],
+    range_name: str | None = None,
+    now: datetime | None = None,
+    workload: str | None = None,
 ) -> dict:
-    """The endpoint page's charts from one read: the named time series, per-position acceptance and the
-    accepted-length histogram over the range."""
+    """The endpoint page's charts from one read (one workload's requests, or all): the named time series,
+    per-position acceptance and the accepted-length histogram over the range."""
     time_range = get_range(range_name)
     now = now or timezone.now()
-    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now)
+    totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now, workload=workload)
     changes = policy_change_points(endpoint_id=endpoint_id, since=time_range.since(now), until=now)
     charts: dict[str, Any] = {
         m: _timeseries_payload(
@@ -243,8 +256,14 @@ def _pair(value: Any) -> str:
 # --- distributions ------------------------------------------------------------------------------------
 
 
-def _per_mode(*, endpoint_id: int, since: datetime, until: datetime | None) -> Totals:
-    totals = sums(since=since, until=until or timezone.now(), group=["mode", "action"], endpoint_ids=[endpoint_id])
+def _per_mode(*, endpoint_id: int, since: datetime, until: datetime | None, workload: str | None = None) -> Totals:
+    totals = sums(
+        since=since,
+        until=until or timezone.now(),
+        group=["mode", "action"],
+        endpoint_ids=[endpoint_id],
+        workloads=None if workload is None else [workload],
+    )
     return _collapse({(0, *k): v for k, v in totals.items()}, actions=SPECULATIVE_ACTIONS, key=lambda k: (k[1],))
 
 
@@ -272,15 +291,26 @@ def _histogram(per_mode: Totals) -> dict[str, list]:
     return result
 
 
-def per_position_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
+def per_position_acceptance(
+    *, endpoint_id: int, since: datetime, until: datetime | None = None, workload: str | None = None
+) -> dict[str, list]:
     """Per mode: acceptance rate at draft positions 1..MAX_K, the records' per-position rates weighted by
     their verification steps (sum of rate_i * passes / sum of passes). Positions beyond K are None."""
-    return _per_position(_per_mode(endpoint_id=endpoint_id, since=since, until=until))
+    return _per_position(_per_mode(endpoint_id=endpoint_id, since=since, until=until, workload=workload))
 
 
-def accepted_length_histogram(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict[str, list]:
+def accepted_length_histogram(
+    *, endpoint_id: int, since: datetime, until: datetime | None = None, workload: str | None = None
+) -> dict[str, list]:
     """Per mode: how many verification steps accepted 0, 1, ..., MAX_K draft tokens (summed lists)."""
-    return _histogram(_per_mode(endpoint_id=endpoint_id, since=since, until=until))
+    return _histogram(_per_mode(endpoint_id=endpoint_id, since=since, until=until, workload=workload))
+
+
+def workloads_seen(*, endpoint_id: int, since: datetime, limit: int = 50) -> list[str]:
+    """The workload keys of an endpoint's records since `since`, most requests first (the charts' filter)."""
+    totals = sums(since=since, until=timezone.now(), group=["workload"], endpoint_ids=[endpoint_id])
+    ranked = sorted(((row["n"], key[0]) for key, row in totals.items() if key[0]), key=lambda t: (-t[0], t[1]))
+    return [name for _, name in ranked[:limit]]
 
 
 # --- summaries ----------------------------------------------------------------------------------------
@@ -352,6 +382,7 @@ RECORD_COLUMNS = (
     "request_id",
     "mode",
     "action",
+    "workload",
     "reason",
     "path",
     "k",
@@ -373,9 +404,12 @@ def stage_records(
     mode: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    workload: str | None = None,
 ):
     """Newest first, filtered, only the columns the table shows (paginate the result; it is lazy)."""
     qs = StageRecord.objects.filter(endpoint_id=endpoint_id)
+    if workload is not None:
+        qs = qs.filter(workload=workload)
     if action:
         qs = qs.filter(action=action)
     if mode:

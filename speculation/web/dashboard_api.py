@@ -1,7 +1,7 @@
 """REST parity for the dashboard's charts: rollups as time series, fleet summary, shadow projection.
 
-    GET /api/v1/endpoints/{id}/timeseries/?metric=acceptance_rate&range=day
-    GET /api/v1/endpoints/{id}/distributions/?range=day     (per-position acceptance, accepted-length histogram)
+    GET /api/v1/endpoints/{id}/timeseries/?metric=acceptance_rate&range=day[&workload=KEY]
+    GET /api/v1/endpoints/{id}/distributions/?range=day[&workload=KEY]  (per-position acceptance, histogram)
     GET /api/v1/endpoints/{id}/projection/?range=day[&c=&v=]
     GET /api/v1/endpoints/{id}/policy-options/              (which modes, drafts, paths fit now, and why not)
     GET /api/v1/fleet-summary/
@@ -28,10 +28,14 @@ from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.models import DraftModel, SpeculationPolicy
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors import options, rollups
+from speculation.workloads import keys as workload_keys
 
 app_name = "dashboard-api"
 
 RANGE_PARAM = OpenApiParameter("range", enum=list(rollups.RANGES), required=False, description="default day")
+WORKLOAD_PARAM = OpenApiParameter(
+    "workload", required=False, description="only this workload's requests (a workload key); default: all"
+)
 
 
 class SeriesSerializer(serializers.Serializer):
@@ -61,6 +65,16 @@ class TimeseriesSerializer(serializers.Serializer):
     change_points = ChangePointSerializer(many=True)
 
 
+def _workload(request: Request) -> str | None:
+    value = request.query_params.get("workload")
+    if value is None:
+        return None
+    try:
+        return workload_keys.checked_key(value, param="workload")
+    except workload_keys.BadWorkload as exc:
+        raise ValidationError({"workload": [exc.message]}) from exc
+
+
 def _range(request: Request) -> rollups.TimeRange:
     try:
         return rollups.get_range(request.query_params.get("range"))
@@ -80,6 +94,7 @@ class TimeseriesView(APIView):
         parameters=[
             OpenApiParameter("metric", enum=list(rollups.METRICS), required=True),
             RANGE_PARAM,
+            WORKLOAD_PARAM,
         ],
         responses={200: TimeseriesSerializer},
     )
@@ -88,14 +103,16 @@ class TimeseriesView(APIView):
         metric = request.query_params.get("metric", "")
         if metric not in rollups.METRICS:
             raise ValidationError({"metric": [f"choose one of {', '.join(rollups.METRICS)}"]})
-        data = rollups.timeseries(endpoint_id=endpoint.pk, metric=metric, range_name=_range(request).name)
+        data = rollups.timeseries(
+            endpoint_id=endpoint.pk, metric=metric, range_name=_range(request).name, workload=_workload(request)
+        )
         return Response(data)
 
 
 class DistributionsView(APIView):
     @extend_schema(
         summary="Per-position acceptance and accepted-length histogram, per mode",
-        parameters=[RANGE_PARAM],
+        parameters=[RANGE_PARAM, WORKLOAD_PARAM],
         responses={
             200: inline_serializer(
                 "Distributions",
@@ -110,13 +127,14 @@ class DistributionsView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         endpoint = endpoint_for(request.user, pk)
         time_range = _range(request)
+        workload = _workload(request)
         now = timezone.now()
-        since = time_range.since(now)
+        window = {"endpoint_id": endpoint.pk, "since": time_range.since(now), "until": now, "workload": workload}
         return Response(
             {
                 "range": time_range.name,
-                "per_position": rollups.per_position_acceptance(endpoint_id=endpoint.pk, since=since, until=now),
-                "histogram": rollups.accepted_length_histogram(endpoint_id=endpoint.pk, since=since, until=now),
+                "per_position": rollups.per_position_acceptance(**window),
+                "histogram": rollups.accepted_length_histogram(**window),
             }
         )
 

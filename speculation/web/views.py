@@ -29,6 +29,7 @@ from speculation.selectors import options, rollups
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
 from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
+from speculation.workloads import keys as workload_keys
 
 RECORDS_PER_PAGE = 25
 PROBE_HISTORY_LENGTH = 20
@@ -127,12 +128,26 @@ def _policy_initial(policy: SpeculationPolicy) -> dict:
     }
 
 
-def _chart_data(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
-    return rollups.endpoint_charts(endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name)
+def _chart_data(endpoint: Endpoint, time_range: rollups.TimeRange, workload: str | None = None) -> dict:
+    return rollups.endpoint_charts(
+        endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name, workload=workload
+    )
+
+
+def _workload(request: HttpRequest) -> str | None:
+    """The page's workload filter (?workload=KEY); absent or not a valid key: every workload."""
+    value = request.GET.get("workload")
+    if not value:
+        return None
+    try:
+        return workload_keys.checked_key(value, param="workload")
+    except workload_keys.BadWorkload:
+        return None
 
 
 def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:
     time_range = _time_range(request)
+    workload = _workload(request)
     policy = _policy_of(endpoint)
     drafts = list(DraftModel.objects.all())
     if form is None:
@@ -145,12 +160,13 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         action=clean.get("action") or None,
         mode=clean.get("mode") or None,
         since=record_range.since(timezone.now()),
+        workload=workload,
     )
     page = Paginator(records, RECORDS_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
-    charts = _chart_data(endpoint, time_range)
+    charts = _chart_data(endpoint, time_range, workload)
     return {
         # what fleet/endpoint_detail.html needs (capabilities and probe history, with live probe progress)
         "endpoint": endpoint,
@@ -169,6 +185,8 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         "changes": list(policy.changes.select_related("changed_by")[:10]) if policy.pk else [],
         "range": time_range,
         "ranges": list(rollups.RANGES),
+        "workload": workload or "",
+        "workloads": rollups.workloads_seen(endpoint_id=endpoint.pk, since=time_range.since(timezone.now())),
         "charts": charts,
         "has_chart_data": any(s["y"] for m in CHART_METRICS for s in charts[m]["series"]),
         "filters": filters,

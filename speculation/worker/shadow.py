@@ -59,6 +59,7 @@ def measure_shadow(
     top_p: float = 1.0,
     top_k: int = 0,
     plain_sampling: bool = True,  # queued by an older gateway: top_p / top_k now say it
+    workload: str = "",  # the request's workload key (speculation.workloads.keys)
 ) -> None:
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
@@ -70,6 +71,7 @@ def measure_shadow(
         "k": k,
         "output_tokens": len(output_ids),
         "latency_ms": latency_ms,
+        "workload": workload,
     }
     baseline_tok_s = len(output_ids) / (latency_ms / 1000.0) if latency_ms > 0 else None
     if temperature >= GREEDY_BELOW:

@@ -70,9 +70,10 @@
 
   function refresh(box, data) {
     var url = box.dataset.timeseriesUrl, range = box.dataset.range;
+    var workload = box.dataset.workload ? "&workload=" + encodeURIComponent(box.dataset.workload) : "";
     var metrics = ["acceptance_rate", "multiplier", "tok_s"];
     Promise.all(metrics.map(function (m) {
-      return fetch(url + "?metric=" + m + "&range=" + range, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      return fetch(url + "?metric=" + m + "&range=" + range + workload, { credentials: "same-origin", headers: { Accept: "application/json" } })
         .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); });
     })).then(function (results) {
       metrics.forEach(function (m, i) { data[m] = results[i]; });

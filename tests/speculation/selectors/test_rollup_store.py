@@ -140,3 +140,21 @@ def test_the_beat_task_rolls_up_closed_minutes(endpoint):
     # then the minute is summed without any page having been viewed
     assert rows == 1
     assert StageRollup.objects.get().n == 2
+
+
+def test_a_workload_filter_reads_only_that_workloads_records_rolled_up_or_raw(endpoint):
+    # given: records of two workloads, old ones rolled up and new ones still raw
+    records_at(endpoint, [timedelta(minutes=m) for m in (0, 0.5, 5, 6, 30, 31)])
+    StageRecord.objects.filter(request_id__in=["r0", "r2", "r4"]).update(workload="code")
+    StageRecord.objects.filter(request_id__in=["r1", "r3", "r5"]).update(workload="chat")
+    rollup_store.refresh_rollups()
+    assert StageRollup.objects.filter(workload="code").exists() and StageRollup.objects.filter(workload="chat").exists()
+    now = timezone.now()
+
+    # when
+    code = rollup_store.sums(since=now - timedelta(hours=1), until=now, workloads=["code"], refresh=False)
+    every = rollup_store.sums(since=now - timedelta(hours=1), until=now, group=["workload"], refresh=False)
+
+    # then: code is r0, r2, r4 (drafted 10 + i), whether read from the rollup or raw
+    assert code[()]["n"] == 3 and code[()]["drafted"] == 10 + 12 + 14
+    assert {key: row["n"] for key, row in every.items()} == {("code",): 3, ("chat",): 3}
