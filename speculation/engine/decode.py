@@ -40,7 +40,8 @@ class GenerationConfig:
     max_context: int | None = None  # None: the target's
 
     def __post_init__(self) -> None:
-        check_k(self.k)
+        if self.k != 0:  # K = 0: plain decoding through the same loop (what a speculative step is compared with)
+            check_k(self.k)
         self.sampling  # validates temperature / top_k / top_p  # noqa: B018
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")

@@ -283,7 +283,7 @@ def run_prod_generation(job: dict[str, Any]) -> None:
             prepared,
             prompt_ids=job["prompt_ids"],
             max_tokens=job["max_tokens"],
-            k=job["k"],
+            k=0 if settings.PROD_PLAIN else job["k"],  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
             emit=emit,
             sampling=job.get("sampling"),
             stop=rule,

@@ -16,6 +16,7 @@ from speculation.engine import (
     SpecDecodeError,
     VocabMismatchError,
     generate,
+    generate_plain,
     replay_greedy,
 )
 
@@ -25,12 +26,22 @@ def test_empty_prompt_is_refused(target_model):
         generate(LocalTarget(target_model), NgramProposer(), [], GenerationConfig())
 
 
-@pytest.mark.parametrize("k", [0, -1, 17, 100])
+@pytest.mark.parametrize("k", [-1, 17, 100])
 def test_lookahead_outside_1_to_16_is_refused(k):
     with pytest.raises(LookaheadError, match=r"\[1, 16\]"):
         GenerationConfig(k=k)
     with pytest.raises(LookaheadError):
         replay_greedy([1, 2], [1, 2, 3], k, prompt_len=1)
+
+
+def test_k_0_is_plain_decoding_through_the_same_loop(target_model, draft_model):
+    with pytest.raises(LookaheadError):
+        replay_greedy([1, 2], [1, 2, 3], 0, prompt_len=1)  # a replay needs drafts
+    prompt, config = [3, 1, 4, 1, 5], GenerationConfig(k=0, max_new_tokens=10)
+    proposer = DraftModelProposer(draft_model, target_vocab_size=target_model.vocab_size)
+    result = generate(LocalTarget(target_model), proposer, prompt, config)
+    assert result.stats.drafted_tokens == 0 and result.stats.target_passes == 10
+    assert result.tokens == generate_plain(LocalTarget(target_model), prompt, config).tokens
 
 
 @pytest.mark.parametrize("temperature", [-0.1, float("nan")])
