@@ -60,13 +60,16 @@ async def chat(
     max_tokens: int,
     headers: dict[str, str],
     stream: bool = False,
+    sampling: dict | None = None,
 ) -> Result:
+    """One chat request (greedy unless sampling names temperature / top_p / seed), timed to its last token."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "return_token_ids": True,
+        **(sampling or {}),
     }
     started = time.perf_counter()
     if not stream:
@@ -96,6 +99,7 @@ async def run_concurrent(
     concurrency: int,
     headers: dict[str, str],
     stream: bool = True,
+    sampling: dict | None = None,
 ) -> tuple[float, list[Result]]:
     """All prompts, `concurrency` at a time; returns (wall seconds, results in prompt order)."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -105,7 +109,14 @@ async def run_concurrent(
         async def one(prompt: str) -> Result:
             async with semaphore:
                 return await chat(
-                    client, base_url, model=model, prompt=prompt, max_tokens=max_tokens, headers=headers, stream=stream
+                    client,
+                    base_url,
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    headers=headers,
+                    stream=stream,
+                    sampling=sampling,
                 )
 
         started = time.perf_counter()

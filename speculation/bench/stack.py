@@ -113,6 +113,17 @@ class BenchStack:
     def stop(self) -> None:
         self._stack.close()
 
+    def restart_worker(self, *, extra_env: dict[str, str]) -> processes.ManagedProcess:
+        """Stop the Celery worker and start it again with extra_env added (e.g. ACE_PROD_PLAIN=true)."""
+        self.procs["worker"].stop()
+        worker = processes.start_celery_worker(
+            env={**self.env, **extra_env},
+            log_dir=self.log_dir,
+            queues="control,gpu.cpu",
+            concurrency=self.worker_concurrency,
+        )
+        return self.adopt("worker", worker)
+
     def adopt(self, name: str, proc: processes.ManagedProcess) -> processes.ManagedProcess:
         """A process started again during a run (the fault run's restarts): stopped with the rest."""
         self.procs[name] = proc

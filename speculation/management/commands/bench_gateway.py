@@ -3,8 +3,10 @@
 One run, one process, against the real vLLM serving the demo target (every process started here and stopped
 at the end): direct to vLLM vs through ACE in off mode (added latency p50/p99, throughput ratio at 1, 8, 32
 concurrent streams), then shadow and prod on the same greedy requests (tok/s multiplier per path, whether
-prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees), and prod_coverage:
-the share of a mixed greedy request set (stop strings, echo, min_tokens, ...) that prod speculates.
+prod's tokens equal off's, shadow's replayed acceptance vs the acceptance prod then sees, shadow_vs_prod: shadow's
+projected multiplier over the one prod measured on the same prompts), prod_coverage: the share of a mixed greedy
+request set (stop strings, echo, min_tokens, ...) that prod speculates, and concurrency: prod (local path) vs off
+and vs the same path at K = 0 at 1, 8 and 32 streams, greedy and sampled (speculation.bench.concurrency).
 
 --managed instead benchmarks one managed endpoint (speculation.bench.managed): off vs prod with the
 server's own n-gram and draft-model speculation at 1, 8, 32 streams, and the blue/green switches between them.
@@ -23,6 +25,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from speculation.bench import concurrency as concurrency_bench
 from speculation.bench import coverage
 from speculation.bench.load import load_prompts, paired_latencies, quantile, run_concurrent
 from speculation.bench.stack import BenchStack
@@ -42,7 +45,7 @@ class Command(BaseCommand):
     help = "Benchmark the gateway: off-mode overhead and throughput vs direct, prod multiplier per path."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--quick", action="store_true", help="fewer requests (under 3 minutes on 2 CPU cores)")
+        parser.add_argument("--quick", action="store_true", help="fewer requests (a few minutes on 2 CPU cores)")
         parser.add_argument("--json", dest="json_path", help="write the results there as JSON")
         parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl")
         parser.add_argument("--no-native", action="store_true", help="skip the native path (a second vLLM)")
@@ -67,6 +70,8 @@ class Command(BaseCommand):
             "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
             "prod_max_tokens": 32 if quick else 64,
             "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.bench.coverage)
+            "concurrency_requests": {1: 2, 8: 8, 32: 32} if quick else {1: 4, 8: 16, 32: 64},
+            "concurrency_max_tokens": 32 if quick else 64,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
@@ -152,8 +157,15 @@ class Command(BaseCommand):
         run = dict(prompts=prompts, max_tokens=plan["prod_max_tokens"], concurrency=1, headers=headers)
         _, off = asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
         off_tps = _tok_s(off)
-        stack.set_policy(
-            "demo", mode="shadow", mechanism="draft_model", draft="demo-draft", k=K, shadow_sample_rate=1.0
+        stack.set_policy(  # shadow projects for the local path: shadow_vs_prod compares it with prod local
+            "demo",
+            mode="shadow",
+            mechanism="draft_model",
+            draft="demo-draft",
+            k=K,
+            shadow_sample_rate=1.0,
+            path="local",
+            target_path=str(stack.target_dir),
         )
         _, shadow = asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
         shadow_records = self._wait_records(stack, "demo", "shadow", len(prompts))
@@ -180,11 +192,21 @@ class Command(BaseCommand):
                 f"prod {path}: x{out['prod_multiplier'][path]}, identical "
                 f"{out['prod_greedy_identical'][path]}, actions {sorted(actions)}"
             )
+        out["shadow_vs_prod"] = concurrency_bench.shadow_vs_prod(shadow_records, prod_records["local"])
+        self.stderr.write(f"shadow vs prod (local): {out['shadow_vs_prod']}")
         out.update(self._coverage(stack, prompts[: plan["coverage_prompts"]], plan["prod_max_tokens"]))
         stack.set_policy("demo", mode="off")
         out.update(self._alphas(shadow_records, prod_records["remote"]))
         if stack.ngram_url:
             out["prod_multiplier"]["native"], out["native"] = self._native(stack, run, off_tps)
+        measured = concurrency_bench.run_all(  # last: it leaves the worker at K = 0
+            stack,
+            prompts,
+            requests=plan["concurrency_requests"],
+            max_tokens=plan["concurrency_max_tokens"],
+            log=self.stderr.write,
+        )
+        out["concurrency"] = concurrency_bench.shape(measured)
         return out
 
     def _coverage(self, stack: BenchStack, prompts: list[str], max_tokens: int) -> dict:

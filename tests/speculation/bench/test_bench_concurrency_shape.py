@@ -1,0 +1,70 @@
+"""bench_gateway's `concurrency` and `shadow_vs_prod`: the issue's JSON shape, computed from the measured runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from speculation.bench.concurrency import Run, shadow_vs_prod, shape
+
+
+def _runs(tok_s: float, outcomes: dict | None = None, ids: list | None = None) -> dict:
+    return {
+        kind: {
+            c: Run(
+                tok_s=tok_s * int(c),
+                latencies_s=[0.1 * i for i in range(1, 11)],
+                outcomes=Counter(outcomes or {}),
+                token_ids=ids or [[1, 2], [3]],
+            )
+            for c in ("1", "8", "32")
+        }
+        for kind in ("greedy", "sampled")
+    }
+
+
+def test_the_report_has_the_issue_shape_with_ratios_over_off_and_over_the_same_path_at_k_0():
+    prod = _runs(3.0, {"speculated": 30, "fell_back": 2})
+    prod["greedy"]["8"].token_ids = [[1, 2], [4]]  # one greedy answer differs from off
+    report = shape({"off": _runs(2.0), "prod": prod, "plain": _runs(2.5)})
+
+    assert set(report) == {"greedy", "sampled"}
+    for kind in report:
+        assert set(report[kind]) == {"1", "8", "32"}
+    row = report["sampled"]["32"]
+    assert row["prod_over_off"] == pytest.approx(1.5)
+    assert row["prod_over_plain_same_path"] == pytest.approx(1.2)
+    assert (row["speculated"], row["skipped"], row["fell_back"]) == (30, 0, 2)
+    assert (row["p50_ms"], row["p99_ms"]) == (500.0, 1000.0)  # quantiles of prod's per-request latencies
+    assert row["tok_s"] == {"off": 64.0, "prod": 96.0, "plain": 80.0}
+    assert report["greedy"]["8"]["identical_to_off"] == "1 of 2"
+    assert report["greedy"]["1"]["identical_to_off"] == "2 of 2"
+    assert "identical_to_off" not in row  # sampled outputs are not expected to equal off's
+
+
+def test_a_zero_rate_gives_no_ratio_rather_than_a_division_error():
+    report = shape({"off": _runs(0.0), "prod": _runs(1.0), "plain": _runs(0.0)})
+    assert report["greedy"]["1"]["prod_over_off"] is None
+    assert report["greedy"]["1"]["prod_over_plain_same_path"] is None
+
+
+def test_shadow_vs_prod_is_the_median_ratio_over_requests_both_measured_paired_in_order():
+    shadow = [{"id": 3, "multiplier": 3.0}, {"id": 1, "multiplier": 2.0}, {"id": 2, "multiplier": None}]
+    prod = [{"id": 11, "multiplier": 2.0}, {"id": 12, "multiplier": 4.0}, {"id": 13, "multiplier": 2.0}]
+
+    result = shadow_vs_prod(shadow, prod)
+
+    # pairs in id order: (2.0, 2.0), (None, 4.0) dropped, (3.0, 2.0) -> ratios 1.0 and 1.5
+    assert result["requests"] == 2
+    assert result["median_ratio"] == pytest.approx(1.25)
+    assert (result["shadow_median"], result["prod_median"]) == (2.5, 2.0)
+
+
+def test_shadow_vs_prod_without_pairs_reports_none():
+    assert shadow_vs_prod([], [{"id": 1, "multiplier": 2.0}]) == {
+        "median_ratio": None,
+        "requests": 0,
+        "shadow_median": None,
+        "prod_median": None,
+    }
