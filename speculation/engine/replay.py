@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,24 +39,58 @@ def replay_greedy(
     max_new_tokens / max_context: the request's limits, as generate applied them (max_context: the target's
     context when the request set none; None here = unbounded). They shorten the last steps as in generate.
     """
+    if len(draft_next_tokens) < len(target_tokens) - 1:
+        raise ValueError("need the draft's prediction at every position but the last")
+
+    def propose(n: int, drafted: int) -> list[int]:
+        # the draft always proposes `drafted` tokens; those past the known output are never compared (padding)
+        known = list(draft_next_tokens[n - 1 : n - 1 + drafted])
+        return known + [-1] * (drafted - len(known))
+
+    return replay_proposals(
+        propose,
+        target_tokens,
+        k,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        max_context=max_context,
+    )
+
+
+Propose = Callable[[int, int], Sequence[int]]  # (committed length n, at most this many) -> the drafts
+
+
+def replay_proposals(
+    propose: Propose,
+    target_tokens: Sequence[int],
+    k: int,
+    *,
+    prompt_len: int,
+    max_new_tokens: int | None = None,
+    max_context: int | None = None,
+) -> SpecStats:
+    """Replay greedy speculation with any proposer whose drafts depend only on the committed tokens.
+
+    propose(n, d): the drafts (at most d, possibly fewer or none) after target_tokens[:n]; in greedy speculation
+    the committed tokens are always the target's, so this is exact for a draft model (its teacher-forced
+    predictions) and for n-gram prompt lookup (a function of the context). A step with no drafts is a plain step.
+    """
     check_k(k)
     if prompt_len < 1:
         raise EmptyPromptError("the prompt has no tokens")
     total = len(target_tokens)
-    if len(draft_next_tokens) < total - 1:
-        raise ValueError("need the draft's prediction at every position but the last")
     max_new = total - prompt_len if max_new_tokens is None else max_new_tokens
     limit = sys.maxsize if max_context is None else max_context
     stats = SpecStats()
     n = prompt_len
     while n < total:
-        drafted = step_lookahead(k, n - prompt_len, n, max_new, limit)
-        accepted = reached = 0
+        drafts = propose(n, step_lookahead(k, n - prompt_len, n, max_new, limit))
+        drafted, accepted, reached = len(drafts), 0, 0
         for i in range(drafted):
             if n + i >= total:  # the output ended (stop token) inside this step's accepted drafts
                 break
             reached += 1
-            if draft_next_tokens[n - 1 + i] != target_tokens[n + i]:
+            if drafts[i] != target_tokens[n + i]:
                 break
             accepted += 1
         stats.record_step(drafted=drafted, accepted=accepted, reached=reached)

@@ -80,3 +80,20 @@ def test_expected_acceptance_is_the_overlap_of_p_and_q():
     target = [{0: torch.tensor(0.2).log().item(), 1: torch.tensor(0.8).log().item()}, {2: 0.0}]
     # position 0: min(.2,.5) + min(.8,.5) = 0.7; position 1: p is all on token 2, q on token 0 -> 0
     assert expected_acceptance(target, q) == pytest.approx(0.35)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_replaying_ngram_lookup_gives_the_same_stats_as_generate_with_it(target_model, k):
+    # n-gram drafts are a function of the committed tokens, so a replay from the known output is exact
+    from speculation.engine import NgramProposer
+    from speculation.engine.replay import replay_proposals
+
+    target = LocalTarget(target_model)
+    lookup = NgramProposer()
+    for prompt in PROMPTS:
+        result = generate(target, NgramProposer(), prompt, GenerationConfig(max_new_tokens=37, k=k))
+        sequence = prompt + result.tokens
+        replayed = replay_proposals(
+            lambda n, d, seq=sequence: lookup.lookup(seq[:n], d), sequence, k, prompt_len=len(prompt), max_new_tokens=37
+        )
+        assert replayed.counts() == result.stats.counts()
