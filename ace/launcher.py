@@ -1,11 +1,15 @@
 """`python -m ace.launcher`: start the whole product on one machine with its embedded defaults.
 
-Order: the demo model pair, Redis, a real vLLM serving the demo target, migrations, the admin account (its
-credentials printed), the demo endpoint (name "demo") registered and its probe queued, a Celery worker (queues
-control and gpu.cpu), beat, and the web server (uvicorn, ASGI) on http://127.0.0.1:8000. Ctrl-C stops it all.
+Order: the demo model pair, Redis, migrations, the admin account (its credentials printed), the demo endpoint
+(name "demo") registered as a managed endpoint of node class cpu, a Celery worker (queues control and gpu.cpu:
+its managed-server supervisor starts the real vLLM serving the demo target, probes it and routes the endpoint
+to it, and switches that server when the mode changes), beat, and the web server (uvicorn, ASGI) on
+http://127.0.0.1:8000; then it says when the demo endpoint serves. Ctrl-C stops it all (the worker stops its
+supervisor, which stops vLLM).
 
-Environment: ACE_WEB_HOST / ACE_WEB_PORT (127.0.0.1 / 8000), ACE_REDIS_PORT and ACE_VLLM_PORT (default: free
-ports), ACE_NO_VLLM=1 (skip the model server and the demo endpoint), plus everything ace.settings reads.
+Environment: ACE_WEB_HOST / ACE_WEB_PORT (127.0.0.1 / 8000), ACE_REDIS_PORT (default: a free port),
+ACE_NO_VLLM=1 (no model server and no demo endpoint: the worker runs no supervisor), plus everything
+ace.settings reads (ACE_MANAGED_START_TIMEOUT, ACE_MANAGED_CANARY, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ ADMIN_USERNAME = "admin"
 DEMO_ENDPOINT = "demo"
 DEMO_MODEL_NAME = "ace-demo-target"
 DEMO_DRAFT = "demo-draft"
+DEMO_NODE_CLASS = "cpu"
+# As ace.processes.start_vllm runs the demo target on this CPU build.
+DEMO_SERVER_ARGS = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
+DEMO_WAIT_S = float(os.environ.get("ACE_MANAGED_START_TIMEOUT", "600")) + 60
 
 
 class Launcher:
@@ -57,19 +65,6 @@ class Launcher:
         os.environ["REDIS_URL"] = redis.url
         say(f"redis: {redis.url}")
 
-        vllm = None
-        if with_vllm:
-            say("starting vLLM for the demo target (about a minute on 2 cores)")
-            vllm = self._keep(
-                processes.start_vllm(
-                    model_dir=pair.target_dir,
-                    served_model_name=DEMO_MODEL_NAME,
-                    port=_int_env("ACE_VLLM_PORT"),
-                    log_dir=log_dir,
-                )
-            )
-            say(f"vLLM: {vllm.url} (model {DEMO_MODEL_NAME})")
-
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ace.settings")
         import django
 
@@ -79,14 +74,17 @@ class Launcher:
         call_command("migrate", interactive=False, verbosity=0)
         username, password = ensure_admin(data_dir)
         token = ensure_api_token(username)
-        if vllm is not None:
-            register_demo_endpoint(vllm.url, target_dir=str(pair.target_dir), draft_dir=str(pair.draft_dir))
+        demo = None
+        if with_vllm:
+            demo = register_demo_endpoint(target_dir=str(pair.target_dir), draft_dir=str(pair.draft_dir))
 
         # Prometheus multiprocess mode: the web and the worker count into one directory, emptied at each start.
         metrics_dir = data_dir / "metrics"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
         child_env = {"REDIS_URL": redis.url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        if not with_vllm:  # a managed demo endpoint kept from an earlier run must not start either
+            child_env["ACE_MANAGED_SUPERVISOR"] = "false"
         self._keep(processes.start_celery_worker(env=child_env, log_dir=log_dir, queues="control,gpu.cpu"))
         self._keep(processes.start_celery_beat(env=child_env, log_dir=log_dir, workdir=data_dir / "beat"))
         web = self._keep(
@@ -98,23 +96,30 @@ class Launcher:
         say(f"  admin login:  {username} / {password}")
         say(f"  API docs:     {web.url}/api/docs/")
         say(f"  API token:    {token}   (REST: 'Authorization: Token ...'; gateway: OpenAI(base_url='{web.url}/v1'))")
-        if vllm is not None:
-            say(f"  demo endpoint '{DEMO_ENDPOINT}' -> {vllm.url}")
+        if demo is not None:
+            say(f"  demo endpoint '{DEMO_ENDPOINT}': managed; the worker's supervisor starts its vLLM (about a minute)")
         say(f"  logs:         {log_dir}")
         say("Press Ctrl-C to stop everything.")
-        return self._watch()
+        return self._watch(demo_wait_s=DEMO_WAIT_S if demo is not None else None)
 
     def _keep(self, proc: processes.ManagedProcess) -> processes.ManagedProcess:
         self.started.append(proc)
         return proc
 
-    def _watch(self) -> int:
+    def _watch(self, demo_wait_s: float | None = None) -> int:
+        """Until Ctrl-C: stop everything when one process dies; say once when the demo endpoint serves."""
+        deadline = time.monotonic() + demo_wait_s if demo_wait_s else None
         while not self.stopping:
             for proc in self.started:
                 if not proc.alive():
                     say(f"{proc.name} exited ({proc.popen.returncode}); stopping everything. Its log:")
                     say(proc.log_tail(20))
                     return 1
+            if deadline is not None:
+                line = demo_serving()
+                if line or time.monotonic() > deadline:
+                    say(line or f"demo endpoint '{DEMO_ENDPOINT}' not serving yet: {demo_status()} (see its page)")
+                    deadline = None
             time.sleep(1)
         return 0
 
@@ -153,41 +158,104 @@ def ensure_api_token(username: str) -> str:
     return token.key
 
 
-def register_demo_endpoint(base_url: str, *, target_dir: str, draft_dir: str) -> None:
-    """Register (or point at this run's port) the demo endpoint and queue its probe; register the demo draft
-    and give the endpoint's policy the target's directory, so that prod (remote or local path) is one click away.
-    """
+def register_demo_endpoint(*, target_dir: str, draft_dir: str):
+    """The demo endpoint as a managed endpoint (the worker's supervisor runs its vLLM, so a mode switch switches
+    that server); one registered by URL by an earlier run becomes managed. Also the demo draft, and the target's
+    directory on the policy (shadow replays sampled requests exactly with it). Returns the endpoint, or None
+    (the reason printed) when it cannot be registered."""
     from django.contrib.auth import get_user_model
     from django.core.exceptions import ValidationError
-    from django.db import transaction
 
-    from fleet.models import Endpoint, ServerKind
-    from fleet.tasks import start_probe
+    from fleet.managed.services import create_managed_endpoint
+    from fleet.models import Endpoint
     from speculation.models import DraftKind, DraftModel
     from speculation.services.drafts import register_draft
-    from speculation.services.policies import get_policy, reevaluate_path, update_policy
+    from speculation.services.policies import get_policy, update_policy
 
+    admin = get_user_model().objects.filter(username=ADMIN_USERNAME).first()
+    endpoint = Endpoint.objects.filter(name=DEMO_ENDPOINT).first()
+    try:
+        if endpoint is None:
+            endpoint = create_managed_endpoint(
+                name=DEMO_ENDPOINT,
+                model_dir=target_dir,
+                served_name=DEMO_MODEL_NAME,
+                node_class=DEMO_NODE_CLASS,
+                server_args=DEMO_SERVER_ARGS,
+                created_by=admin,
+            )
+        else:
+            make_demo_managed(endpoint, target_dir=target_dir, admin=admin)
+        if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():
+            register_draft(
+                name=DEMO_DRAFT,
+                kind=DraftKind.DRAFT_MODEL,
+                path=draft_dir,
+                node_class=DEMO_NODE_CLASS,
+                target_name=DEMO_MODEL_NAME,
+            )
+        if get_policy(endpoint=endpoint).target_path != target_dir:
+            update_policy(endpoint=endpoint, target_path=target_dir)  # kept in the change history, by no user
+    except ValidationError as exc:
+        say(f"demo endpoint not registered: {'; '.join(exc.messages)}")
+        return None
+    return endpoint
+
+
+def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:
+    """The demo endpoint of an earlier run at this start: one registered by URL becomes managed (its policy
+    leaves prod: prod on a managed endpoint is a switch of its server); a managed one follows a rebuilt demo
+    target. Either way it waits for this run's worker to start its server."""
+    from django.db import transaction
+
+    from fleet.managed.args import validate_server_args
+    from fleet.managed.models import ManagedServer
+    from fleet.managed.services import NOT_STARTED_URL
+    from fleet.models import Endpoint, EndpointStatus, ServerKind
+    from speculation.services.policies import get_policy, update_policy
+
+    managed = ManagedServer.objects.filter(endpoint=endpoint).first()
     with transaction.atomic():
-        defaults = {"base_url": base_url, "kind": ServerKind.VLLM, "node_class": "cpu"}
-        admin = get_user_model().objects.filter(username=ADMIN_USERNAME).first()
-        endpoint, _ = Endpoint.objects.update_or_create(
-            name=DEMO_ENDPOINT, defaults=defaults, create_defaults={**defaults, "owner": admin, "created_by": admin}
+        if managed is None:
+            ManagedServer.objects.create(
+                endpoint=endpoint,
+                model_dir=target_dir,
+                served_name=DEMO_MODEL_NAME,
+                server_args=validate_server_args(DEMO_SERVER_ARGS),
+            )
+        elif managed.model_dir != target_dir:
+            ManagedServer.objects.filter(pk=managed.pk).update(model_dir=target_dir)
+        # Nothing serves it before this run's worker starts its server (the URL of the last run is gone).
+        Endpoint.objects.filter(pk=endpoint.pk).update(
+            base_url=NOT_STARTED_URL,
+            kind=ServerKind.VLLM,
+            node_class=DEMO_NODE_CLASS,
+            owner=endpoint.owner or admin,
+            status=EndpointStatus.NEW,
+            status_reason=f"managed: waiting for the supervisor of node class {DEMO_NODE_CLASS}",
         )
-        if endpoint.owner_id is None:  # registered by a run before endpoints had owners
-            Endpoint.objects.filter(pk=endpoint.pk).update(owner=admin)
-        start_probe(endpoint)
-    if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():
-        register_draft(
-            name=DEMO_DRAFT, kind=DraftKind.DRAFT_MODEL, path=draft_dir, node_class="cpu", target_name=DEMO_MODEL_NAME
-        )
-    if get_policy(endpoint=endpoint).target_path != target_dir:
-        update_policy(endpoint=endpoint, target_path=target_dir)  # kept in the change history, by no user
-    policy = get_policy(endpoint=endpoint)
-    if policy.path == "auto" and policy.path_resolved_at is None:  # saved before auto was fixed on save
-        try:
-            reevaluate_path(endpoint=endpoint)  # auto -> local (the demo's fastest path), recorded
-        except ValidationError as exc:
-            say(f"demo policy: path auto not resolved: {'; '.join(exc.messages)}")
+    if managed is None:
+        if get_policy(endpoint=endpoint).mode == "prod":
+            update_policy(endpoint=endpoint, mode="off")
+        say(f"demo endpoint '{DEMO_ENDPOINT}' is now a managed endpoint (its server is run by the worker)")
+
+
+def demo_serving() -> str:
+    """A line saying where the demo endpoint serves, once its managed vLLM is ready and routed ("" until then)."""
+    from fleet.managed.services import NOT_STARTED_URL
+    from fleet.models import Endpoint, EndpointStatus
+
+    endpoint = Endpoint.objects.filter(name=DEMO_ENDPOINT).first()
+    if endpoint is None or endpoint.status != EndpointStatus.READY or endpoint.base_url == NOT_STARTED_URL:
+        return ""
+    return f"demo endpoint '{DEMO_ENDPOINT}' serving: managed vLLM on {endpoint.base_url} (model {DEMO_MODEL_NAME})"
+
+
+def demo_status() -> str:
+    from fleet.models import Endpoint
+
+    endpoint = Endpoint.objects.filter(name=DEMO_ENDPOINT).first()
+    return f"{endpoint.status}, {endpoint.status_reason}" if endpoint is not None else "not registered"
 
 
 def say(message: str) -> None:

@@ -1,0 +1,76 @@
+"""The run command's demo endpoint is a managed endpoint: the launcher registers it (or turns the one an earlier
+run registered by URL into one) and the worker's supervisor runs its vLLM. What `bash scripts/run.sh` then
+serves end to end was checked by hand (docs/OPERATIONS.md)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ace.launcher import (
+    DEMO_DRAFT,
+    DEMO_ENDPOINT,
+    DEMO_MODEL_NAME,
+    DEMO_SERVER_ARGS,
+    demo_serving,
+    register_demo_endpoint,
+)
+from fleet.managed.models import ManagedServer
+from fleet.managed.services import NOT_STARTED_URL
+from fleet.models import Endpoint
+from speculation.models import DraftModel
+from speculation.services.policies import get_policy
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin():
+    return get_user_model().objects.create_superuser("admin", email="", password="pw-admin-123456")
+
+
+def _register(demo_pair) -> Endpoint:
+    return register_demo_endpoint(target_dir=str(demo_pair.target_dir), draft_dir=str(demo_pair.draft_dir))
+
+
+def test_the_demo_endpoint_is_managed_by_the_cpu_worker(demo_pair, admin):
+    endpoint = _register(demo_pair)
+
+    managed = ManagedServer.objects.get(endpoint=endpoint)
+    assert (endpoint.name, endpoint.node_class, endpoint.owner) == (DEMO_ENDPOINT, "cpu", admin)
+    assert endpoint.base_url == NOT_STARTED_URL  # until the supervisor's instance serves
+    assert managed.model_dir == str(demo_pair.target_dir.resolve()) and managed.served_name == DEMO_MODEL_NAME
+    assert managed.server_args == DEMO_SERVER_ARGS and managed.serving_speculation == {}
+    assert DraftModel.objects.get(name=DEMO_DRAFT).path == str(demo_pair.draft_dir.resolve())
+    assert get_policy(endpoint=endpoint).target_path == str(demo_pair.target_dir.resolve())
+    assert demo_serving() == ""
+
+
+def test_a_second_run_registers_nothing_twice_and_forgets_the_last_runs_port(demo_pair, admin):
+    first = _register(demo_pair)
+    Endpoint.objects.filter(pk=first.pk).update(base_url="http://127.0.0.1:45678", status="ready")
+    assert "http://127.0.0.1:45678" in demo_serving()
+
+    again = _register(demo_pair)
+
+    assert again.pk == first.pk and Endpoint.objects.count() == 1 and ManagedServer.objects.count() == 1
+    again.refresh_from_db()
+    assert (again.base_url, again.status) == (NOT_STARTED_URL, "new") and demo_serving() == ""
+
+
+def test_a_demo_endpoint_registered_by_url_becomes_managed_and_leaves_prod(demo_pair, admin):
+    old = Endpoint.objects.create(
+        name=DEMO_ENDPOINT, base_url="http://127.0.0.1:9", kind="vllm", node_class="cpu", status="ready"
+    )
+    policy = get_policy(endpoint=old)
+    policy.mode, policy.path = "prod", "local"
+    policy.save()
+
+    endpoint = _register(demo_pair)
+
+    assert endpoint.pk == old.pk
+    endpoint.refresh_from_db()
+    assert endpoint.base_url == NOT_STARTED_URL and endpoint.owner == admin
+    assert ManagedServer.objects.get(endpoint=endpoint).served_name == DEMO_MODEL_NAME
+    # prod on a managed endpoint is a switch of its server: the converted endpoint starts plain, in off
+    assert get_policy(endpoint=endpoint).mode == "off"
