@@ -300,3 +300,43 @@ class CostCalibration(models.Model):
             draft_step_s=self.draft_step_ms / 1000.0,
             verify_s={int(n): ms / 1000.0 for n, ms in self.verify_ms.items()},
         )
+
+
+class CandidateStatus(models.TextChoices):
+    MEASURED = "measured", "Measured"
+    SHED = "shed", "Shed (over the replay budget)"
+    FAILED = "failed", "Failed"
+
+
+class CandidateMeasurement(models.Model):
+    """One candidate (a compatible draft model, or n-gram lookup) replayed on one shadowed request at every K.
+
+    Written by speculation.worker.candidates beside the request's stage record. Per K = 1..len(mean_accepted_len)
+    (index K - 1): tokens per verification step with the bonus token, the projected multiplier (None when the
+    costs could not be measured), drafted / accepted tokens and verification steps, and the acceptance rate at
+    each draft position. A shed or failed row has no values, only the reason.
+    """
+
+    endpoint = models.ForeignKey(Endpoint, related_name="candidate_measurements", on_delete=models.CASCADE)
+    request_id = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    workload = models.CharField(max_length=64, blank=True, default="")
+    candidate = models.CharField(max_length=64)  # "ngram" or the draft's name
+    kind = models.CharField(max_length=16, choices=DraftKind.choices)
+    draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.SET_NULL)
+    status = models.CharField(max_length=8, choices=CandidateStatus.choices, default=CandidateStatus.MEASURED)
+    reason = models.TextField(blank=True, default="")
+    output_tokens = models.PositiveIntegerField(default=0)
+    mean_accepted_len = models.JSONField(default=list, blank=True)
+    multiplier = models.JSONField(default=list, blank=True)
+    counts = models.JSONField(default=list, blank=True)  # per K: [drafted, accepted, verification steps]
+    per_position = models.JSONField(default=list, blank=True)  # per K: acceptance rate at positions 1..K
+    best_k = models.PositiveSmallIntegerField(null=True, blank=True)
+    best_multiplier = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["endpoint", "created_at"], name="candidate_endpoint_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} x {self.candidate}: {self.status}"
