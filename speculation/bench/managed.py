@@ -75,6 +75,9 @@ class ManagedStack:
             "ACE_LOG_LEVEL": "WARNING",
             "ACE_MANAGED_SUPERVISOR": "true",
             "ACE_MANAGED_START_TIMEOUT": str(START_TIMEOUT_S),
+            # The switch canary refuses vLLM 0.32's native speculation (wrong greedy outputs in mixed batches,
+            # fleet.managed.canary); this bench measures its speed (its greedy outputs are compared with off's).
+            "ACE_MANAGED_CANARY": "false",
             "ACE_DATA_DIR": str(self.log_dir / "data"),
         }
         self._manage("migrate", "-v", "0")
