@@ -114,6 +114,18 @@ def measure_shadow(
         tok_s=baseline_tok_s * projected if baseline_tok_s and projected else None,
         **{**common, **fields},
     )
+    # every other compatible candidate on the same request, within the endpoint's replay budget (auto-pairing)
+    from speculation.worker.candidates import measure_candidates_after_shadow
+
+    measure_candidates_after_shadow(
+        endpoint=endpoint,
+        policy=policy,
+        request_id=request_id,
+        workload=workload,
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
+        max_tokens=budget,
+    )
 
 
 SCORING_LOGPROBS = 20

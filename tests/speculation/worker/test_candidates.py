@@ -1,0 +1,142 @@
+"""Shadow replays every compatible candidate at K = 1..8: the rows equal a direct engine replay, and the
+per-endpoint budget sheds (and records) what does not fit."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.conf import settings
+
+from fleet.models import Endpoint, EndpointStatus
+from speculation.engine import NgramProposer
+from speculation.engine.projection import StepCosts
+from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals
+from speculation.models import CandidateMeasurement, SpeculationPolicy, StageRecord
+from speculation.services.drafts import register_draft
+from speculation.worker import candidates
+from speculation.worker.paths import resources
+
+pytestmark = pytest.mark.django_db
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 11]
+OUTPUT = [8, 5, 6, 7, 9, 10, 11, 8, 5, 6, 7, 12, 13]
+COSTS = StepCosts(target_step_s=0.02, draft_step_s=0.002, verify_s={1: 0.02, 9: 0.03})
+
+
+class FakeCalibration:
+    def step_costs(self) -> StepCosts:
+        return COSTS
+
+
+@pytest.fixture
+def endpoint(redis_server, tiny_model_dir, monkeypatch):
+    draft = register_draft(name="tiny-draft", kind="draft_model", path=str(tiny_model_dir))
+    endpoint = Endpoint.objects.create(
+        name="cand",
+        base_url="http://127.0.0.1:9/",
+        status=EndpointStatus.READY,
+        capabilities={"tokenizer_fingerprint": draft.tokenizer_fingerprint},
+    )
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode="shadow", mechanism="ngram", k=3)
+    Endpoint.objects.create(name="other", base_url="http://127.0.0.1:9/", capabilities={"tokenizer_fingerprint": "x"})
+    monkeypatch.setattr(candidates, "current_costs", lambda **kwargs: FakeCalibration())  # no server to time
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(candidates.BUDGET_KEY.format(endpoint_id=endpoint.pk, minute="*")):
+        client.delete(key)  # an endpoint id of an earlier test's rolled-back rows may have spent this minute
+    return endpoint
+
+
+def _measure(endpoint: Endpoint, request_id: str, workload: str = "code") -> list[CandidateMeasurement]:
+    candidates.measure_candidates(
+        endpoint=endpoint,
+        policy=endpoint.policy,
+        request_id=request_id,
+        workload=workload,
+        prompt_ids=PROMPT,
+        output_ids=OUTPUT,
+        max_tokens=len(OUTPUT),
+    )
+    return list(CandidateMeasurement.objects.filter(request_id=request_id).order_by("candidate"))
+
+
+def test_compatible_candidates_are_ngram_and_the_drafts_with_the_endpoints_tokenizer(endpoint):
+    register_draft(name="head", kind="ngram")  # a registered n-gram draft is not a second n-gram candidate
+    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "tiny-draft"]
+    assert [c.name for c in candidates.compatible_candidates(Endpoint.objects.get(name="other"))] == ["ngram"]
+
+
+def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, tiny_model_dir):
+    # given: what the engine's replays give directly
+    sequence = PROMPT + OUTPUT
+    predictions = draft_greedy_predictions(resources.model(str(tiny_model_dir)).model, sequence)
+    lookup = NgramProposer()
+    want = {
+        "tiny-draft": [replay_greedy(predictions, sequence, k, prompt_len=len(PROMPT)) for k in range(1, 9)],
+        "ngram": [
+            replay_proposals(lambda n, d: lookup.lookup(sequence[:n], d), sequence, k, prompt_len=len(PROMPT))
+            for k in range(1, 9)
+        ],
+    }
+    # when
+    rows = _measure(endpoint, "req-1")
+    # then
+    assert [r.candidate for r in rows] == ["ngram", "tiny-draft"]
+    for row in rows:
+        assert row.status == "measured" and row.workload == "code", row.reason
+        stats = want[row.candidate]
+        assert row.counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in stats]
+        assert row.mean_accepted_len == [round(s.mean_accepted_len or 1.0, 4) for s in stats]
+        assert row.per_position == [[round(a, 4) for a in s.alpha_per_position] for s in stats]
+        k_means = [s.drafted_tokens / s.target_passes for s in stats]
+        expected = [
+            round(COSTS.multiplier(tokens_per_step=s.mean_accepted_len or 1.0, k=km), 4)
+            for s, km in zip(stats, k_means, strict=True)
+        ]
+        assert row.multiplier == expected
+        assert row.best_multiplier == max(expected) and row.multiplier[row.best_k - 1] == max(expected)
+    assert rows[0].counts[2][1] > 0  # the repeated text gives n-gram lookup something to accept
+
+
+def test_the_budget_sheds_what_does_not_fit_and_says_so(endpoint, settings):
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 3  # two candidates per request
+
+    first = _measure(endpoint, "req-1")
+    second = _measure(endpoint, "req-2")
+    third = _measure(endpoint, "req-3")
+
+    assert [r.status for r in first] == ["measured", "measured"]
+    assert sorted(r.status for r in second) == ["measured", "shed"]
+    assert [r.status for r in third] == ["shed", "shed"]
+    shed = next(r for r in second if r.status == "shed")
+    assert "budget of 3 candidate replays per minute" in shed.reason and shed.multiplier == []
+
+
+def test_no_budget_means_no_candidate_replays(endpoint, settings):
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 0
+    assert _measure(endpoint, "req-1") == []
+
+
+def test_shadow_writes_its_record_and_the_candidates_rows_with_the_workload(endpoint, monkeypatch):
+    from speculation.worker import shadow
+
+    monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
+
+    shadow.measure_shadow(
+        endpoint_id=endpoint.pk,
+        request_id="req-9",
+        prompt_ids=PROMPT,
+        output_ids=OUTPUT,
+        finish_reason="length",
+        max_tokens=len(OUTPUT),
+        temperature=0.0,
+        latency_ms=100.0,
+        workload="faq",
+    )
+
+    record = StageRecord.objects.get(request_id="req-9")
+    assert record.workload == "faq" and record.mechanism == "ngram"
+    rows = CandidateMeasurement.objects.filter(request_id="req-9")
+    assert sorted(rows.values_list("candidate", "workload")) == [("ngram", "faq"), ("tiny-draft", "faq")]
+    # the policy's own replay (n-gram, K = 3) agrees with the n-gram candidate's row at K = 3
+    ngram = rows.get(candidate="ngram")
+    assert ngram.counts[2] == [record.drafted_tokens, record.accepted_tokens, record.target_passes]
