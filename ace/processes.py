@@ -264,10 +264,19 @@ def start_asgi(
     quiet: bool = True,
     timeout_s: float = 60,
 ) -> ManagedProcess:
-    """ACE's web process: uvicorn serving ace.asgi:application; `.url` set once it accepts connections."""
+    """ACE's web process: uvicorn serving ace.asgi:application; `.url` set once it accepts connections.
+
+    ACE_WEB_WORKERS (in `env` or this process's environment, default 1): that many uvicorn worker processes on the
+    one port (set PROMETHEUS_MULTIPROC_DIR too, as the run command does, so /metrics sums them)."""
     port = port or free_port(host)
     env = {**(env or {}), "ACE_WEB_PORT": str(port)}  # its network policy refuses endpoint URLs pointing at itself
     argv = [sys.executable, "-m", "uvicorn", "ace.asgi:application", "--host", host, "--port", str(port)]
+    raw = env.get("ACE_WEB_WORKERS") or os.environ.get("ACE_WEB_WORKERS") or "1"
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ProcessFailed(f"ACE_WEB_WORKERS must be a whole number of at least 1, not {raw!r}")
+    workers = int(raw)
+    if workers > 1:
+        argv += ["--workers", str(workers)]
     if quiet:
         argv += ["--log-level", "warning", "--no-access-log"]
     proc = spawn(name, argv, log_path=log_dir / f"{name}.log", env=env)

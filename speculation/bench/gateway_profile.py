@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import importlib
+import inspect
 import io
 import json
 import pstats
@@ -20,7 +21,7 @@ from pathlib import Path
 
 # (label, module, attribute): the stages timed, where the running code has them.
 STAGES = (
-    ("token check", "speculation.gateway.auth", "Authenticator.principal"),
+    ("version read", "speculation.gateway.routes", "RouteCache.stamp"),
     ("token check", "speculation.gateway.views", "authenticate"),
     ("scope check", "speculation.gateway.auth", "Principal.may_call"),
     ("route lookup", "speculation.gateway.routes", "RouteCache.lookup"),
@@ -30,6 +31,17 @@ BODY = {"model": "fake", "prompt": "def f():", "max_tokens": 1, "temperature": 0
 
 
 def _timed(label: str, fn, spent: dict[str, float]):
+    if not inspect.iscoroutinefunction(fn):
+
+        def plain(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+
+        return plain
+
     async def wrapper(*args, **kwargs):
         started = time.perf_counter()
         try:

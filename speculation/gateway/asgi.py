@@ -5,7 +5,8 @@ shadow or prod), without what /v1 does not use: no middleware chain (sessions, C
 them a hop to Django's sync thread under ASGI), no request signals, no per-request executor thread. What the
 middleware did that /v1 needs is done here: the Host header is checked against ALLOWED_HOSTS, the body is
 bounded by DATA_UPLOAD_MAX_MEMORY_SIZE, and the security headers of Django's SecurityMiddleware and
-XFrameOptionsMiddleware are set. A client that disconnects cancels the request's task, as Django does (prod
+XFrameOptionsMiddleware are set. The gateway version is followed as it is published (no Redis read per
+request: speculation.gateway.freshness). A client that disconnects cancels the request's task, as Django does (prod
 reads that as "the client went away").
 """
 
@@ -24,6 +25,7 @@ from django.http.request import split_domain_port, validate_host
 from speculation.gateway import views
 from speculation.gateway.call import new_request_id
 from speculation.gateway.errors import error_response
+from speculation.gateway.routes import route_cache
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class GatewayApp:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: dict, raw: bytes | None) -> None:
         """The request and a listener for the client's disconnect, side by side: whichever ends first ends both."""
         authorization = headers.get(b"authorization", b"").decode("latin1")
+        route_cache().follow_bumps()  # a web process reads no Redis per request once subscribed
         workload = headers.get(b"x-ace-workload")  # the request's workload key (speculation.workloads.keys)
         workload_header = workload.decode("latin1") if workload is not None else None
         work = asyncio.create_task(self._answer(scope, send, authorization, raw, workload_header))

@@ -1,8 +1,9 @@
 """The gateway's routing table: model name -> endpoint + policy, cached per process.
 
-Built from the database in one query batch and reused while the gateway version is unchanged (one Redis GET per
-request, shared with the token check: speculation.gateway.freshness) and for at most MAX_AGE_S; while Redis is
-unreachable the table lives 0.25 s, so a mode switch still reaches the next request soon after.
+Built from the database in one query batch and reused while the gateway version is unchanged (read once per
+request for the table and the token alike, from Redis or, in the lean /v1 app, from the bumps it follows:
+speculation.gateway.freshness) and for at most MAX_AGE_S; while Redis is unreachable the table lives 0.25 s, so
+a mode switch still reaches the next request soon after.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ class RouteCache:
         self._built: Stamp | None = None
         self._versions = VersionReader()
         self._lock = asyncio.Lock()
+
+    def follow_bumps(self) -> None:
+        """From now on learn of version bumps as they are published, instead of reading Redis per request."""
+        self._versions.follow_bumps()
 
     async def stamp(self) -> Stamp:
         """The gateway version now (one Redis GET): read once per request, for the table and the token alike."""

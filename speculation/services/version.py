@@ -17,6 +17,9 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 ROUTING_VERSION_KEY = "ace:routing-version"
+VERSION_CHANNEL = "ace:routing-version:bumps"  # the new value is published here: gateways following it read no Redis
+# Bump and publish in one round trip (the value published is the value stored).
+BUMP_LUA = "local v = redis.call('INCR', KEYS[1]); redis.call('PUBLISH', ARGV[1], v); return v"
 
 _local_generation = 0
 
@@ -34,10 +37,15 @@ def invalidate_local() -> None:
 def bump_routing_version() -> None:
     """Tell every gateway process that endpoints, policies or tokens changed. Never raises: the TTL covers a miss."""
     invalidate_local()
+    publish_bump()
+
+
+def publish_bump() -> None:
+    """The Redis half of bump_routing_version: every other process learns of the change."""
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
         try:
-            client.incr(ROUTING_VERSION_KEY)
+            client.eval(BUMP_LUA, 1, ROUTING_VERSION_KEY, VERSION_CHANNEL)
         finally:
             client.close()
     except redis.RedisError as exc:

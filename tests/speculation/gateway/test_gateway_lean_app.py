@@ -7,6 +7,7 @@ gateway's database reads see the test's transaction.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -244,3 +245,34 @@ def test_models_lists_only_what_the_token_may_call(upstream):
     listed = _request("GET", "/v1/models", token=key).json()["data"]
 
     assert [m["id"] for m in listed] == ["alice-ep"]
+
+
+def test_a_reader_that_follows_bumps_learns_of_one_without_reading_redis(redis_server, monkeypatch):
+    from speculation.services.version import publish_bump
+
+    monkeypatch.setattr(freshness, "RECHECK_S", 600.0)  # no periodic re-read during the test, however slow
+
+    async def go() -> tuple[bytes | None, bytes | None]:
+        reader = freshness.VersionReader()
+        reader.follow_bumps()
+        for _ in range(200):  # until the subscription is confirmed (at most 10 s)
+            if reader._subscribed:
+                break
+            await asyncio.sleep(0.05)
+        before = (await reader.stamp()).redis  # one read, right after subscribing
+
+        def no_reads():
+            raise AssertionError("the reader read Redis instead of following the bumps")
+
+        reader._client = no_reads
+        # when another process bumps the version
+        await asyncio.to_thread(publish_bump)
+        for _ in range(200):
+            after = (await reader.stamp()).redis
+            if after != before:
+                break
+            await asyncio.sleep(0.05)
+        return before, after
+
+    before, after = async_to_sync(go)()
+    assert after is not None and int(after) == int(before) + 1
