@@ -4,7 +4,8 @@ Entry points:
 - ``load_causal_lm(dir)`` -> ``Transformer`` (Llama-format HF checkpoint, static KV cache);
   ``Transformer.forward(tokens, start, return_hidden=False)`` -> logits [T, V] (+ hidden [T, D]).
 - targets: ``LocalTarget(model)``; proposers: ``DraftModelProposer(model, target_vocab_size=...)``,
-  ``NgramProposer()`` (protocols ``Target`` / ``Proposer``; ``Proposer.observe_target`` for EAGLE heads).
+  ``NgramProposer()`` (protocols ``Target`` / ``Proposer``; ``Proposer.observe_target`` for EAGLE heads);
+  ``EagleProposer(head, target_model, tree=TreeShape(...))`` drafts EAGLE-2 trees (``engine/tree.py``).
 - ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``;
   ``generate_plain(target, prompt_ids, config)`` for baselines.
 - shadow replay: ``replay_greedy``, ``draft_greedy_predictions``, ``expected_acceptance``.
@@ -56,6 +57,8 @@ _EXPORTS = {
     "LocalTarget": "target",
     "Target": "target",
     "TargetOutput": "target",
+    "DraftTree": "tree",
+    "TreeShape": "tree",
     "verify_greedy": "verify",
     "verify_sampled": "verify",
 }

@@ -19,6 +19,7 @@ from speculation.engine.proposers import Proposal, Proposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import Target
+from speculation.engine.tree import verify_tree_step
 from speculation.engine.verify import verify_greedy, verify_sampled
 
 OnTokens = Callable[[list[int]], "bool | None"]  # returns True to end the request after these tokens
@@ -128,23 +129,38 @@ def generate(
         drafts = proposal.tokens.to(target.device)
         drafted = int(drafts.shape[0])  # shape only: no device read
         t1 = time.perf_counter()
-        last = torch.tensor([committed[-1]], device=target.device)
-        result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
-        logits = _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
-        if params.greedy:
-            num_accepted, tokens = verify_greedy(drafts, logits)
+        if proposal.tree is not None:  # a draft tree: one pass over all its nodes, the accepted path kept
+            drafted = proposal.tree.depth
+            verdict = verify_tree_step(
+                target,
+                committed[-1],
+                proposal.tree,
+                params,
+                generator,
+                produced=len(out),
+                min_tokens=config.min_tokens,
+                suppress=suppress,
+                return_hidden=wants_hidden,
+            )
+            accepted, new, hidden = verdict.num_accepted, verdict.tokens, verdict.hidden
         else:
-            p = probs_from_logits(logits, params)
-            num_accepted, tokens = verify_sampled(drafts, proposal.q, p, generator)
-        step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
+            last = torch.tensor([committed[-1]], device=target.device)
+            result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
+            logits = _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
+            if params.greedy:
+                num_accepted, tokens = verify_greedy(drafts, logits)
+            else:
+                p = probs_from_logits(logits, params)
+                num_accepted, tokens = verify_sampled(drafts, proposal.q, p, generator)
+            step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
+            accepted, new, hidden = step[0], step[1 : step[0] + 2], result.hidden
         t2 = time.perf_counter()
-        accepted, new = step[0], step[1 : step[0] + 2]
         new, accepted_counted, reached, stopped = _truncate_at_stop(new, accepted, drafted, stop_ids)
         target.rollback(len(committed) + accepted)  # keeps [last committed, accepted drafts]
         if proposer is not None:
             proposer.on_verified(accepted, drafted)
-            if wants_hidden and result.hidden is not None:
-                proposer.observe_target(result.hidden, accepted)
+            if wants_hidden and hidden is not None:
+                proposer.observe_target(hidden, accepted)
         stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from speculation.engine.errors import SpecDecodeError, VocabMismatchError
 from speculation.engine.model import Block, KVCache, ModelArgs, Transformer, rope_tables
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+from speculation.engine.tree import TreeShape, expand_eagle_tree
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -175,6 +176,9 @@ class EagleHead(nn.Module):
         embeds: torch.Tensor,  # [B, T, H]: embeddings of x_{i+1}
         start: int = 0,
         use_cache: bool = False,
+        *,
+        positions: torch.Tensor | None = None,  # [T]: RoPE positions (a draft tree's); default start..start+T-1
+        mask: torch.Tensor | None = None,  # [T, start + T] bool: the slots each new position sees; default causal
     ) -> torch.Tensor:  # [B, T, H]: predicted f_{i+1}
         t = features.shape[1]
         block = self.layers[0]
@@ -184,11 +188,13 @@ class EagleHead(nn.Module):
             block.attention.cache = self.kv_cache
         else:
             block.attention.cache, start = self._no_cache, 0
-        mask = None
-        if t > 1:  # position start + i sees every cached position and the new ones up to itself
+        if mask is None and t > 1:  # position start + i sees every cached position and the new ones up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool, device=features.device).tril(diagonal=start)
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        if positions is None:
+            cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         return block(x, start, cos.to(x.dtype), sin.to(x.dtype), mask)
 
     # --- save / load ---------------------------------------------------------------------------------------
@@ -356,14 +362,7 @@ class EagleDrafter:
             raise EagleHeadError("the head has no new target feature to draft from")
         if self.observed_length + k - 1 > self.max_len:
             raise EagleHeadError(f"drafting past the head's cache of {self.max_len} positions")
-        features = torch.cat(self._features)[None]  # [1, n, H]
-        tokens = torch.cat(self._tokens)  # [n]
-        self._features.clear()
-        self._tokens.clear()
-        start = self.true_length
-        g = self.head(features, F.embedding(tokens, self.embed_weight)[None], start, use_cache=True)
-        self.true_length = start + tokens.numel()
-        g = g[:, -1:]  # [1, 1, H]
+        g = self.feed_true()  # [1, 1, H]
         drafted, all_logits = [], []
         for step in range(k):
             logits = g[0, 0] @ self.lm_head_weight.T  # [V]
@@ -374,6 +373,20 @@ class EagleDrafter:
                 embed = F.embedding(token.view(1, 1), self.embed_weight)
                 g = self.head(g, embed, self.true_length + step, use_cache=True)
         return torch.stack(drafted), torch.stack(all_logits)
+
+    @torch.no_grad()
+    def feed_true(self) -> torch.Tensor:
+        """Feed the queued true pairs (one batched call); the head's predicted feature after them [1, 1, H]."""
+        if not self._tokens:
+            raise EagleHeadError("the head has no new target feature to draft from")
+        features = torch.cat(self._features)[None]  # [1, n, H]
+        tokens = torch.cat(self._tokens)  # [n]
+        self._features.clear()
+        self._tokens.clear()
+        start = self.true_length
+        g = self.head(features, F.embedding(tokens, self.embed_weight)[None], start, use_cache=True)
+        self.true_length = start + tokens.numel()
+        return g[:, -1:]  # [1, 1, H]
 
 
 def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
@@ -395,7 +408,9 @@ class EagleProposer:
 
     wants_hidden = True
 
-    def __init__(self, head: EagleHead, target_model: Transformer, *, max_len: int | None = None):
+    def __init__(
+        self, head: EagleHead, target_model: Transformer, *, max_len: int | None = None, tree: TreeShape | None = None
+    ):
         config = head.config
         if config.vocab_size != target_model.vocab_size:
             raise VocabMismatchError(
@@ -412,12 +427,15 @@ class EagleProposer:
             head, target_model.tok_embeddings.weight, target_model.output.weight, max_len or target_model.max_len
         )
         self._pending: list[Tensor] = []  # true features whose next token is (or will be) committed
+        self.tree = tree  # None: draft a chain; else an EAGLE-2 draft tree of this shape (engine/tree.py)
 
     @classmethod
-    def from_dir(cls, head_dir: Path, target_model: Transformer, *, target_dir: Path) -> EagleProposer:
+    def from_dir(
+        cls, head_dir: Path, target_model: Transformer, *, target_dir: Path, tree: TreeShape | None = None
+    ) -> EagleProposer:
         """Load a saved head for this target; EagleHeadError when it was trained for another one."""
         head = EagleHead.load(head_dir, target_dir=target_dir, device=target_model.output.weight.device)
-        return cls(head.to(target_model.output.weight.dtype), target_model)
+        return cls(head.to(target_model.output.weight.dtype), target_model, tree=tree)
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.drafter.reset()
@@ -447,6 +465,8 @@ class EagleProposer:
         k = min(k, self.drafter.max_len - self.drafter.observed_length)
         if k <= 0 or self.drafter.observed_length < len(committed) - 1 or not self.drafter.has_new:
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
+        if self.tree is not None:
+            return self._propose_tree(committed, k)
         if params.greedy:
             tokens, _ = self.drafter.draft(k, greedy_choice)
             return Proposal(tokens=tokens, q=None)
@@ -459,3 +479,18 @@ class EagleProposer:
 
         tokens, _ = self.drafter.draft(k, choose)
         return Proposal(tokens=tokens, q=torch.stack(qs))
+
+    def _propose_tree(self, committed: list[int], k: int) -> Proposal:
+        """A tree of at most k levels that fits the head's cache and the target's (root + nodes after it).
+
+        The same tree serves greedy and sampled requests: its candidates are the head's top-k, a deterministic
+        choice, which tree verification needs (engine/tree.py).
+        """
+        shape = self.tree
+        head_room = (self.drafter.max_len - self.drafter.observed_length) // shape.top_k + 1
+        depth = min(shape.depth, k, head_room)
+        nodes = min(shape.nodes, self.target_model.max_len - len(committed))
+        if depth < 1 or nodes < 1:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
+        tree = expand_eagle_tree(self.drafter, replace(shape, depth=depth, nodes=nodes))
+        return Proposal(tokens=tree.tokens, q=None, tree=tree)

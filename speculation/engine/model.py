@@ -46,6 +46,12 @@ class KVCache(nn.Module):
         self.v[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]  # [B, H, end, D]
 
+    def move(self, src: Tensor, dst: int) -> None:
+        """Copy slots src [n] to dst..dst+n-1 (a draft tree's accepted path; the source is read first)."""
+        n = src.shape[0]
+        self.k[:, :, dst : dst + n] = self.k[:, :, src]
+        self.v[:, :, dst : dst + n] = self.v[:, :, src]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -157,16 +163,30 @@ class Transformer(nn.Module):
         self._cos, self._sin = (t.to(param.dtype) for t in rope_tables(self.args, param.device))
         self.max_len = max_len
 
-    def forward(self, tokens: Tensor, start: int, return_hidden: bool = False) -> ForwardOutput:
-        """tokens: [T] ids at positions start..start+T-1 -> logits [T, V] (and hidden [T, D])."""
+    def forward(
+        self,
+        tokens: Tensor,
+        start: int,
+        return_hidden: bool = False,
+        *,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> ForwardOutput:
+        """tokens: [T] ids at positions start..start+T-1 -> logits [T, V] (and hidden [T, D]).
+
+        A draft tree (engine/tree.py) passes its nodes' RoPE ``positions`` [T] and the ``mask`` [T, start + T]
+        (bool: the cached and new slots each new token sees); the cache slots stay start..start+T-1.
+        """
         t = tokens.shape[-1]
         if self._cos is None or self._sin is None:
             raise RuntimeError("call setup_cache() before forward()")
         if start + t > self.max_len:
             raise ValueError(f"positions {start}..{start + t - 1} exceed the KV cache of {self.max_len}")
-        cos, sin = self._cos[start : start + t], self._sin[start : start + t]  # [T, D]
-        mask = None
-        if t > 1:  # new token i sees every cached position and the new ones up to itself
+        if positions is None:
+            cos, sin = self._cos[start : start + t], self._sin[start : start + t]  # [T, D]
+        else:
+            cos, sin = self._cos[positions], self._sin[positions]
+        if mask is None and t > 1:  # new token i sees every cached position and the new ones up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
         x = self.tok_embeddings(tokens.view(1, t))  # [1, T, D]
         for layer in self.layers:
@@ -174,6 +194,11 @@ class Transformer(nn.Module):
         hidden = self.norm(x)[0]  # [T, D]
         logits = self.output(hidden).float()  # [T, V]
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
+
+    def keep_cache_slots(self, slots: Tensor, start: int) -> None:
+        """Move the cache slots [n] to start..start+n-1 in every layer (what a draft tree's accepted path keeps)."""
+        for layer in self.layers:
+            layer.attention.cache.move(slots, start)
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -16,12 +16,14 @@ from torch import Tensor
 from speculation.engine.errors import VocabMismatchError
 from speculation.engine.model import Transformer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+from speculation.engine.tree import DraftTree
 
 
 @dataclass
 class Proposal:
     tokens: Tensor  # [k'] long, k' <= k (may be empty)
     q: Tensor | None  # [k', V] the draft's processed distribution; None = one-hot drafts
+    tree: DraftTree | None = None  # a draft tree (tokens are its nodes): verified by engine/tree.py
 
 
 @runtime_checkable
