@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.test import Client
+from django.urls import reverse
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -21,7 +23,7 @@ from fleet.managed.services import create_managed_endpoint, spec_args
 from fleet.managed.supervisor import backoff_s, last_error
 from fleet.models import Endpoint
 from fleet.permissions import OPERATOR, grant_role
-from speculation.models import PolicyChange
+from speculation.models import PolicyChange, StageRecord
 from speculation.services.policies import get_policy, update_policy
 
 pytestmark = pytest.mark.django_db
@@ -237,3 +239,31 @@ def test_one_supervisor_per_node_class_holds_the_lease(redis_server):
     first._release_lease()
     assert spare._hold_lease() is True
     spare._release_lease()
+
+
+def test_the_dashboard_shows_a_managed_endpoints_native_multiplier(endpoint, user):
+    # Shows of issue 11: native multipliers on the dashboard like the other paths (records as the gateway writes
+    # them for a managed endpoint in prod: path native, the baseline of the same server without speculation).
+    _serving(endpoint)
+    StageRecord.objects.create(
+        endpoint=endpoint,
+        request_id="native-1",
+        mode="prod",
+        action="speculated",
+        path="native",
+        mechanism="ngram",
+        k=3,
+        drafted_tokens=12,
+        accepted_tokens=7,
+        tok_s=23.7,
+        baseline_tok_s=20.0,
+        multiplier=1.37,
+    )
+    browser = Client()
+    browser.force_login(user)
+
+    overview = browser.get(reverse("speculation:overview")).content.decode()
+    page = browser.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+
+    assert '<span class="measured">1.37×</span>' in overview
+    assert "1.37×" in page and "native" in page
