@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from speculation.web.api import views
+from speculation.web.api.autopairing import AutoPairingApplyView, AutoPairingView
 from speculation.web.api.native_flags import NativeFlagsView
 from speculation.web.api.training_runs import TrainingRunViewSet
 
@@ -17,5 +18,7 @@ urlpatterns = [
     path("endpoints/<int:pk>/policy/path/", views.PolicyPathView.as_view(), name="policy-path"),
     path("endpoints/<int:pk>/policy/changes/", views.PolicyChangesView.as_view(), name="policy-changes"),
     path("endpoints/<int:pk>/native-flags/", NativeFlagsView.as_view(), name="native-flags"),
+    path("endpoints/<int:pk>/autopairing/", AutoPairingView.as_view(), name="autopairing"),
+    path("endpoints/<int:pk>/autopairing/apply/", AutoPairingApplyView.as_view(), name="autopairing-apply"),
     *router.urls,
 ]

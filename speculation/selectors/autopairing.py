@@ -1,0 +1,165 @@
+"""Auto-pairing: per endpoint and workload, which candidate and K shadow's replays say would pay most.
+
+Reads CandidateMeasurement rows (speculation.worker.candidates: every compatible candidate replayed at K = 1..8
+on the same shadowed requests). Per workload x candidate and per K: the mean projected multiplier over the
+requests; the best K is the one with the highest mean (the smallest K on a tie), and its interval is the normal
+approximation mean +- Z * sd / sqrt(n) over the requests (n >= 2; each request is one draw of the multiplier, so
+the interval narrows with the request count). The recommendation per workload is the cell with the highest mean;
+it is `confident` when its interval's low end is above the runner-up's mean (a difference the evidence
+resolves). "overall" pools every workload: the one choice a policy (one draft and K per endpoint) can apply.
+
+Bounded work per view: the newest MAX_ROWS measured rows of the WINDOW are read (a few thousand, JSON lists of
+eight numbers each), aggregated here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from speculation.models import CandidateMeasurement, CandidateStatus
+
+WINDOW = timedelta(days=7)
+MAX_ROWS = 5000
+Z = 1.96  # 95 % normal interval
+MIN_REQUESTS = 5  # fewer measured requests: shown, never recommended
+OVERALL = ""  # the key of the pooled row
+
+
+@dataclass
+class Cell:
+    """One workload x candidate: the best K and its figures over the measured requests."""
+
+    workload: str
+    candidate: str
+    kind: str
+    draft_id: int | None
+    requests: int = 0
+    shed: int = 0
+    best_k: int | None = None
+    multiplier: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    mean_accepted_len: float | None = None
+    acceptance_rate: float | None = None  # accepted / drafted draft tokens at the best K
+    per_k_multiplier: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Recommendation:
+    workload: str
+    candidate: str
+    kind: str
+    draft_id: int | None
+    k: int
+    multiplier: float
+    ci_low: float | None
+    ci_high: float | None
+    requests: int
+    runner_up: str | None
+    runner_up_multiplier: float | None
+    confident: bool
+
+
+@dataclass
+class _Acc:
+    kind: str
+    draft_id: int | None
+    requests: int = 0
+    shed: int = 0
+    mult: list[list[float]] = field(default_factory=lambda: [[] for _ in range(8)])
+    mal: list[float] = field(default_factory=lambda: [0.0] * 8)
+    drafted: list[int] = field(default_factory=lambda: [0] * 8)
+    accepted: list[int] = field(default_factory=lambda: [0] * 8)
+
+    def add(self, row: dict) -> None:
+        if row["status"] != CandidateStatus.MEASURED:
+            self.shed += row["status"] == CandidateStatus.SHED
+            return
+        self.requests += 1
+        for i, value in enumerate((row["multiplier"] or [])[:8]):
+            if value is not None:
+                self.mult[i].append(float(value))
+        for i, value in enumerate((row["mean_accepted_len"] or [])[:8]):
+            self.mal[i] += float(value)
+        for i, (drafted, accepted, _passes) in enumerate((row["counts"] or [])[:8]):
+            self.drafted[i] += drafted
+            self.accepted[i] += accepted
+
+
+def _cell(workload: str, candidate: str, acc: _Acc) -> Cell:
+    means = [sum(values) / len(values) if values else None for values in acc.mult]
+    cell = Cell(workload, candidate, acc.kind, acc.draft_id, requests=acc.requests, shed=acc.shed)
+    cell.per_k_multiplier = [round(m, 4) if m is not None else None for m in means]
+    known = [(m, k) for k, m in enumerate(means, start=1) if m is not None]
+    if not known:
+        return cell
+    best, k = max(known, key=lambda t: (t[0], -t[1]))
+    values = acc.mult[k - 1]
+    cell.best_k, cell.multiplier = k, round(best, 4)
+    if len(values) >= 2:
+        half = Z * math.sqrt(sum((v - best) ** 2 for v in values) / (len(values) - 1)) / math.sqrt(len(values))
+        cell.ci_low, cell.ci_high = round(best - half, 4), round(best + half, 4)
+    cell.mean_accepted_len = round(acc.mal[k - 1] / acc.requests, 4) if acc.requests else None
+    drafted = acc.drafted[k - 1]
+    cell.acceptance_rate = round(acc.accepted[k - 1] / drafted, 4) if drafted else None
+    return cell
+
+
+def _recommend(workload: str, cells: list[Cell]) -> Recommendation | None:
+    ranked = sorted(
+        (c for c in cells if c.multiplier is not None and c.requests >= MIN_REQUESTS),
+        key=lambda c: (-c.multiplier, c.candidate),
+    )
+    if not ranked:
+        return None
+    best, runner = ranked[0], (ranked[1] if len(ranked) > 1 else None)
+    confident = runner is None or (best.ci_low is not None and best.ci_low > runner.multiplier)
+    return Recommendation(
+        workload=workload,
+        candidate=best.candidate,
+        kind=best.kind,
+        draft_id=best.draft_id,
+        k=best.best_k,
+        multiplier=best.multiplier,
+        ci_low=best.ci_low,
+        ci_high=best.ci_high,
+        requests=best.requests,
+        runner_up=runner.candidate if runner else None,
+        runner_up_multiplier=runner.multiplier if runner else None,
+        confident=confident,
+    )
+
+
+def pairing_table(*, endpoint_id: int, since: datetime | None = None) -> dict:
+    """{"workloads": {workload: {"cells": [Cell...], "recommendation": Recommendation | None}}, "overall": {...}}
+    with "" as the overall key's workload; workloads ordered by measured requests, most first."""
+    since = since or timezone.now() - WINDOW
+    rows = (
+        CandidateMeasurement.objects.filter(endpoint_id=endpoint_id, created_at__gte=since)
+        .order_by("-created_at", "-id")
+        .values("workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts")[
+            :MAX_ROWS
+        ]
+    )
+    accs: dict[tuple[str, str], _Acc] = {}
+    for row in rows:  # at most MAX_ROWS
+        for workload in (row["workload"], OVERALL):
+            key = (workload, row["candidate"])
+            if key not in accs:
+                accs[key] = _Acc(kind=row["kind"], draft_id=row["draft_id"])
+            accs[key].add(row)
+    grouped: dict[str, list[Cell]] = defaultdict(list)
+    for (workload, candidate), acc in accs.items():
+        grouped[workload].append(_cell(workload, candidate, acc))
+    table = {
+        workload: {"cells": sorted(cells, key=lambda c: c.candidate), "recommendation": _recommend(workload, cells)}
+        for workload, cells in grouped.items()
+    }
+    overall = table.pop(OVERALL, {"cells": [], "recommendation": None})
+    order = sorted(table, key=lambda w: (-max(c.requests for c in table[w]["cells"]), w))
+    return {"workloads": {w: table[w] for w in order}, "overall": overall}
