@@ -140,6 +140,9 @@ async def _drive(app, token: str, n: int, spent: dict[str, float], per_request: 
         for label, seconds in spent.items():
             per_request[label].append(seconds)
         per_request["rest (ASGI, Django, body, response)"].append(total - sum(spent.values()))
+        # What the gateway itself spends: everything but the upstream call (whose own cost over the bare round
+        # trip is the pooled client's: compare "upstream call" with "fake server round trip").
+        per_request["gateway own (total minus upstream call)"].append(total - spent.get("upstream call", 0.0))
 
 
 def run(*, upstream_url: str, token: str, n: int, listing: Path) -> dict:
