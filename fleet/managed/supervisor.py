@@ -26,6 +26,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,24 @@ class Supervisor:
             # No Redis, no second supervisor to tell apart from: carry on (one machine).
             logger.debug("supervisor lease unavailable: %s", exc)
             return True
+
+    @contextmanager
+    def _lease_kept(self) -> Iterator[None]:
+        """Renew the lease while a long step (canary, baseline) blocks the loop, so that a spare supervisor of
+        the node class does not take over meanwhile."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(LEASE_S / 3):
+                self._hold_lease()
+
+        thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def recover(self) -> None:
         """At start: instances recorded live have no process any more (they died with the last supervisor)."""
@@ -313,7 +333,10 @@ class Supervisor:
         if managed.switches.filter(status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists():
             return
         try:
-            buckets = baseline.measure(base_url=active.base_url, kind=managed.server_kind, model=managed.served_name)
+            with self._lease_kept():
+                buckets = baseline.measure(
+                    base_url=active.base_url, kind=managed.server_kind, model=managed.served_name
+                )
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             logger.warning("baseline of %s not measured: %s", managed.endpoint.name, exc)
             ManagedServer.objects.filter(pk=managed.pk).update(baseline_requested=False)
@@ -364,7 +387,8 @@ class Supervisor:
         record = dict(switch.canary or {}) or canary.requested(settings.MANAGED_SWITCH_CANARY, switch.speculation)
         if record.get("outcome") == canary.PENDING:
             old_plain = active.base_url if active is not None and not active.speculation else None
-            result = canary.run(new_url=standby.base_url, model=managed.served_name, old_url=old_plain)
+            with self._lease_kept():  # 14-53 s on a loaded CPU, longer than the lease
+                result = canary.run(new_url=standby.base_url, model=managed.served_name, old_url=old_plain)
             record = result.record()
             if result.refused:
                 serving = f"speculation {active.speculation}" if active and active.speculation else "no speculation"

@@ -1,20 +1,23 @@
-"""Shared fixtures of the managed endpoint tests that need no server process."""
+"""Shared fixtures of the managed endpoint tests: a stand-in managed endpoint and its first instance (no server
+process), and for the real-vLLM test an admin, its token and the openai client pointed at ACE under uvicorn."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
+from ace import processes
 from fleet.adapters import ProbeReport
 from fleet.managed import switching
 from fleet.managed.models import InstanceRole, InstanceState, ServerInstance
 from fleet.managed.services import create_managed_endpoint
 from fleet.models import Endpoint
-from fleet.permissions import OPERATOR, grant_role
+from fleet.permissions import ADMIN, OPERATOR, grant_role
+from tests.support.stack import start_ace
 
 
 @pytest.fixture
@@ -50,3 +53,30 @@ def serving() -> Callable[..., ServerInstance]:
         return instance
 
     return route
+
+
+@pytest.fixture
+def user():
+    """An admin (test_managed_switch.py: the switches are about the server, not ownership)."""
+    user = get_user_model().objects.create_user(username="managed-admin", password="pw-for-tests-only")
+    grant_role(user=user, role=ADMIN)
+    return user
+
+
+@pytest.fixture(scope="session")
+def managed_ace_server(django_db_setup, redis_server, artifacts_dir: Path) -> Iterator[processes.ManagedProcess]:
+    proc = start_ace(redis_url=redis_server.url, log_dir=artifacts_dir, name="ace-uvicorn-managed")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def gateway_client(managed_ace_server, user):
+    """The official openai client pointed at ACE, with the admin's token."""
+    import openai
+    from rest_framework.authtoken.models import Token
+
+    token = Token.objects.create(user=user).key
+    return openai.OpenAI(base_url=managed_ace_server.url + "/v1", api_key=token, max_retries=0, timeout=120)

@@ -267,3 +267,24 @@ def test_the_dashboard_shows_a_managed_endpoints_native_multiplier(endpoint, use
 
     assert '<span class="measured">1.37×</span>' in overview
     assert "1.37×" in page and "native" in page
+
+
+def test_the_lease_is_kept_while_a_long_step_blocks_the_loop(redis_server, monkeypatch):
+    # The canary and the baseline block the supervisor's loop for longer than the lease; a renewal thread keeps
+    # it meanwhile. The lease is shortened to 4 s and the step lasts 9 s: without renewal the spare takes it
+    # (renewals every 1.3 s leave 2.7 s of slack for a loaded machine).
+    import time
+
+    from fleet.managed import supervisor as supervisor_module
+    from fleet.managed.supervisor import Supervisor
+
+    monkeypatch.setattr(supervisor_module, "LEASE_S", 4)
+    holder, spare = Supervisor(node_class="lease-kept"), Supervisor(node_class="lease-kept")
+    spare._lease_holder = "other-host:1"
+    assert holder._hold_lease() is True
+
+    with holder._lease_kept():
+        time.sleep(9)
+        assert spare._hold_lease() is False
+
+    holder._release_lease()
