@@ -24,8 +24,9 @@ from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.models import DraftModel, SpeculationPolicy
+from speculation.selectors import autopairing, options, rollups
 from speculation.selectors import costs as cost_selectors
-from speculation.selectors import options, rollups
+from speculation.services import autopairing as autopairing_service
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
 from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
@@ -186,6 +187,7 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         "range": time_range,
         "ranges": list(rollups.RANGES),
         "workload": workload or "",
+        "pairing": autopairing.pairing_table(endpoint_id=endpoint.pk),
         "workloads": rollups.workloads_seen(endpoint_id=endpoint.pk, since=time_range.since(timezone.now())),
         "charts": charts,
         "has_chart_data": any(s["y"] for m in CHART_METRICS for s in charts[m]["series"]),
@@ -245,6 +247,23 @@ def endpoint_reevaluate_path(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "; ".join(exc.messages))
     else:
         messages.success(request, f"Verification path of {endpoint.name}: {policy.resolved_path or 'none fits'}.")
+    return redirect("speculation:endpoint", pk=endpoint.pk)
+
+
+@login_required
+@require_POST
+def endpoint_apply_pairing(request: HttpRequest, pk: int) -> HttpResponse:
+    """One click: the policy takes auto-pairing's recommendation (pooled, or the posted workload's)."""
+    endpoint = endpoint_for(request.user, pk, operate=True)
+    workload = request.POST.get("workload") or None
+    try:
+        policy, chosen = autopairing_service.apply_recommendation(
+            endpoint=endpoint, user=request.user, workload=workload
+        )
+    except ValidationError as exc:
+        messages.error(request, f"{endpoint.name} stays as it was: {'; '.join(exc.messages)}")
+    else:
+        messages.success(request, f"{endpoint.name} now drafts with {chosen.candidate} at K = {policy.k}.")
     return redirect("speculation:endpoint", pk=endpoint.pk)
 
 

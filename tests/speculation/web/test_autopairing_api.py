@@ -78,3 +78,18 @@ def test_an_unknown_or_bad_workload_is_a_400_naming_it(endpoint):
     bad = client.post(url, {"workload": "x" * 100}, format="json")
     assert unknown.status_code == 400 and "nope" in str(unknown.json()["workload"])
     assert bad.status_code == 400 and "at most 64" in str(bad.json()["workload"])
+
+
+def test_the_endpoint_page_shows_the_table_and_applies_with_one_click(client, endpoint):
+    user = get_user_model().objects.create_user("clicker", password="pw-for-tests-only")
+    grant_role(user=user, role=OPERATOR)
+    user.groups.add(Group.objects.get_or_create(name=TEAM)[0])
+    client.force_login(user)
+
+    page = client.get(f"/dashboard/endpoints/{endpoint.pk}/").content.decode()
+    applied = client.post(f"/dashboard/endpoints/{endpoint.pk}/autopairing/apply/", {"workload": "chat"})
+
+    assert 'id="autopairing-table"' in page and 'data-candidate="small"' in page
+    assert "<b>small</b> at K = <b>3</b>" in page and 'id="apply-pairing"' in page
+    assert applied.status_code == 302
+    assert SpeculationPolicy.objects.get(endpoint=endpoint).draft.name == "small"
