@@ -58,6 +58,9 @@ class SpeculationPolicy(models.Model):
     draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.PROTECT)
     k = models.PositiveSmallIntegerField(default=5)
     dynamic_k = models.BooleanField(default=False)
+    # "draft: auto": ACE applies auto-pairing's winner (candidate and K) itself, with hysteresis and a minimum of
+    # evidence (speculation.services.autopairing.auto_apply); each switch is a change recorded as "auto".
+    auto_pairing = models.BooleanField(default=False)
     shadow_sample_rate = models.FloatField(default=1.0)
     path = models.CharField(max_length=8, choices=VerificationPath.choices, default=VerificationPath.AUTO)
     # For path local: the target's model directory on the node class, loaded by ACE's own GPU worker.
