@@ -3,7 +3,9 @@
 One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
 the demo pair: plain target decoding; ACE speculation with the draft model and with n-gram lookup, each at
 K=5 and with dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
-constant schedule, no confidence cut-off: the same drafting as ACE's K=5). Greedy throughout.
+constant schedule, no confidence cut-off: the same drafting as ACE's K=5). When the demo target has a trained EAGLE
+head, it runs as a chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py).
+Greedy throughout.
 Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from speculation.bench import trees
 from speculation.engine import (
     DraftModelProposer,
     DynamicLookahead,
@@ -34,6 +37,7 @@ from speculation.engine import (
     generate,
     load_causal_lm,
 )
+from speculation.engine.eagle import EagleProposer
 from speculation.offline.demo import ensure_demo_pair
 from speculation.offline.demo.corpus import stdlib_corpus
 from speculation.offline.eagle.demo_head import eagle_proposer_for
@@ -54,8 +58,8 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Mechanism:
-    name: str  # "plain" | "draft_model" | "ngram" | "hf_plain" | "hf_assisted"
-    k: int | str | None
+    name: str  # "plain" | "draft_model" | "ngram" | "hf_plain" | "hf_assisted" | "eagle" | "eagle_tree"
+    k: int | str | None  # eagle_tree: the tree shape's label (speculation/bench/trees.py)
 
 
 MECHANISMS = [
@@ -225,16 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
 
-    # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle"
+    # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle" (a chain) and "eagle_tree"
     eagle = eagle_proposer_for(pair, target_model)
+    eagle_trees = {}
+    if eagle is not None:
+        eagle_trees = {
+            label: EagleProposer(eagle.head, target_model, tree=shape) for label, shape in trees.TREES_BY_LABEL.items()
+        }
     mechanisms = MECHANISMS + ([Mechanism("eagle", K)] if eagle is not None else [])
+    mechanisms += [Mechanism("eagle_tree", label) for label in eagle_trees]
 
     def run(mech: Mechanism, prompt: Prompt):
         if mech.name.startswith("hf_"):
             return run_hf(mech, hf_target, hf_draft, prompt, max_new, eos)
-        if mech.name == "eagle":
-            config = GenerationConfig(max_new_tokens=max_new, k=K, stop_token_ids=(eos,))
-            result = generate(target, eagle, prompt.ids, config)
+        if mech.name in ("eagle", "eagle_tree"):
+            proposer = eagle if mech.name == "eagle" else eagle_trees[mech.k]
+            depth = K if mech.name == "eagle" else trees.TREES_BY_LABEL[mech.k].depth
+            config = GenerationConfig(max_new_tokens=max_new, k=depth, stop_token_ids=(eos,))
+            result = generate(target, proposer, prompt.ids, config)
             return result.tokens, result.stats
         return run_ace(mech, target, draft_model, prompt, max_new, eos)
 
@@ -291,7 +303,9 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         entry = {"mechanism": mech.name, "k": mech.k, **summarise(stats)}
         entry["speedup_vs_plain"] = round(stats.tok_s / tok_s[plain_key], 3)
         entry["speedup_vs_hf"] = round(stats.tok_s / tok_s[hf_key], 3)
-        if mech.name in ("draft_model", "ngram", "eagle"):
+        if mech.name == "eagle_tree":
+            entry.update(trees.tree_entry(mech.k))
+        if mech.name in trees.SPECULATIVE:
             entry["greedy_identical"] = [t for _, t, _ in rows] == [plain_tokens[i] for i in range(len(rows))]
         if mech.name == "draft_model" and mech.k == K:
             bound = stats.mean_accepted_len / (v_verify + K * c_draft)
@@ -315,6 +329,11 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
             "speedup_vs_plain": round(spec.tok_s / plain.tok_s, 3),
             "ngram_mean_accepted_len": round(ngram.mean_accepted_len, 4),
             "ngram_speedup_vs_plain": round(ngram.tok_s / plain.tok_s, 3),
+            "mechanisms": {
+                f"{m.name}:{m.k}": trees.figures(SpecStats.combine([s for _, _, s in rows]), plain)
+                for m, rows in per_mech.items()
+                if m.name in trees.SPECULATIVE
+            },
         }
         if Mechanism("eagle", K) in per_mech:  # additive (eagle)
             eagle = SpecStats.combine([s for _, _, s in per_mech[Mechanism("eagle", K)]])
@@ -364,15 +383,17 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         },
         "runs": runs,
         "categories": categories,
+        "eagle_vs_draft": trees.eagle_vs_draft(runs, categories, f"draft_model:{K}"),
     }
 
 
 def print_table(report: dict) -> None:
     print(f"device: {report['device']}   prompts: {report['prompts']}   max_new_tokens: {report['max_new_tokens']}")
-    print(f"{'mechanism':<12} {'k':>8} {'tok/s':>8} {'vs plain':>9} {'vs HF':>7} {'alpha':>6} {'E[N]':>6} {'ident':>6}")
+    header = f"{'mechanism':<12} {'k':>16} {'tok/s':>8} {'vs plain':>9} {'vs HF':>7} {'alpha':>6} {'E[N]':>6}"
+    print(f"{header} {'ident':>6}")
     for r in report["runs"]:
         print(
-            f"{r['mechanism']:<12} {r['k']!s:>8} {r['tok_s']:>8.1f} {r['speedup_vs_plain']:>9.2f} "
+            f"{r['mechanism']:<12} {r['k']!s:>16} {r['tok_s']:>8.1f} {r['speedup_vs_plain']:>9.2f} "
             f"{r['speedup_vs_hf']:>7.2f} {r['alpha']:>6.2f} {r['mean_accepted_len']:>6.2f} "
             f"{r.get('greedy_identical', '-')!s:>6}"
         )
@@ -388,6 +409,7 @@ def print_table(report: dict) -> None:
             f"speedup {cat['speedup_vs_plain']:.2f}  (n-gram E[N] {cat['ngram_mean_accepted_len']:.2f}, "
             f"speedup {cat['ngram_speedup_vs_plain']:.2f})"
         )
+    trees.print_comparison(report)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ decayed estimate from the accepted counts (accepted / positions reached); the co
 measured wall time, verify cost kept per number of tokens verified (on a CPU it is far from linear: a few
 rows cost what one row costs, then the matrix kernel changes). K = 0 (a plain step) is a candidate too, so
 speculation backs off when the draft does not pay; every ``PROBE_EVERY`` plain steps one draft step probes
-whether the acceptance came back.
+whether the acceptance came back. For a draft-tree proposer (engine/tree.py) K caps the tree's depth: the
+step's accepted path is what alpha counts, and the measured costs are the tree's (draft time per level,
+verification time of the whole tree at that depth), so the same rule sizes the tree.
 """
 
 from __future__ import annotations

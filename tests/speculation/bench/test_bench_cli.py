@@ -7,6 +7,7 @@ import json
 import pytest
 
 from speculation.bench import engine as bench
+from speculation.bench import trees
 
 TOP_KEYS = (
     "device",
@@ -42,8 +43,16 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys)
     report = json.loads(out.read_text())
     assert set(TOP_KEYS) <= set(report)
     assert report["greedy_identical"] is True
-    # An EAGLE run joins when a trained head for the demo target exists ($ACE_HOME/models/<demo>-eagle).
-    assert {(r["mechanism"], r["k"]) for r in report["runs"]} - {("eagle", 5)} == {
+    # EAGLE runs (a chain and the draft trees) join when a trained head for the demo target exists
+    # ($ACE_HOME/models/<demo>-eagle).
+    runs = {(r["mechanism"], r["k"]) for r in report["runs"]}
+    eagle = {run for run in runs if run[0] in ("eagle", "eagle_tree")}
+    if eagle:
+        assert eagle == {("eagle", 5)} | {("eagle_tree", label) for label in trees.TREES_BY_LABEL}
+        assert report["eagle_vs_draft"]["categories"] == len(report["categories"])
+        assert all("eagle_tree:" + label in cat["mechanisms"] for label in trees.TREES_BY_LABEL
+                   for cat in report["categories"].values())  # fmt: skip
+    assert runs - eagle == {
         ("plain", None),
         ("draft_model", 5),
         ("draft_model", "dynamic"),

@@ -11,7 +11,14 @@ import math
 import pytest
 import torch
 
-from speculation.engine import GenerationConfig, LocalTarget, generate, generate_plain, verify_greedy
+from speculation.engine import (
+    DynamicLookahead,
+    GenerationConfig,
+    LocalTarget,
+    generate,
+    generate_plain,
+    verify_greedy,
+)
 from speculation.engine import tree as tree_module
 from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer, init_weights
 from speculation.engine.sampling import SamplingParams, probs_from_logits
@@ -258,6 +265,24 @@ def test_tree_greedy_honours_stop_tokens_and_min_tokens(target_model, trained_tr
 
     assert result.tokens == generate_plain(local, prompt, config).tokens
     assert stop not in result.tokens[:12]
+
+
+def test_dynamic_lookahead_sizes_the_trees_depth_and_the_output_stays_plain(target_model, trained_tree_head):
+    # given the lookahead controller choosing K each step: for a tree proposer K caps the tree's depth, and the
+    # controller's measured costs (verify time per depth, draft time per level) are the tree's own
+    local = LocalTarget(target_model)
+    proposer = EagleProposer(trained_tree_head, target_model, tree=TreeShape(3, 6, 12))
+    lookahead = DynamicLookahead(k_max=6, k_start=6)
+    config = GenerationConfig(max_new_tokens=40, k=6, dynamic_k=True)
+    depths: set[int] = set()
+
+    for prompt in PROMPTS:
+        result = generate(local, proposer, prompt, config, lookahead=lookahead)
+
+        assert result.tokens == generate_plain(local, prompt, config).tokens
+        depths.update(result.k_history)
+    assert len(depths) > 1  # the controller tried more than one tree depth
+    assert max(depths) <= 6
 
 
 def test_a_tree_accepts_at_least_as_much_as_the_chain_on_the_trained_head(target_model, trained_tree_head):

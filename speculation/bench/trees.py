@@ -1,0 +1,91 @@
+"""EAGLE draft trees in ``python -m speculation.bench``: the tree shapes run, and EAGLE against the draft model.
+
+Runs named ``mechanism: "eagle_tree"`` carry the shape's label as their ``k`` (``k<top_k>-d<depth>-n<nodes>-t<score
+temperature>``) and the shape itself under ``tree``. Per category the report gains ``mechanisms`` (every
+speculative run's alpha, mean accepted length, tok/s and speedup) and, overall, ``eagle_vs_draft``: the best
+EAGLE configuration (highest overall tok/s) against the draft model at K=5, overall and per category.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from speculation.engine import SpecStats
+from speculation.engine.tree import TreeShape
+
+# Shapes for a CPU, where a verification pass costs about one target step per few extra rows: a narrow deep
+# tree (two candidates per level) and EAGLE-2's usual wider one. The head trained by train_eagle is
+# under-confident (its top-1 is right far more often than its probability says), so scores are sharpened
+# (score temperature 0.3) before depth is traded for breadth.
+EAGLE_TREES = (
+    TreeShape(top_k=2, depth=8, nodes=12, score_temperature=0.3),
+    TreeShape(top_k=4, depth=6, nodes=24, score_temperature=0.3),
+)
+SPECULATIVE = ("draft_model", "ngram", "eagle", "eagle_tree")
+
+
+def tree_label(shape: TreeShape) -> str:
+    return f"k{shape.top_k}-d{shape.depth}-n{shape.nodes}-t{shape.score_temperature:g}"
+
+
+TREES_BY_LABEL = {tree_label(shape): shape for shape in EAGLE_TREES}
+
+
+def tree_entry(label: str) -> dict:
+    """The JSON of a tree run's shape (added to its ``runs`` entry)."""
+    return {"tree": asdict(TREES_BY_LABEL[label])}
+
+
+def figures(stats: SpecStats, plain: SpecStats) -> dict:
+    return {
+        "alpha": round(stats.alpha, 4),
+        "mean_accepted_len": round(stats.mean_accepted_len, 4),
+        "tok_s": round(stats.tok_s, 2),
+        "speedup_vs_plain": round(stats.tok_s / plain.tok_s, 3) if plain.tok_s else 0.0,
+    }
+
+
+def eagle_vs_draft(runs: list[dict], categories: dict[str, dict], draft_key: str) -> dict | None:
+    """The best EAGLE run (by overall tok/s) against the draft model at K=5: overall and category by category."""
+    eagle_runs = [r for r in runs if r["mechanism"] in ("eagle", "eagle_tree")]
+    if not eagle_runs:
+        return None
+    best = max(eagle_runs, key=lambda r: r["tok_s"])
+    best_key = f"{best['mechanism']}:{best['k']}"
+    draft = next(r for r in runs if f"{r['mechanism']}:{r['k']}" == draft_key)
+    won_len = [c for c, cat in categories.items() if _beats(cat, best_key, draft_key, "mean_accepted_len")]
+    won_tok_s = [c for c, cat in categories.items() if _beats(cat, best_key, draft_key, "tok_s")]
+    return {
+        "best": best_key,
+        "draft": draft_key,
+        "mean_accepted_len": [best["mean_accepted_len"], draft["mean_accepted_len"]],
+        "tok_s": [best["tok_s"], draft["tok_s"]],
+        "beats_on_mean_accepted_len": best["mean_accepted_len"] > draft["mean_accepted_len"],
+        "beats_on_tok_s": best["tok_s"] > draft["tok_s"],
+        "categories": len(categories),
+        "categories_won_mean_accepted_len": sorted(won_len),
+        "categories_won_tok_s": sorted(won_tok_s),
+    }
+
+
+def _beats(category: dict, ours: str, theirs: str, key: str) -> bool:
+    return category["mechanisms"][ours][key] > category["mechanisms"][theirs][key]
+
+
+def print_comparison(report: dict) -> None:
+    comparison = report.get("eagle_vs_draft")
+    if not comparison:
+        return
+    ours, theirs = comparison["best"], comparison["draft"]
+    print(
+        f"best EAGLE {ours} vs {theirs}: E[N] {comparison['mean_accepted_len'][0]:.2f} vs "
+        f"{comparison['mean_accepted_len'][1]:.2f}, tok/s {comparison['tok_s'][0]:.1f} vs {comparison['tok_s'][1]:.1f}"
+        f"; categories won on E[N] {len(comparison['categories_won_mean_accepted_len'])}/{comparison['categories']}, "
+        f"on tok/s {len(comparison['categories_won_tok_s'])}/{comparison['categories']}"
+    )
+    for name, cat in report["categories"].items():
+        mine, draft = cat["mechanisms"][ours], cat["mechanisms"][theirs]
+        print(
+            f"  {name:<15} E[N] {mine['mean_accepted_len']:.2f} vs {draft['mean_accepted_len']:.2f}  "
+            f"tok/s {mine['tok_s']:.1f} vs {draft['tok_s']:.1f}"
+        )
