@@ -166,6 +166,7 @@ class BatchDecoder:
             return updates
         batch_size = len(self._active)
         ks = self._lookaheads(batch_size)
+        self._reserve(max(ks))  # cache growth happens before the timed part (the lookahead's costs)
         t0 = time.perf_counter()
         proposals = self._propose(ks)
         if self.lookahead is not None and self.device.type == "cuda":
@@ -191,6 +192,14 @@ class BatchDecoder:
             if self._active[row].key in finished:
                 self._free_row(row)
         return updates
+
+    def _reserve(self, k_max: int) -> None:
+        """Room for this step: the target gets [last committed, k_max drafts] after each row's cached positions;
+        the draft its unseen committed tokens and k_max - 1 drafts."""
+        rows, longest = len(self._active), max(len(s.committed) for s in self._active)
+        self.target.reserve(rows, longest + k_max)
+        if self.draft is not None and k_max:
+            self.draft.reserve(rows, longest + k_max)
 
     def _lookaheads(self, batch_size: int) -> list[int]:
         """Each slot's draft length this step (0 when nothing drafts)."""
@@ -224,7 +233,6 @@ class BatchDecoder:
         next ones the previous draft token. A slot samples (or takes the argmax of) its first k_b only."""
         slots, k_max = self._active, max(ks)
         feeds = [torch.tensor(s.committed[s.draft_len :], device=self.device) for s in slots]
-        draft.reserve(len(slots), max(len(s.committed) for s in slots) + k_max)
         starts = [s.draft_len for s in slots]
         last = [len(s.committed) - s.draft_len - 1 for s in slots]
         logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last)  # [B, V]
@@ -257,7 +265,6 @@ class BatchDecoder:
         feeds = [torch.cat([lasts[b : b + 1], d]) for b, d in enumerate(proposals.drafts)]
         width = max(f.shape[0] for f in feeds)
         starts = [s.target_len for s in slots]
-        self.target.reserve(len(slots), max(starts) + width)
         logits = self.target.forward(pad_sequence(feeds, batch_first=True), starts)  # [B, T, V]
         results = []
         for b, slot in enumerate(slots):
