@@ -7,6 +7,8 @@ a workload applies that workload's winner to the whole endpoint.
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 
@@ -14,6 +16,8 @@ from fleet.models import Endpoint
 from speculation.models import DraftKind, DraftModel, SpeculationPolicy
 from speculation.selectors.autopairing import MIN_REQUESTS, Recommendation, pairing_table
 from speculation.services.policies import update_policy
+
+logger = logging.getLogger(__name__)
 
 
 def recommendation_for(*, endpoint: Endpoint, workload: str | None = None) -> Recommendation:
@@ -47,3 +51,63 @@ def apply_recommendation(
             raise ValidationError({"draft": [f"draft {recommendation.candidate!r} is no longer registered"]})
     policy = update_policy(endpoint=endpoint, user=user, mechanism=recommendation.kind, draft=draft, k=recommendation.k)
     return policy, recommendation
+
+
+# --- draft: auto ----------------------------------------------------------------------------------------------
+
+AUTO_MIN_REQUESTS = 20  # measured requests the winner needs before ACE switches on its own
+AUTO_MARGIN = 0.05  # the winner's interval must clear the current choice's projection by this fraction
+
+
+def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommendation | None, str]:
+    """(the recommendation to apply, why) or (None, why not): the pooled winner must differ from the current
+    pairing, rest on AUTO_MIN_REQUESTS requests, and its interval's low end must beat the current pairing's
+    projected multiplier by AUTO_MARGIN (hysteresis: a noisy lead does not flip the policy back and forth)."""
+    recommendation = table["overall"]["recommendation"]
+    if recommendation is None:
+        return None, "no recommendation yet"
+    current = DraftKind.NGRAM if policy.mechanism == DraftKind.NGRAM else (policy.draft.name if policy.draft else "")
+    if recommendation.candidate == current and recommendation.k == policy.k:
+        return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
+    if recommendation.requests < AUTO_MIN_REQUESTS:
+        return None, f"{recommendation.requests} measured requests; auto needs {AUTO_MIN_REQUESTS}"
+    cell = next((c for c in table["overall"]["cells"] if c.candidate == current), None)
+    now = cell.per_k_multiplier[policy.k - 1] if cell and 0 < policy.k <= len(cell.per_k_multiplier) else None
+    evidence = (
+        f"{recommendation.candidate} at K = {recommendation.k} projects {recommendation.multiplier:.2f}x "
+        f"[{recommendation.ci_low}, {recommendation.ci_high}] over {recommendation.requests} requests"
+    )
+    if now is not None:
+        evidence += f" vs {current} at K = {policy.k} {now:.2f}x"
+        if recommendation.ci_low is None or recommendation.ci_low <= now * (1 + AUTO_MARGIN):
+            return None, f"not clearly better: {evidence} (needs an interval above {now * (1 + AUTO_MARGIN):.2f}x)"
+    elif not recommendation.confident:
+        return None, f"not yet significant: {evidence}"
+    return recommendation, evidence
+
+
+def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
+    """For a `draft: auto` policy, apply the winner when auto_decision says so; the change is recorded with
+    changed_by empty and {"auto": [None, evidence]}. Returns the changed policy, or None when nothing changed."""
+    policy = SpeculationPolicy.objects.select_related("draft").filter(endpoint=endpoint).first()
+    if policy is None or not policy.auto_pairing:
+        return None
+    recommendation, why = auto_decision(policy=policy, table=pairing_table(endpoint_id=endpoint.pk))
+    if recommendation is None:
+        logger.info("auto-pairing of %s: no switch (%s)", endpoint.name, why)
+        return None
+    draft = None
+    if recommendation.kind != DraftKind.NGRAM:
+        draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()
+    try:
+        return update_policy(
+            endpoint=endpoint,
+            user=None,
+            note={"auto": [None, why]},
+            mechanism=recommendation.kind,
+            draft=draft,
+            k=recommendation.k,
+        )
+    except ValidationError as exc:  # e.g. the draft was deleted meanwhile: stay, say why
+        logger.warning("auto-pairing of %s: switch refused: %s", endpoint.name, "; ".join(exc.messages))
+        return None

@@ -30,7 +30,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EDITABLE_FIELDS = ("mode", "mechanism", "draft", "k", "dynamic_k", "shadow_sample_rate", "path", "target_path")
+EDITABLE_FIELDS = (
+    "mode",
+    "mechanism",
+    "draft",
+    "k",
+    "dynamic_k",
+    "auto_pairing",
+    "shadow_sample_rate",
+    "path",
+    "target_path",
+)
 
 
 def get_policy(*, endpoint: Endpoint) -> SpeculationPolicy:
@@ -211,10 +221,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, **fields: Any) -> SpeculationPolicy:
+def update_policy(
+    *, endpoint: Endpoint, user: AbstractBaseUser | None = None, note: dict[str, Any] | None = None, **fields: Any
+) -> SpeculationPolicy:
     """Change the endpoint's policy (only the given fields), validated as a whole; record who changed what.
 
-    `draft` is a DraftModel, its name, or None. Nothing is saved when the result would be invalid.
+    `draft` is a DraftModel, its name, or None. Nothing is saved when the result would be invalid. `note`: extra
+    entries for the recorded change when something changed (auto-pairing's {"auto": [None, evidence]}).
     """
     unknown = sorted(set(fields) - set(EDITABLE_FIELDS))
     if unknown:
@@ -247,6 +260,6 @@ def update_policy(*, endpoint: Endpoint, user: AbstractBaseUser | None = None, *
         actor = user if user is not None and user.is_authenticated else None
         policy.updated_by = actor
         policy.save()
-        PolicyChange.objects.create(policy=policy, changed_by=actor, changes=changes)
+        PolicyChange.objects.create(policy=policy, changed_by=actor, changes={**changes, **(note or {})})
     logger.info("policy of %s changed by %s: %s", endpoint.name, actor or "system", changes)
     return policy

@@ -16,6 +16,11 @@ class PolicyForm(forms.Form):
     draft = forms.ChoiceField(required=False, help_text="A registered draft sharing the endpoint's tokenizer.")
     k = forms.IntegerField(label="Lookahead K", min_value=K_MIN, max_value=K_MAX)
     dynamic_k = forms.BooleanField(label="Dynamic K (adapt to acceptance and load)", required=False)
+    auto_pairing = forms.BooleanField(
+        label="Draft: auto (apply auto-pairing's winner and its K)",
+        required=False,
+        help_text="ACE switches the draft and K itself when shadow's replays show a clearly better pairing.",
+    )
     shadow_sample_rate = forms.FloatField(
         min_value=0.0, max_value=1.0, help_text="Fraction of shadow traffic that is measured (0-1)."
     )

@@ -123,6 +123,7 @@ def _policy_initial(policy: SpeculationPolicy) -> dict:
         "draft": policy.draft.name if policy.draft_id else "",
         "k": policy.k,
         "dynamic_k": policy.dynamic_k,
+        "auto_pairing": policy.auto_pairing,
         "shadow_sample_rate": policy.shadow_sample_rate,
         "path": policy.path,
         "target_path": policy.target_path,

@@ -191,12 +191,31 @@ def _fill(
         row.reason = f"greedy replay (exact) at K = 1..{K_RANGE[-1]}; c={costs.c:.3f}"
 
 
+AUTO_CHECK_KEY = "ace:auto-pairing-checked:{endpoint_id}"
+AUTO_CHECK_S = 60  # a `draft: auto` endpoint's winner is re-evaluated at most once a minute (any worker)
+
+
+def maybe_auto_apply(endpoint: Endpoint, policy: SpeculationPolicy) -> None:
+    """For a `draft: auto` policy, let auto-pairing switch the draft and K (speculation.services.autopairing)."""
+    if not policy.auto_pairing:
+        return
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+        if not client.set(AUTO_CHECK_KEY.format(endpoint_id=endpoint.pk), 1, nx=True, ex=AUTO_CHECK_S):
+            return  # evaluated within the last minute
+    except (redis.RedisError, OSError):
+        return
+    from speculation.services.autopairing import auto_apply
+
+    auto_apply(endpoint=endpoint)
+
+
 def measure_candidates_after_shadow(**kwargs: Any) -> None:
-    """shadow's hook: never lets a candidate replay fail the request's own measurement."""
+    """shadow's hook: never lets a candidate replay (or auto-pairing) fail the request's own measurement."""
     try:
         rows = measure_candidates(**kwargs)
+        if rows:
+            logger.info("request %s: %d candidate rows", kwargs.get("request_id"), len(rows))
+            maybe_auto_apply(kwargs["endpoint"], kwargs["policy"])
     except Exception:  # noqa: BLE001 - logged with the request id; the stage record is already written
-        logger.exception("request %s: candidate replays failed", kwargs.get("request_id"))
-        return
-    if rows:
-        logger.info("request %s: %d candidate rows", kwargs.get("request_id"), len(rows))
+        logger.exception("request %s: candidate replays or auto-pairing failed", kwargs.get("request_id"))

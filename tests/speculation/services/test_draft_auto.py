@@ -1,0 +1,79 @@
+"""`draft: auto`: ACE applies auto-pairing's winner itself, only with enough evidence and a clear margin
+(hysteresis), and the change history says "auto" with the evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import Endpoint, EndpointStatus
+from speculation.models import CandidateMeasurement, DraftKind, DraftModel, PolicyChange, SpeculationPolicy
+from speculation.services.autopairing import AUTO_MARGIN, AUTO_MIN_REQUESTS, auto_apply
+
+pytestmark = pytest.mark.django_db
+
+FP = "b" * 64
+
+
+@pytest.fixture
+def endpoint():
+    endpoint = Endpoint.objects.create(
+        name="auto", base_url="http://127.0.0.1:9/", status=EndpointStatus.READY,
+        capabilities={"tokenizer_fingerprint": FP},
+    )  # fmt: skip
+    SpeculationPolicy.objects.create(endpoint=endpoint, mode="shadow", mechanism="ngram", k=5, auto_pairing=True)
+    return endpoint
+
+
+@pytest.fixture
+def draft():
+    return DraftModel.objects.create(name="small", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint=FP)
+
+
+def measure(endpoint, draft, *, requests: int, ngram_at_5: float, small_at_3: float, spread: float = 0.02):
+    """`requests` shadowed requests, each with both candidates replayed (draws alternate +-spread)."""
+    for i in range(requests):
+        jitter = spread if i % 2 else -spread
+        for name, kind, the_draft, peak_k, peak in (
+            ("ngram", "ngram", None, 5, ngram_at_5),
+            ("small", "draft_model", draft, 3, small_at_3),
+        ):
+            CandidateMeasurement.objects.create(
+                endpoint=endpoint, request_id=f"r{i}", workload="code", candidate=name, kind=kind, draft=the_draft,
+                multiplier=[round(peak + jitter - 0.1 * abs(k - peak_k), 4) for k in range(1, 9)],
+                mean_accepted_len=[2.0] * 8, counts=[[k, 1, 3] for k in range(1, 9)],
+            )  # fmt: skip
+
+
+def test_a_clearly_better_candidate_with_enough_evidence_is_applied_and_recorded_as_auto(endpoint, draft):
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    assert policy is not None and (policy.mechanism, policy.draft.name, policy.k) == ("draft_model", "small", 3)
+    change = PolicyChange.objects.get(policy=policy)
+    assert change.changed_by is None
+    assert change.changes["draft"] == [None, "small"] and change.changes["k"] == [5, 3]
+    evidence = change.changes["auto"][1]
+    assert "small at K = 3 projects 1.60x" in evidence and f"over {AUTO_MIN_REQUESTS} requests" in evidence
+    assert "vs ngram at K = 5 1.10x" in evidence
+    assert auto_apply(endpoint=endpoint) is None  # the winner is now the current pairing: nothing flips back
+
+
+def test_a_lead_inside_the_margin_does_not_switch(endpoint, draft):
+    # small leads by 3 %: below the margin, however many requests
+    measure(endpoint, draft, requests=3 * AUTO_MIN_REQUESTS, ngram_at_5=1.5, small_at_3=1.5 * (1 + AUTO_MARGIN / 2))
+
+    assert auto_apply(endpoint=endpoint) is None
+    policy = SpeculationPolicy.objects.get(endpoint=endpoint)
+    assert (policy.mechanism, policy.k) == ("ngram", 5) and not PolicyChange.objects.exists()
+
+
+def test_too_little_evidence_does_not_switch(endpoint, draft):
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS - 1, ngram_at_5=1.1, small_at_3=1.6)
+    assert auto_apply(endpoint=endpoint) is None
+
+
+def test_without_draft_auto_nothing_is_applied(endpoint, draft):
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(auto_pairing=False)
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+    assert auto_apply(endpoint=endpoint) is None
