@@ -16,10 +16,12 @@ from speculation.engine.tree import TreeShape
 # Shapes for a CPU, where a verification pass costs about one target step per few extra rows: a narrow deep
 # tree (two candidates per level) and EAGLE-2's usual wider one. The head trained by train_eagle is
 # under-confident (its top-1 is right far more often than its probability says), so scores are sharpened
-# (score temperature 0.3) before depth is traded for breadth.
+# (score temperature 0.3) before depth is traded for breadth. The one-wide tree of depth 8 is the control: a
+# chain of 8, so the gain of branching is told apart from the gain of drafting deeper than K=5.
 EAGLE_TREES = (
     TreeShape(top_k=2, depth=8, nodes=12, score_temperature=0.3),
     TreeShape(top_k=4, depth=6, nodes=24, score_temperature=0.3),
+    TreeShape(top_k=1, depth=8, nodes=8),
 )
 SPECULATIVE = ("draft_model", "ngram", "eagle", "eagle_tree")
 
