@@ -138,14 +138,16 @@ def measure_candidates(
     prompt_ids: list[int],
     output_ids: list[int],
     max_tokens: int | None,
+    budgeted: bool = True,
 ) -> list[CandidateMeasurement]:
-    """Replay every compatible candidate on one greedy request within the budget; one row each (shed ones too)."""
-    if settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
+    """Replay every compatible candidate on one greedy request within the budget; one row each (shed ones too).
+    budgeted=False: every candidate (an operator's calibration run, not live traffic)."""
+    if budgeted and settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
         return []
     candidates = compatible_candidates(endpoint)
     start = zlib.crc32(request_id.encode()) % len(candidates)  # which ones a partial budget keeps rotates
     candidates = candidates[start:] + candidates[:start]
-    granted, shed_reason = take_budget(endpoint.pk, len(candidates))
+    granted, shed_reason = take_budget(endpoint.pk, len(candidates)) if budgeted else (len(candidates), "")
     rows = []
     for i, candidate in enumerate(candidates):
         row = CandidateMeasurement(
