@@ -22,17 +22,17 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from speculation.bench import concurrency as concurrency_bench
 from speculation.bench import coverage
 from speculation.bench.load import load_prompts, paired_latencies, quantile, run_concurrent
 from speculation.bench.stack import BenchStack
+from speculation.offline.eagle.prompts import spec_bench_path
 
 logger = logging.getLogger(__name__)
 
-DATASET = Path(settings.BASE_DIR).parent / "shared" / "datasets" / "spec_bench_questions.jsonl"
+DATASET = spec_bench_path()  # the vendored Spec-Bench questions (ACE_SPEC_BENCH overrides)
 K = 3
 
 
