@@ -81,6 +81,7 @@ class _Proposals:
     drafts: list[Tensor]  # per slot [k_b] (device)
     qs: list[Tensor | None]  # per slot [k_b, V], None = one-hot drafts
     fed: int  # draft positions fed per row this step (0: the draft model did not run)
+    catch_up: bool = False  # the first draft forward also fed tokens committed by plain steps
 
 
 class BatchDecoder:
@@ -186,6 +187,7 @@ class BatchDecoder:
                 reached=reached,
                 draft_s=t1 - t0,
                 verify_s=t2 - t1,
+                catch_up=proposals.catch_up,
             )
         finished = {u.key for u in updates if u.finish_reason}
         for row in range(len(self._active) - 1, -1, -1):  # leave after the step, highest row first
@@ -256,6 +258,7 @@ class BatchDecoder:
             drafts=[drafted[b, :k] for b, k in enumerate(ks)],
             qs=[torch.stack(q) if q else None for q in qs],
             fed=k_max,
+            catch_up=max(last) > 1,  # more than [d_K, bonus] of the last step: plain steps ran in between
         )
 
     def _verify(self, proposals: _Proposals) -> list[list[int]]:

@@ -25,6 +25,7 @@ DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before anything is measured
 PROBE_EVERY = 8
+REMEASURE_EVERY = 16  # batch steps (per load bucket) between re-measurements of k_start (LoadAwareLookahead)
 
 
 def check_k(k: int) -> int:
@@ -95,17 +96,20 @@ class LoadAwareLookahead:
     with K = 0 (plain batched decoding) among the candidates: as the batch grows the target pass stops being
     memory-bound, verifying K + 1 tokens per slot costs nearly K + 1 times one, and speculation stops paying
     (vLLM RFC #4565, SGLang PR #13376, Nightjar arXiv 2512.22420). Costs are measured per batch-size bucket
-    (a DynamicLookahead each); the acceptance is shared by all buckets (it does not depend on the load).
+    (a DynamicLookahead each); the acceptance is shared by all buckets (it does not depend on the load). Every
+    ``REMEASURE_EVERY`` steps of a bucket one step drafts ``k_start`` again, so a cost measured at a noisy moment
+    does not keep a K from ever being tried again.
     """
 
     k_start: int = DEFAULT_K
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
     by_load: dict[int, DynamicLookahead] = field(default_factory=dict)  # load bucket -> its measured costs
+    steps: dict[int, int] = field(default_factory=dict)  # load bucket -> steps chosen there
 
     @property
     def alpha(self) -> float:
-        return self.accepted / self.reached
+        return self.accepted / self.reached if self.reached > 0 else PRIOR_ALPHA
 
     def _costs(self, batch_size: int) -> DynamicLookahead:
         bucket = load_bucket(batch_size)
@@ -114,16 +118,32 @@ class LoadAwareLookahead:
         return self.by_load[bucket]
 
     def choose(self, batch_size: int, *, k_max: int) -> int:
+        bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)
         costs.k_max, costs.k_start = k_max, min(self.k_start, k_max)
-        costs.accepted, costs.reached = self.accepted, self.reached
+        costs.accepted, costs.reached = self.alpha, 1.0
+        self.steps[bucket] = self.steps.get(bucket, 0) + 1
+        if self.steps[bucket] % REMEASURE_EVERY == 0:
+            return costs.k_start
         return costs.choose()
 
     def observe(
-        self, *, batch_size: int, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float
+        self,
+        *,
+        batch_size: int,
+        drafted: int,
+        accepted: int,
+        reached: int,
+        draft_s: float,
+        verify_s: float,
+        catch_up: bool = False,
     ) -> None:
         """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
-        the slots; draft_s / verify_s the step's wall time."""
-        self._costs(batch_size).observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s)
+        the slots; draft_s / verify_s the step's wall time. catch_up: the drafting also fed the draft the tokens
+        that plain steps committed, so draft_s is not a draft step's cost (the last estimate stands)."""
+        costs = self._costs(batch_size)
+        if catch_up and costs.draft_step_s is not None:
+            draft_s = costs.draft_step_s * drafted
+        costs.observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s)
         self.accepted = DECAY * self.accepted + accepted
         self.reached = DECAY * self.reached + reached

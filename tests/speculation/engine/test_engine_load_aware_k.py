@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from speculation.engine import LoadAwareLookahead
-from speculation.engine.lookahead import load_bucket
+from speculation.engine.lookahead import REMEASURE_EVERY, load_bucket
 
 
 def measured(*, alpha: float, costs: dict[int, tuple[dict[int, float], float]]) -> LoadAwareLookahead:
@@ -59,3 +61,21 @@ def test_fresh_batch_sizes_explore_before_they_choose():
         seen.append(k)
         lookahead.observe(batch_size=16, drafted=k, accepted=k // 2, reached=k, draft_s=0.01 * k, verify_s=0.1)
     assert seen == [4, 2, 0]
+
+
+def test_a_k_measured_at_a_bad_moment_is_measured_again():
+    # given: verifying 6 tokens once looked very slow (a noisy moment), so plain steps win
+    lookahead = measured(alpha=0.9, costs={1: ({1: 1.0, 3: 1.1, 6: 50.0}, 0.05)})
+    choices = [lookahead.choose(1, k_max=5) for _ in range(REMEASURE_EVERY)]
+    # then: within REMEASURE_EVERY steps K = k_start is drafted again, to be measured anew
+    assert choices[-1] == 5 and 5 not in choices[:-1]
+
+
+def test_a_step_that_catches_the_draft_up_does_not_count_as_a_draft_step():
+    # given a measured draft step of 0.05 s
+    lookahead = measured(alpha=0.9, costs={4: ({1: 1.0, 6: 1.1}, 0.05)})
+    # when the first draft step after plain steps also feeds the draft 20 committed tokens (2 s)
+    lookahead.observe(batch_size=4, drafted=5, accepted=4, reached=5, draft_s=2.0, verify_s=1.1, catch_up=True)
+    # then the draft step estimate stands, and speculation still pays
+    assert lookahead.by_load[4].draft_step_s == pytest.approx(0.05)
+    assert lookahead.choose(4, k_max=5) > 0
