@@ -54,6 +54,9 @@ def create_training_run(
     options = dict(options or {})
     train_fields = set(TrainSettings.__dataclass_fields__)
     train = {k: options.pop(k) for k in list(options) if k in train_fields}
+    patience = train.get("patience", 0)
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
+        raise ValidationError({"patience": ["must be an integer >= 0 (0: no early stopping)"]})
     try:
         settings = PipelineSettings(prompts=prompts, train=TrainSettings(**{**train, "epochs": epochs, "seed": seed}),
                                     **options)  # fmt: skip
@@ -140,8 +143,9 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
     run.status = TrainingStatus.DONE
     run.stage = "done"
     run.draft = draft
+    run.alpha, run.mean_accepted_len = result.kept.alpha, result.kept.mean_accepted_len  # the saved epoch's
     run.finished_at = timezone.now()
-    run.save(update_fields=["status", "stage", "draft", "finished_at", "updated_at"])
+    run.save(update_fields=["status", "stage", "draft", "alpha", "mean_accepted_len", "finished_at", "updated_at"])
     return run
 
 
@@ -157,14 +161,16 @@ def register_eagle_head(*, run: TrainingRun, result: PipelineResult) -> DraftMod
         node_class=run.node_class,
         target_name=run.target_name,
     )
-    last = result.reports[-1]
+    last = result.kept  # the epoch whose weights were saved (best held-out acceptance)
     draft.config = {
         **draft.config,
         "eagle": {
             "training_run": run.pk,
             "target_dir": run.target_dir,
             "alpha": last.alpha,
+            "alpha_interval": list(last.alpha_interval),
             "mean_accepted_len": last.mean_accepted_len,
+            "mean_accepted_len_interval": list(last.mean_accepted_len_interval),
             "eval_k": PipelineSettings.from_dict(run.config).train.eval_k,
             "train_tokens": result.train_tokens,
         },

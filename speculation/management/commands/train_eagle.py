@@ -29,8 +29,11 @@ class _Echo(Progress):
     def epoch(self, report: EpochReport) -> None:
         self.out.write(
             f"epoch {report.epoch}/{report.epochs}  loss {report.loss:.4f} (feature {report.feature_loss:.4f}, "
-            f"token {report.token_loss:.4f})  held-out alpha {report.alpha:.3f}  "
-            f"mean accepted len {report.mean_accepted_len:.3f}  {report.seconds:.0f}s"
+            f"token {report.token_loss:.4f})  held-out alpha {report.alpha:.3f} "
+            f"[{report.alpha_interval[0]:.3f}, {report.alpha_interval[1]:.3f}]  "
+            f"mean accepted len {report.mean_accepted_len:.3f} "
+            f"[{report.mean_accepted_len_interval[0]:.3f}, {report.mean_accepted_len_interval[1]:.3f}]  "
+            f"best epoch {report.best_epoch}  {report.seconds:.0f}s"
         )
 
 
@@ -57,6 +60,10 @@ class Command(BaseCommand):
             "--text-windows", type=int, default=0, help="add N teacher-forced windows of stdlib text to training"
         )
         parser.add_argument("--lr", type=float, default=None)
+        parser.add_argument(
+            "--patience", type=int, default=0,
+            help="stop after N epochs without a better held-out mean accepted length (0: off); the best epoch is kept",
+        )  # fmt: skip
         parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
         parser.add_argument(
@@ -75,6 +82,8 @@ class Command(BaseCommand):
             options["lr"] = opts["lr"]
         if opts["token_weight"] is not None:
             options["token_weight"] = opts["token_weight"]
+        if opts["patience"]:
+            options["patience"] = opts["patience"]
         fields = {
             "target_dir": opts["target"], "out_dir": opts["out"], "name": opts["name"],
             "target_name": opts["target_name"], "prompts": opts["prompts"], "epochs": opts["epochs"],

@@ -5,7 +5,8 @@ greedy speculative decoding can be replayed without running the target: at each 
 head drafts K tokens from the true features up to the committed length, the accepted run is the prefix
 that matches the target's continuation, and the target contributes one more token (recovered or bonus).
 This is the number of tokens each target pass would commit, exactly (up to near-ties of the target's top
-two logits, where batched and incremental float32 sums can differ).
+two logits, where batched and incremental float32 sums can differ). A pooled figure over a few dozen held-out
+sequences is noisy: `bootstrap_interval` says how much (95 %, resampling whole sequences).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 
 from speculation.engine.eagle import EagleDrafter, EagleHead, greedy_choice
 from speculation.offline.eagle.collect import Sequences
+
+BOOTSTRAP_RESAMPLES = 200  # enough for a 95 % percentile interval to two decimals
 
 
 @dataclass
@@ -104,15 +107,47 @@ def replay(
     head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, data: Sequences, *, k: int = 5
 ) -> tuple[ReplayStats, dict[str, ReplayStats]]:
     """Pooled and per-category greedy replay stats of the head over every sequence in data."""
-    head.eval()
-    max_len = max(t.numel() for t in data.tokens) + k + 1
-    drafter = EagleDrafter(head, embed, lm_head, max_len=max_len)
     pooled = ReplayStats(k)
     by_category: dict[str, ReplayStats] = {}
-    for tokens, features, prompt_len, category in zip(
-        data.tokens, data.features, data.prompt_lens, data.categories, strict=True
-    ):
-        stats = replay_sequence(drafter, tokens.to(embed.device), features.to(embed.device), prompt_len, k)
+    for category, stats in replay_each(head, embed, lm_head, data, k=k):
         pooled.merge(stats)
         by_category.setdefault(category, ReplayStats(k)).merge(stats)
     return pooled, by_category
+
+
+def replay_each(
+    head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, data: Sequences, *, k: int = 5
+) -> list[tuple[str, ReplayStats]]:
+    """(category, greedy replay stats) of every sequence in data, in order."""
+    head.eval()
+    max_len = max(t.numel() for t in data.tokens) + k + 1
+    drafter = EagleDrafter(head, embed, lm_head, max_len=max_len)
+    return [
+        (category, replay_sequence(drafter, tokens.to(embed.device), features.to(embed.device), prompt_len, k))
+        for tokens, features, prompt_len, category in zip(
+            data.tokens, data.features, data.prompt_lens, data.categories, strict=True
+        )
+    ]
+
+
+def bootstrap_interval(
+    sequences: list[ReplayStats], metric: str, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of a pooled metric ("alpha", "mean_accepted_len").
+
+    Sequences are resampled whole: positions inside one sequence are far from independent (a head that
+    follows a repetition loop is right at every position of it), so a binomial interval over positions
+    would be much too narrow.
+    """
+    if not sequences:
+        return (0.0, 0.0)
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(resamples):
+        pooled = ReplayStats(sequences[0].k)
+        for i in torch.randint(0, len(sequences), (len(sequences),), generator=generator).tolist():
+            pooled.merge(sequences[i])
+        values.append(getattr(pooled, metric))
+    values.sort()
+    low, high = values[int(0.025 * (resamples - 1))], values[int(0.975 * (resamples - 1))]
+    return (round(low, 4), round(high, 4))

@@ -17,7 +17,7 @@ import torch
 from speculation.engine.eagle import EagleConfig, EagleHead, param_count
 from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.offline.eagle.prompts import read_prompts, split_prompts
-from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress
+from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress, kept_report
 from speculation.offline.eagle.train import train_head
 
 logger = logging.getLogger(__name__)
@@ -82,15 +82,18 @@ def run_pipeline(
     progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens")
     reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work, on_epoch=progress.epoch)
     progress.stage("save", str(out_dir))
-    last = reports[-1]
+    kept = kept_report(reports)  # the best epoch on held-out acceptance: its weights are the head's
     head.save(
         out_dir,
         extra={
             "trained": {
-                "epochs": last.epochs,
+                "epochs": kept.epochs,
                 "seed": settings.train.seed,
-                "alpha": last.alpha,
-                "mean_accepted_len": last.mean_accepted_len,
+                "alpha": kept.alpha,
+                "alpha_interval": list(kept.alpha_interval),
+                "mean_accepted_len": kept.mean_accepted_len,
+                "mean_accepted_len_interval": list(kept.mean_accepted_len_interval),
+                "epoch": kept.epoch,
                 "eval_k": settings.train.eval_k,
                 "train_tokens": train.total_tokens,
                 "prompts": settings.prompts,

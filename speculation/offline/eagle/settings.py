@@ -22,6 +22,9 @@ class TrainSettings:
     warmup_steps: int = 20
     eval_k: int = 5
     seed: int = 0
+    # Early stopping on held-out acceptance: stop after this many epochs without a better held-out mean
+    # accepted length (0: train every epoch). Either way the head kept is the best epoch's.
+    patience: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class EpochReport:
     acceptance_rate: float
     seconds: float
     categories: dict
+    # 95 % bootstrap intervals over the held-out sequences (evaluate.bootstrap_interval)
+    alpha_interval: tuple[float, float] = (0.0, 0.0)
+    mean_accepted_len_interval: tuple[float, float] = (0.0, 0.0)
+    best_epoch: int = 0  # the epoch whose weights are kept so far (best held-out mean accepted length)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -87,6 +94,16 @@ class PipelineResult:
     train_sequences: int
     held_out_sequences: int
     train_tokens: int
+
+    @property
+    def kept(self) -> EpochReport:
+        return kept_report(self.reports)
+
+
+def kept_report(reports: list[EpochReport]) -> EpochReport:
+    """The report of the epoch whose weights were saved (the best on held-out acceptance)."""
+    best = reports[-1].best_epoch or reports[-1].epoch
+    return next(r for r in reports if r.epoch == best)
 
 
 class Progress:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from speculation.engine.eagle import EagleHead, init_weights
 from speculation.offline.eagle.collect import Sequences
-from speculation.offline.eagle.evaluate import replay
+from speculation.offline.eagle.evaluate import ReplayStats, bootstrap_interval, replay_each
 from speculation.offline.eagle.settings import EpochReport, TrainSettings
 
 __all__ = ["EpochReport", "TrainSettings", "TrainingInterrupted", "train_head"]
@@ -101,6 +101,7 @@ def train_head(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(settings, steps_per_epoch * settings.epochs))
     reports: list[EpochReport] = []
     first_epoch = 1
+    best: dict = {"epoch": 0, "score": -1.0, "head": None, "stopped": False}  # the epoch kept (held-out E[N])
     checkpoint = work_dir / CHECKPOINT
     if checkpoint.is_file():
         # weights_only: a checkpoint is tensors, numbers, strings and containers; never unpickle code.
@@ -114,7 +115,8 @@ def train_head(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         reports = [EpochReport(**r) for r in state["reports"]]
-        first_epoch = state["epoch"] + 1
+        best = state["best"]
+        first_epoch = settings.epochs + 1 if best["stopped"] else state["epoch"] + 1
         logger.info("resuming from %s after epoch %d", checkpoint, state["epoch"])
     else:
         init_weights(head, torch.Generator().manual_seed(settings.seed))
@@ -134,7 +136,12 @@ def train_head(
             scheduler.step()
             sums += torch.tensor([loss.item(), feature_loss.item(), token_loss.item()])
         means = (sums / steps_per_epoch).tolist()
-        pooled, by_category = replay(head, embed, lm_head, held_out, k=settings.eval_k)
+        sequences = replay_each(head, embed, lm_head, held_out, k=settings.eval_k)
+        pooled, by_category = _pool(sequences, settings.eval_k)
+        if pooled.mean_accepted_len > best["score"]:
+            best = {"epoch": epoch, "score": pooled.mean_accepted_len, "head": _copy(head), "stopped": False}
+        best["stopped"] = bool(settings.patience) and epoch - best["epoch"] >= settings.patience
+        held_out_stats = [stats for _, stats in sequences]
         report = EpochReport(
             epoch=epoch,
             epochs=settings.epochs,
@@ -146,20 +153,43 @@ def train_head(
             acceptance_rate=round(pooled.acceptance_rate, 4),
             seconds=time.perf_counter() - started,
             categories={name: stats.as_dict() for name, stats in sorted(by_category.items())},
+            alpha_interval=bootstrap_interval(held_out_stats, "alpha", seed=settings.seed),
+            mean_accepted_len_interval=bootstrap_interval(held_out_stats, "mean_accepted_len", seed=settings.seed),
+            best_epoch=best["epoch"],
         )
         reports.append(report)
-        _save_checkpoint(checkpoint, head, optimizer, scheduler, epoch, reports, settings)
-        logger.info("epoch %d/%d loss %.4f alpha %.3f tau %.3f", epoch, settings.epochs, report.loss,
-                    report.alpha, report.mean_accepted_len)  # fmt: skip
+        _save_checkpoint(checkpoint, head, optimizer, scheduler, epoch, reports, settings, best)
+        logger.info("epoch %d/%d loss %.4f alpha %.3f %s tau %.3f", epoch, settings.epochs, report.loss,
+                    report.alpha, report.alpha_interval, report.mean_accepted_len)  # fmt: skip
         if on_epoch is not None:
             on_epoch(report)
+        if best["stopped"]:
+            logger.info("early stop after epoch %d: no better held-out acceptance since epoch %d", epoch, best["epoch"])
+            break
+    if best["head"] is not None:
+        head.load_state_dict(best["head"])  # the best epoch's weights, not the last one's
     return reports
 
 
-def _save_checkpoint(path: Path, head, optimizer, scheduler, epoch: int, reports, settings: TrainSettings) -> None:
+def _pool(sequences: list[tuple[str, ReplayStats]], k: int) -> tuple[ReplayStats, dict[str, ReplayStats]]:
+    pooled, by_category = ReplayStats(k), {}
+    for category, stats in sequences:
+        pooled.merge(stats)
+        by_category.setdefault(category, ReplayStats(k)).merge(stats)
+    return pooled, by_category
+
+
+def _copy(head: EagleHead) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in head.state_dict().items()}
+
+
+def _save_checkpoint(
+    path: Path, head, optimizer, scheduler, epoch: int, reports, settings: TrainSettings, best: dict
+) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
+            "best": best,
             "epoch": epoch,
             "head": head.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer
 from speculation.models import DraftKind, TrainingRun, TrainingStatus
 from speculation.offline.eagle.collect import Sequences
+from speculation.offline.eagle.evaluate import ReplayStats, bootstrap_interval
 from speculation.offline.eagle.pipeline import Progress
 from speculation.offline.eagle.prompts import Prompt, PromptSourceError, read_prompts, split_prompts
 from speculation.offline.eagle.train import CHECKPOINT, TrainingInterrupted, TrainSettings, train_head
@@ -84,6 +85,49 @@ def test_an_interrupted_run_resumes_to_the_same_head(tmp_path):
 
     assert [r.epoch for r in reports] == [1, 2, 3]
     assert_same_weights(resumed, uninterrupted)
+
+
+def test_each_epoch_reports_a_held_out_interval_around_its_estimate(tmp_path):
+    _, reports = train(tmp_path, epochs=2)
+
+    for report in reports:
+        low, high = report.alpha_interval
+        assert low <= report.alpha <= high
+        low, high = report.mean_accepted_len_interval
+        assert low <= report.mean_accepted_len <= high
+
+
+def test_the_interval_resamples_whole_sequences():
+    # given one sequence the head always gets right and one it never does: positions within a sequence are
+    # not independent, so the interval must span most of [0, 1] rather than shrink with the position count
+    k = 4
+    right, wrong = ReplayStats(k), ReplayStats(k)
+    right.position_reached, right.position_accepted = [100] * k, [100] * k
+    wrong.position_reached, wrong.position_accepted = [100, 0, 0, 0], [0, 0, 0, 0]
+
+    low, high = bootstrap_interval([right, wrong], "alpha")
+
+    assert low < 0.2 and high == 1.0
+
+
+def test_early_stopping_keeps_the_best_epochs_head(tmp_path):
+    # given a run whose held-out acceptance cannot improve after epoch 1 (random data: nothing to learn)
+    head = EagleHead(CONFIG)
+    settings = TrainSettings(epochs=6, batch_size=4, seed=0, warmup_steps=2, patience=2)
+    kept: dict[int, dict] = {}
+
+    def remember(report) -> None:
+        kept[report.epoch] = {name: t.clone() for name, t in head.state_dict().items()}
+
+    reports = train_head(head, EMBED, LM_HEAD, random_sequences(12, 1), random_sequences(2, 2), settings,
+                         work_dir=tmp_path, on_epoch=remember)  # fmt: skip
+
+    # then it stopped `patience` epochs after its best one, and the head holds that epoch's weights
+    best = reports[-1].best_epoch
+    assert reports[-1].epoch == best + 2 < 6
+    assert max(r.mean_accepted_len for r in reports) == next(r for r in reports if r.epoch == best).mean_accepted_len
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensor, kept[best][name]), name
 
 
 def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
