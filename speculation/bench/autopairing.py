@@ -1,0 +1,200 @@
+"""Auto-pairing on a mixed workload: per workload, the auto-paired candidate and K against every single candidate
+and against the per-workload oracle (issue 12's `bench_autopairing`).
+
+One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
+every candidate (n-gram and each --drafts directory sharing the target's tokenizer) is replayed on the answer at
+K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy). The projected
+multiplier per request uses costs measured here once per candidate (speculation.engine.costs: the target's
+verification of n tokens and the draft's step, medians): the local path's cost model.
+
+Auto-pairing is simulated online, as the product learns it: request r of workload w uses the (candidate, K) with
+the best mean projected multiplier over the earlier requests of w once w has MIN_EVIDENCE of them, else the best
+over all earlier requests (the first request: the first candidate at K = 5). The workload is the key the gateway
+gives the prompt (the automatic category: speculation.workloads.classifier). Compared, on the same requests:
+- best single: the one (candidate, K) with the best mean over all requests (in hindsight);
+- oracle: per workload, the (candidate, K) with the best mean over that workload's requests (in hindsight).
+overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, NgramProposer, generate
+from speculation.engine.costs import time_draft_step, time_verify
+from speculation.engine.projection import StepCosts
+from speculation.models import DraftKind, DraftModel
+from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
+from speculation.worker.candidates import K_RANGE, Candidate, replay
+from speculation.worker.paths import resources
+from speculation.workloads.classifier import classify
+
+logger = logging.getLogger(__name__)
+
+MIN_EVIDENCE = 5
+DEFAULT_K = 5
+CONTEXT_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Measured:
+    workload: str
+    multiplier: dict[tuple[str, int], float]  # (candidate, K) -> projected multiplier on this request
+    tokens_per_step: dict[tuple[str, int], float]
+
+
+def mixed_prompts(*, requests: int, seed: int, code_share: float) -> list[str]:
+    """Spec-Bench's prompts (English and its few coding requests) mixed with held-out stdlib code, shuffled."""
+    english = [p.text for p in read_prompts(str(spec_bench_path()))]
+    code = [p.text for p in read_prompts("stdlib")]
+    rng = random.Random(seed)
+    rng.shuffle(english)
+    rng.shuffle(code)
+    n_code = min(len(code), round(requests * code_share))
+    chosen = code[:n_code] + english[: requests - n_code]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def candidate_costs(target_dir: str, candidates: list[Candidate], context: list[int]) -> dict[str, StepCosts]:
+    """Per candidate: the local path's costs (target verification of n tokens; the candidate's draft step)."""
+    target = resources.model(target_dir).model
+    verify = time_verify(LocalTarget(target), context, [1, 2, 3, 5, 9])
+    costs = {}
+    for candidate in candidates:
+        if candidate.kind == DraftKind.NGRAM:
+            proposer: Any = NgramProposer()
+        else:
+            model = resources.model(candidate.draft.path).model
+            proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
+        step = time_draft_step(proposer, context)
+        costs[candidate.name] = StepCosts(target_step_s=verify[1], draft_step_s=step, verify_s=verify)
+    return costs
+
+
+def measure(
+    *, target_dir: str, candidates: list[Candidate], prompts: list[str], max_tokens: int
+) -> tuple[list[Measured], dict[str, StepCosts]]:
+    loaded = resources.model(target_dir)
+    target = LocalTarget(loaded.model)
+    encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
+    costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1])
+    measured = []
+    for prompt, prompt_ids in zip(prompts, encoded, strict=True):
+        output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
+        mult, tau = {}, {}
+        for candidate in candidates:
+            per_k = replay(candidate, prompt_ids=prompt_ids, output_ids=output, max_tokens=max_tokens)
+            for k, stats in per_k.items():
+                steps = stats.mean_accepted_len or 1.0
+                k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
+                mult[(candidate.name, k)] = costs[candidate.name].multiplier(tokens_per_step=steps, k=k_mean)
+                tau[(candidate.name, k)] = steps
+        measured.append(Measured(workload=classify(prompt), multiplier=mult, tokens_per_step=tau))
+    return measured, costs
+
+
+def _best(sums: dict[tuple[str, int], float], counts: dict[tuple[str, int], int]) -> tuple[str, int]:
+    return max(sums, key=lambda key: (sums[key] / counts[key], -key[1], key[0]))
+
+
+def simulate(measured: list[Measured], *, first: tuple[str, int]) -> list[tuple[str, int]]:
+    """The (candidate, K) auto-pairing uses on each request, learnt from the requests before it only."""
+    per_workload: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
+    seen: dict[str, int] = defaultdict(int)
+    overall: dict[tuple[str, int], float] = defaultdict(float)
+    chosen = []
+    for n, request in enumerate(measured):
+        w = request.workload
+        if seen[w] >= MIN_EVIDENCE:
+            choice = _best(per_workload[w], dict.fromkeys(per_workload[w], seen[w]))
+        elif n:
+            choice = _best(overall, dict.fromkeys(overall, n))
+        else:
+            choice = first
+        chosen.append(choice)
+        for key, value in request.multiplier.items():
+            per_workload[w][key] += value
+            overall[key] += value
+        seen[w] += 1
+    return chosen
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str, Any]:
+    keys = list(measured[0].multiplier)
+    totals = {key: sum(r.multiplier[key] for r in measured) for key in keys}
+    best_single = max(keys, key=lambda key: (totals[key], -key[1]))
+    workloads: dict[str, Any] = {}
+    auto_all, oracle_all = [], []
+    by_workload: dict[str, list[int]] = defaultdict(list)
+    for i, request in enumerate(measured):
+        by_workload[request.workload].append(i)
+    for workload, idx in sorted(by_workload.items(), key=lambda t: -len(t[1])):
+        rows = [measured[i] for i in idx]
+        oracle = max(keys, key=lambda key: (sum(r.multiplier[key] for r in rows), -key[1]))
+        auto = [measured[i].multiplier[chosen[i]] for i in idx]
+        auto_tau = [measured[i].tokens_per_step[chosen[i]] for i in idx]
+        auto_all += auto
+        oracle_all += [r.multiplier[oracle] for r in rows]
+        singles = {
+            f"{name}@K{k}": round(_mean([r.multiplier[(name, k)] for r in rows]), 4)
+            for name, k in keys
+            if k in (1, 3, 5, 8)
+        }
+        workloads[workload] = {
+            "requests": len(rows),
+            "auto_projected": round(_mean(auto), 4),
+            "auto_mean_accepted_len": round(_mean(auto_tau), 4),
+            "best_single_projected": round(_mean([r.multiplier[best_single] for r in rows]), 4),
+            "best_single_mean_accepted_len": round(_mean([r.tokens_per_step[best_single] for r in rows]), 4),
+            "oracle_projected": round(_mean([r.multiplier[oracle] for r in rows]), 4),
+            "oracle": f"{oracle[0]}@K{oracle[1]}",
+            "singles": singles,
+        }
+    auto_overall = _mean(auto_all)
+    single_overall = _mean([r.multiplier[best_single] for r in measured])
+    return {
+        "workloads": workloads,
+        "best_single": f"{best_single[0]}@K{best_single[1]}",
+        "auto_overall_projected": round(auto_overall, 4),
+        "best_single_overall_projected": round(single_overall, 4),
+        "oracle_overall_projected": round(_mean(oracle_all), 4),
+        "overall_gain": round(auto_overall / single_overall, 4) if single_overall else None,
+        "regret": round(1 - auto_overall / _mean(oracle_all), 4) if oracle_all else None,
+        "requests": len(measured),
+    }
+
+
+def run(
+    *, target_dir: str, draft_dirs: list[str], requests: int, max_tokens: int, seed: int, code_share: float
+) -> dict[str, Any]:
+    candidates = [Candidate("ngram", DraftKind.NGRAM)]
+    for directory in draft_dirs:
+        name = f"draft:{Path(directory).parent.name}/{Path(directory).name}"
+        candidates.append(Candidate(name, DraftKind.DRAFT_MODEL, DraftModel(name=name, path=directory)))
+    started = time.perf_counter()
+    prompts = mixed_prompts(requests=requests, seed=seed, code_share=code_share)
+    measured, costs = measure(target_dir=target_dir, candidates=candidates, prompts=prompts, max_tokens=max_tokens)
+    chosen = simulate(measured, first=(candidates[-1].name, DEFAULT_K))
+    result = report(measured, chosen)
+    result["candidates"] = {name: {"c": round(c.c, 4), "v(K=5)": round(c.v(5), 4)} for name, c in costs.items()}
+    result["setup"] = {
+        "target": target_dir,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "code_share": code_share,
+        "k_range": [K_RANGE[0], K_RANGE[-1]],
+        "min_evidence": MIN_EVIDENCE,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    return result
