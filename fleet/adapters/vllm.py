@@ -45,6 +45,8 @@ from fleet.adapters.wire import (
 
 # /server_info collects the host's environment on its first call (about 9 s on a busy 2-core machine).
 SERVER_INFO_TIMEOUTS = 3
+# What a server that does not offer prompt_logprobs answers (then the OpenAI echo+logprobs route is tried).
+REFUSED = (FailureKind.HTTP_ERROR, FailureKind.WRONG_SHAPE, FailureKind.NOT_FOUND, FailureKind.UNSUPPORTED)
 
 
 class VllmWire(OpenAICompletionsWithTokenIds):
@@ -167,10 +169,13 @@ class VllmAdapter(TokenizerRoutes, OpenAICompatibleAdapter):
         return body
 
     def discover_prompt_scoring(self, client: ServerClient, caps: dict[str, Any]) -> None:
-        """vLLM's own `prompt_logprobs`; OpenAI echo+logprobs only if that is refused."""
+        """vLLM's own `prompt_logprobs`; OpenAI echo+logprobs only if that is refused (a timeout or a broken
+        connection is recorded as this step's failure, not taken for a refusal)."""
         try:
             self._largest_accepted(caps, "prompt_logprobs", lambda n: self.score_canary(client, caps, n))
-        except ProbeError:
+        except ProbeError as exc:
+            if exc.kind not in REFUSED:
+                raise
             super().discover_prompt_scoring(client, caps)
 
     def discover_native_speculation(self, client: ServerClient, caps: dict[str, Any]) -> None:
