@@ -389,3 +389,31 @@ def test_tree_sampling_follows_the_targets_exact_distribution_and_a_wrong_sample
     monkeypatch.setattr(tree_module, "verify_tree_sampled", residual_ignoring_the_children)
     wrong, _ = sample_counts()
     assert chi_square_p_value(wrong, expected, SAMPLES) < P_VALUE_FLOOR
+
+
+# --- the demo pair and its trained head --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_tree_greedy_on_the_demo_target_with_its_trained_head_equals_plain(demo_pair):
+    """Skipped where no head was trained for the demo target ($ACE_HOME/models/<demo>-eagle, train_eagle)."""
+    from speculation.engine import load_causal_lm
+    from speculation.offline.eagle.demo_head import default_head_dir
+
+    head_dir = default_head_dir(demo_pair)
+    if not (head_dir / "config.json").is_file():
+        pytest.skip(f"no EAGLE head trained for the demo target at {head_dir}")
+    model = load_causal_lm(demo_pair.target_dir, max_len=512)
+    local = LocalTarget(model)
+    prompts = [[5, 300, 41, 1200, 17, 9, 88], list(range(100, 140)), [7, 7, 7, 250, 1024, 3]]
+    accepted = 0
+    for shape in (TreeShape(2, 8, 12, score_temperature=0.3), TreeShape(4, 6, 24, score_temperature=0.3)):
+        proposer = EagleProposer.from_dir(head_dir, model, target_dir=demo_pair.target_dir, tree=shape)
+        for prompt in prompts:
+            config = GenerationConfig(max_new_tokens=48, k=shape.depth)
+
+            result = generate(local, proposer, prompt, config)
+
+            assert result.tokens == generate_plain(local, prompt, config).tokens, (shape, prompt)
+            accepted += result.stats.accepted_tokens
+    assert accepted > 0
