@@ -35,6 +35,7 @@ from fleet.adapters.openai import FALLBACK_TOKEN_IDS, OpenAICompatibleAdapter
 from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.tokenizer_routes import TokenizerRoutes
 from fleet.adapters.wire import (
+    LazyPositions,
     OpenAICompletionsWithTokenIds,
     PositionScores,
     Scored,
@@ -109,24 +110,32 @@ class SglangWire(OpenAICompletionsWithTokenIds):
         top = expect_answer_list(meta.get("input_top_logprobs"), "input_top_logprobs")
         if len(own) != len(token_ids) or len(top) != len(token_ids):
             raise WireError(f"input logprobs cover {len(own)} / {len(top)} tokens, expected {len(token_ids)}")
-        positions: list[PositionScores | None] = [None]
-        for j in range(1, len(token_ids)):
-            ranked = tuple(
-                TokenLogprob(token, logprob, rank)
-                for rank, (logprob, token) in enumerate(_triples(top[j] or [], "input_top_logprobs"), start=1)
-            )
-            ((logprob, token),) = _triples([own[j]], "input_token_logprobs")
-            if token != token_ids[j]:
-                raise WireError(f"input_token_logprobs[{j}] scores token {token}, not {token_ids[j]}")
-            rank = next((t.rank for t in ranked if t.token_id == token), None)
-            positions.append(PositionScores(top=ranked, token=TokenLogprob(token, logprob, rank)))
-        return Scored(positions=positions, generated=generated)
+        ids = list(token_ids)
+
+        def parse(j: int) -> PositionScores | None:
+            return _position(own[j], top[j], ids[j], j) if j else None
+
+        return Scored(positions=LazyPositions(len(ids), parse), generated=generated)
 
     def in_flight(self) -> WireRequest:
         return WireRequest("GET", "/metrics")
 
     def parse_in_flight(self, text: str) -> float:
         return sum_gauges(text, ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
+
+
+def _position(own: Any, top: Any, token_id: int, j: int) -> PositionScores:
+    """Position j from input_token_logprobs[j] (the sequence's own token) and input_top_logprobs[j] (the top-N,
+    most likely first: their order is the rank SGLang does not state)."""
+    ranked = tuple(
+        TokenLogprob(token, logprob, rank)
+        for rank, (logprob, token) in enumerate(_triples(top or [], "input_top_logprobs"), start=1)
+    )
+    ((logprob, token),) = _triples([own], "input_token_logprobs")
+    if token != token_id:
+        raise WireError(f"input_token_logprobs[{j}] scores token {token}, not {token_id}")
+    rank = next((t.rank for t in ranked if t.token_id == token), None)
+    return PositionScores(top=ranked, token=TokenLogprob(token, logprob, rank))
 
 
 def _triples(entries: list[Any], what: str) -> list[tuple[float, int]]:

@@ -29,6 +29,7 @@ from fleet.adapters.openai import OpenAICompatibleAdapter
 from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.tokenizer_routes import TokenizerRoutes
 from fleet.adapters.wire import (
+    LazyPositions,
     OpenAICompletionsWithTokenIds,
     PositionScores,
     Scored,
@@ -103,10 +104,12 @@ class VllmWire(OpenAICompletionsWithTokenIds):
         if not isinstance(entries, list) or len(entries) != len(token_ids):
             found = len(entries) if isinstance(entries, list) else type(entries).__name__
             raise WireError(f"prompt_logprobs has {found} entries, expected {len(token_ids)}")
-        positions: list[PositionScores | None] = [None]
-        for j, entry in enumerate(entries[1:], start=1):
-            positions.append(_position(entry, token_ids[j], top_n))
-        return Scored(positions=positions, generated=generated)
+        ids = list(token_ids)
+
+        def parse(j: int) -> PositionScores | None:
+            return _position(entries[j], ids[j], top_n) if j else None
+
+        return Scored(positions=LazyPositions(len(entries), parse), generated=generated)
 
     def spec_counters(self) -> WireRequest:
         return WireRequest("GET", "/metrics")

@@ -24,8 +24,9 @@ The operations (one pair of build / parse methods each):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 # Not a server's name: the key under which parse_spec_counters keeps the requests the server was running.
 REQUESTS_RUNNING = "ace:requests_running"
@@ -89,12 +90,43 @@ class PositionScores:
         return known
 
 
+class LazyPositions(Sequence["PositionScores | None"]):
+    """A scored sequence's positions, each read from the server's raw entry on first access: the remote path
+    scores the whole context on every step but reads only the drafts' positions, so a long context costs its JSON
+    decoding once, not a parse of every position (a malformed entry raises WireError where it is read)."""
+
+    def __init__(self, length: int, parse: Callable[[int], PositionScores | None]) -> None:
+        self._length = length
+        self._parse = parse
+        self._parsed: dict[int, PositionScores | None] = {}
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> PositionScores | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PositionScores | None]: ...
+
+    def __getitem__(self, index: int | slice) -> PositionScores | None | list[PositionScores | None]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(f"position {index} of a sequence of {self._length}")
+        if index not in self._parsed:
+            self._parsed[index] = self._parse(index)
+        return self._parsed[index]
+
+
 @dataclass(frozen=True)
 class Scored:
     """A scored sequence: positions[j] predicted token j (positions[0] is None: nothing predicts the first token);
     `generated` holds the token(s) the server generated greedily after the sequence."""
 
-    positions: list[PositionScores | None]
+    positions: Sequence[PositionScores | None]
     generated: list[int] = field(default_factory=list)
 
 

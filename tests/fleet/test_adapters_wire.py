@@ -90,8 +90,15 @@ def test_vllm_score_without_logprobs_returns_only_the_greedy_token():
 def test_vllm_score_refuses_an_answer_that_does_not_cover_the_sequence():
     with pytest.raises(WireError, match="2 entries, expected 3"):
         VLLM.parse_score(vllm_scored([None, {"2": {"logprob": -1.0, "rank": 1}}], [1]), token_ids=[1, 2, 3], top_n=1)
-    with pytest.raises(WireError):
-        VLLM.parse_score(vllm_scored([None, {"two": {"logprob": -1.0}}], [1]), token_ids=[1, 2], top_n=1)
+
+
+def test_vllm_score_reads_a_position_only_when_asked_and_refuses_a_malformed_one():
+    entries = [None, {"two": {"logprob": -1.0}}, {"3": {"logprob": -0.5, "rank": 1}}]
+    scored = VLLM.parse_score(vllm_scored(entries, [1]), token_ids=[1, 2, 3], top_n=1)
+    assert scored.positions[2].argmax() == 3  # the remote path reads only the drafts' positions
+    assert [p.argmax() for p in scored.positions[2:]] == [3]
+    with pytest.raises(WireError, match="not a token id"):
+        scored.positions[1]
 
 
 def test_vllm_continuation_sends_token_ids_and_reads_stream_events():
@@ -202,8 +209,9 @@ def test_sglang_scores_through_generate_from_the_first_token():
 def test_sglang_score_refuses_logprobs_of_other_tokens_than_the_sequence():
     ids = [5, 6, 7]
     answer = sglang_generate(Posted(SGLANG.score(model="m", token_ids=ids, top_n=1).json))
+    scored = SGLANG.parse_score(answer, token_ids=[5, 6, 9], top_n=1)
     with pytest.raises(WireError, match="not 9"):
-        SGLANG.parse_score(answer, token_ids=[5, 6, 9], top_n=1)
+        scored.positions[2]
 
 
 def test_sglang_tokenizes_text_but_refuses_chat_messages_with_a_reason():
