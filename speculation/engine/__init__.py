@@ -8,7 +8,9 @@ Entry points:
   ``EagleProposer(head, target_model, tree=TreeShape(...))`` drafts EAGLE-2 trees (``engine/tree.py``).
 - ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``;
   ``generate_plain(target, prompt_ids, config)`` for baselines.
-- shadow replay: ``replay_greedy``, ``draft_greedy_predictions``, ``expected_acceptance``.
+- shadow replay, through the same loop on a ``ReplayTarget`` (a known output): ``replay_proposer(proposer, ...)``,
+  ``replay_greedy`` (a draft's teacher-forced predictions), ``draft_greedy_predictions``,
+  ``expected_acceptance``.
 
 Names are exported lazily (PEP 562), so importing a torch-free submodule such as
 ``speculation.engine.projection`` (the web process does) does not import torch.
@@ -48,9 +50,13 @@ _EXPORTS = {
     "NgramProposer": "proposers",
     "Proposal": "proposers",
     "Proposer": "proposers",
+    "KnownDrafts": "replay",
+    "ReplayTarget": "replay",
     "draft_greedy_predictions": "replay",
     "expected_acceptance": "replay",
     "replay_greedy": "replay",
+    "replay_proposer": "replay",
+    "replay_proposals": "replay",
     "SamplingParams": "sampling",
     "probs_from_logits": "sampling",
     "SpecStats": "stats",

@@ -23,6 +23,7 @@ from speculation.engine.tree import verify_tree_step
 from speculation.engine.verify import verify_greedy, verify_sampled
 
 OnTokens = Callable[[list[int]], "bool | None"]  # returns True to end the request after these tokens
+EndsAfter = Callable[[int], bool]  # asked for each committed token in order: does the request end after it?
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,14 @@ def generate(
     on_tokens: OnTokens | None = None,
     *,
     lookahead: DynamicLookahead | None = None,
+    ends_after: EndsAfter | None = None,
 ) -> GenerationResult:
     """Speculative decoding (plain decoding when proposer is None).
+
+    on_tokens gets each step's committed tokens (to stream them); returning True ends the request after them.
+    ends_after is asked for every committed token, in order, whether the request ends after it (a rule the loop
+    cannot see: a stop string, the end of a replayed output): the step is cut there, as at a stop token, and the
+    stats count only the drafts that were kept.
 
     With ``config.dynamic_k``, pass the same ``lookahead`` to successive requests (one per target/draft pair)
     so its acceptance and cost estimates carry over; by default each request starts a fresh one.
@@ -101,7 +108,7 @@ def generate(
         lookahead = None
     elif lookahead is None:
         lookahead = DynamicLookahead(k_max=config.k, k_start=config.k)
-    stop_ids = frozenset(config.stop_token_ids)
+    is_stop = _stop_check(frozenset(config.stop_token_ids), ends_after)
     suppress = torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=target.device)
     wants_hidden = bool(proposer is not None and proposer.wants_hidden)
     committed = list(prompt_ids)
@@ -155,7 +162,7 @@ def generate(
             step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
             accepted, new, hidden = step[0], step[1 : step[0] + 2], result.hidden
         t2 = time.perf_counter()
-        new, accepted_counted, reached, stopped = _truncate_at_stop(new, accepted, drafted, stop_ids)
+        new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, is_stop)
         target.rollback(len(committed) + accepted)  # keeps [last committed, accepted drafts]
         if proposer is not None:
             proposer.on_verified(accepted, drafted)
@@ -205,17 +212,37 @@ def _suppress_before_min_tokens(
     return logits
 
 
-def _truncate_at_stop(
-    new: list[int], accepted: int, drafted: int, stop_ids: frozenset[int]
+def _stop_check(stop_ids: frozenset[int], ends_after: EndsAfter | None) -> Callable[[int], bool]:
+    if ends_after is None:
+        return stop_ids.__contains__
+
+    def is_stop(token: int) -> bool:
+        ended = ends_after(token)  # asked once for every kept token, in order
+        return ended or token in stop_ids
+
+    return is_stop
+
+
+def truncate_at_stop(
+    new: list[int], accepted: int, drafted: int, stop: Callable[[int], bool] | frozenset[int]
 ) -> tuple[list[int], int, int, bool]:
-    """Cut the step's tokens after the first stop token; count only drafts that were emitted."""
+    """Cut a step's tokens after the first one that ends the request (stop: the stop token ids, or a check
+    asked once per token in order); count only drafts that were emitted.
+
+    (tokens kept, accepted drafts kept, positions reached, stopped). Also for steps committed outside this loop
+    (the batched step, the worker's batch loop), so every step is counted alike.
+    """
+    is_stop = stop if callable(stop) else stop.__contains__
     reached = min(accepted + 1, drafted)
     for i, token in enumerate(new):
-        if token in stop_ids:
+        if is_stop(token):
             if i < accepted:  # the stop token is an accepted draft: drafts after it are never emitted
                 return new[: i + 1], i + 1, i + 1, True
             return new[: i + 1], accepted, reached, True
     return new, accepted, reached, False
+
+
+_truncate_at_stop = truncate_at_stop  # the name speculation.engine.batch imports
 
 
 _EMPTY = Proposal(tokens=torch.empty(0, dtype=torch.long), q=None)

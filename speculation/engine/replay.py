@@ -1,25 +1,156 @@
-"""Shadow replay: what greedy speculation with lookahead K would have done on a finished request.
+"""Shadow replay: what speculation with lookahead K would have done on a finished request, through ``generate``.
 
-In greedy speculation an accepted draft token equals the target's token, so the draft always proposes
-from the true prefix: at committed length n it proposes draft_next[n-1], draft_next[n], ... (its
-teacher-forced greedy predictions) and the step accepts them while they equal the target's tokens.
-One teacher-forced draft pass over prompt + output therefore replays every step exactly, with the same
-per-step lookahead rule as ``generate`` (``step_lookahead``).
+The replay runs the one decode loop (``speculation.engine.decode.generate``) on a ``ReplayTarget``: a target
+that knows the output the server produced, so its "verification" of a draft compares it with the known token at
+that position. Every greedy step then commits exactly what prod would have committed (the known tokens), and
+the loop's own lookahead rule, stop truncation and stats apply unchanged.
+
+Draft model: in greedy speculation an accepted draft token equals the target's token, so the draft always
+proposes from the true prefix: at committed length n it proposes its teacher-forced greedy predictions
+draft_next[n-1], draft_next[n], ... and the step accepts them while they equal the known tokens (a later
+prediction differs from the autoregressive draft only after a mismatch, where the step has already stopped).
+One teacher-forced draft pass over prompt + output (``draft_greedy_predictions``) therefore replays every step
+exactly (``replay_greedy``). Proposers that are a function of the context (n-gram) replay as themselves.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import Tensor
 
-from speculation.engine.decode import step_lookahead
+from speculation.engine.decode import GenerationConfig, generate
 from speculation.engine.errors import EmptyPromptError
 from speculation.engine.lookahead import check_k
 from speculation.engine.model import Transformer
+from speculation.engine.proposers import Proposal, Proposer
+from speculation.engine.sampling import SamplingParams
 from speculation.engine.stats import SpecStats
+from speculation.engine.target import TargetOutput
+
+UNBOUNDED = 1 << 62  # no context limit of its own: the request's, when given, applies
+
+
+class ReplayTarget:
+    """The Target protocol over a known token sequence (prompt + the output the server produced); greedy only.
+
+    Row j of a forward over positions [n, n + T) is one-hot (0 at the known token at position n + j + 1, -inf
+    elsewhere), so its argmax is what the target produced there. Rows past the end of the known sequence are
+    uniform: the replay ends at the end of the output (``ends_after``), so they never decide a step.
+    hidden [len(tokens), D]: the target's features of the known sequence (one teacher-forced pass), for
+    proposers that read them (EAGLE); a forward returns those of the positions it covers.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        *,
+        vocab_size: int | None = None,
+        max_context: int = UNBOUNDED,
+        hidden: Tensor | None = None,
+    ):
+        self.known = list(tokens)
+        self.vocab_size = vocab_size or (max(self.known) + 1 if self.known else 1)
+        self.max_context = max_context
+        self.hidden = hidden
+        self.device = torch.device("cpu") if hidden is None else hidden.device
+        self.length = 0
+
+    def prefill(self, prompt_ids: list[int], *, return_hidden: bool = False) -> TargetOutput | None:
+        self.length = max(0, len(prompt_ids) - 1)
+        if not return_hidden or self.hidden is None or not self.length:
+            return None
+        return TargetOutput(logits=torch.empty(0, self.vocab_size), hidden=self.hidden[: self.length])
+
+    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
+        t = int(tokens.shape[0])
+        logits = torch.zeros(t, self.vocab_size, device=self.device)  # [T, V]
+        for row in range(t):
+            position = self.length + row + 1
+            if position < len(self.known):
+                logits[row].fill_(float("-inf"))
+                logits[row, self.known[position]] = 0.0
+        hidden = None
+        if return_hidden and self.hidden is not None:
+            hidden = self.hidden[self.length : self.length + t]  # [T, D]: true where the fed tokens are known
+            if hidden.shape[0] < t:
+                hidden = torch.cat([hidden, hidden.new_zeros(t - hidden.shape[0], hidden.shape[1])])
+        self.length += t
+        return TargetOutput(logits=logits, hidden=hidden)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: {self.length} positions are cached")
+        self.length = length
+
+
+Propose = Callable[[int, int], Sequence[int]]  # (committed length n, at most this many) -> the drafts
+
+
+class KnownDrafts:
+    """A proposer whose greedy drafts depend only on the committed tokens: propose(n, d) gives at most d drafts
+    after the first n tokens (an n-gram lookup, or any candidate replayed from the known output)."""
+
+    wants_hidden = False
+
+    def __init__(self, propose: Propose):
+        self.propose_at = propose
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        if not params.greedy:
+            raise ValueError("drafts replayed from the known output replay greedy speculation only")
+        drafts = list(self.propose_at(len(committed), k))[:k]
+        return Proposal(tokens=torch.tensor(drafts, dtype=torch.long), q=None)
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        pass
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        pass
+
+
+def replay_proposer(
+    proposer: Proposer,
+    target_tokens: Sequence[int],
+    k: int,
+    *,
+    prompt_len: int,
+    max_new_tokens: int | None = None,
+    max_context: int | None = None,
+    hidden: Tensor | None = None,
+) -> SpecStats:
+    """Greedy speculation with this proposer on a finished request, replayed through ``generate``.
+
+    target_tokens: prompt followed by the target's output (a stop token, when it ended the output, last).
+    max_new_tokens / max_context: the request's limits, as generate applied them (max_context: the target's
+    context when the request set none; None here = unbounded). They shorten the last steps as in generate.
+    hidden: the target's features of target_tokens, for a proposer that reads them (an EAGLE head).
+    """
+    check_k(k)
+    if prompt_len < 1:
+        raise EmptyPromptError("the prompt has no tokens")
+    output_len = len(target_tokens) - prompt_len
+    if output_len <= 0:
+        return SpecStats()
+    config = GenerationConfig(
+        max_new_tokens=output_len if max_new_tokens is None else max_new_tokens, k=k, max_context=max_context
+    )
+    produced = 0
+
+    def ends_after(token: int) -> bool:  # the output ended here (stop token, stop string, length or context)
+        nonlocal produced
+        produced += 1
+        return produced >= output_len
+
+    target = ReplayTarget(target_tokens, hidden=hidden)
+    return generate(target, proposer, list(target_tokens[:prompt_len]), config, ends_after=ends_after).stats
 
 
 def replay_greedy(
@@ -31,33 +162,26 @@ def replay_greedy(
     max_new_tokens: int | None = None,
     max_context: int | None = None,
 ) -> SpecStats:
-    """Replay greedy speculation on one request.
+    """Replay a draft model's greedy speculation on one request (see ``replay_proposer``).
 
     draft_next_tokens[i]: the draft's greedy prediction for position i + 1 given tokens[0..i] (teacher forced,
     from ``draft_greedy_predictions``), for at least the first len(target_tokens) - 1 positions.
-    target_tokens: prompt followed by the target's output (a stop token, when it ended the output, last).
-    max_new_tokens / max_context: the request's limits, as generate applied them (max_context: the target's
-    context when the request set none; None here = unbounded). They shorten the last steps as in generate.
     """
     if len(draft_next_tokens) < len(target_tokens) - 1:
         raise ValueError("need the draft's prediction at every position but the last")
 
-    def propose(n: int, drafted: int) -> list[int]:
-        # the draft always proposes `drafted` tokens; those past the known output are never compared (padding)
-        known = list(draft_next_tokens[n - 1 : n - 1 + drafted])
-        return known + [-1] * (drafted - len(known))
+    def teacher_forced(n: int, d: int) -> list[int]:  # padded past the known predictions: never counted
+        drafts = list(draft_next_tokens[n - 1 : n - 1 + d])
+        return drafts + [0] * (d - len(drafts))
 
-    return replay_proposals(
-        propose,
+    return replay_proposer(
+        KnownDrafts(teacher_forced),
         target_tokens,
         k,
         prompt_len=prompt_len,
         max_new_tokens=max_new_tokens,
         max_context=max_context,
     )
-
-
-Propose = Callable[[int, int], Sequence[int]]  # (committed length n, at most this many) -> the drafts
 
 
 def replay_proposals(
@@ -69,34 +193,17 @@ def replay_proposals(
     max_new_tokens: int | None = None,
     max_context: int | None = None,
 ) -> SpecStats:
-    """Replay greedy speculation with any proposer whose drafts depend only on the committed tokens.
-
-    propose(n, d): the drafts (at most d, possibly fewer or none) after target_tokens[:n]; in greedy speculation
-    the committed tokens are always the target's, so this is exact for a draft model (its teacher-forced
-    predictions) and for n-gram prompt lookup (a function of the context). A step with no drafts is a plain step.
-    """
-    check_k(k)
-    if prompt_len < 1:
-        raise EmptyPromptError("the prompt has no tokens")
-    total = len(target_tokens)
-    max_new = total - prompt_len if max_new_tokens is None else max_new_tokens
-    limit = sys.maxsize if max_context is None else max_context
-    stats = SpecStats()
-    n = prompt_len
-    while n < total:
-        drafts = propose(n, step_lookahead(k, n - prompt_len, n, max_new, limit))
-        drafted, accepted, reached = len(drafts), 0, 0
-        for i in range(drafted):
-            if n + i >= total:  # the output ended (stop token) inside this step's accepted drafts
-                break
-            reached += 1
-            if drafts[i] != target_tokens[n + i]:
-                break
-            accepted += 1
-        stats.record_step(drafted=drafted, accepted=accepted, reached=reached)
-        n = min(n + accepted + 1, total)
-    stats.output_tokens = total - prompt_len
-    return stats
+    """Replay greedy speculation with drafts that depend only on the committed tokens (see ``KnownDrafts``):
+    exact for n-gram prompt lookup and for a draft model's teacher-forced predictions. A step with no drafts is
+    a plain step."""
+    return replay_proposer(
+        KnownDrafts(propose),
+        target_tokens,
+        k,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        max_context=max_context,
+    )
 
 
 @torch.inference_mode()

@@ -18,6 +18,7 @@ class SpecStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose draft i was accepted
+    drafted_per_position: list[int] = field(default_factory=list)  # [i]: steps that drafted a token at i
     reached_per_position: list[int] = field(default_factory=list)  # [i]: steps where draft i was judged
     accepted_length_histogram: list[int] = field(default_factory=list)  # [n]: steps with n accepted drafts
     target_passes: int = 0  # target forward passes after the prefill (spec steps + plain steps)
@@ -35,8 +36,11 @@ class SpecStats:
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         _grow(self.accepted_per_position, drafted)
+        _grow(self.drafted_per_position, drafted)
         _grow(self.reached_per_position, drafted)
         _grow(self.accepted_length_histogram, drafted + 1)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
         for i in range(reached):
             self.reached_per_position[i] += 1
         for i in range(accepted):
@@ -71,6 +75,7 @@ class SpecStats:
             "drafted_tokens",
             "accepted_tokens",
             "accepted_per_position",
+            "drafted_per_position",
             "reached_per_position",
             "accepted_length_histogram",
             "target_passes",
@@ -95,7 +100,12 @@ class SpecStats:
                 "verify_s",
             ):
                 setattr(total, name, getattr(total, name) + getattr(part, name))
-            for name in ("accepted_per_position", "reached_per_position", "accepted_length_histogram"):
+            for name in (
+                "accepted_per_position",
+                "drafted_per_position",
+                "reached_per_position",
+                "accepted_length_histogram",
+            ):
                 mine, theirs = getattr(total, name), getattr(part, name)
                 _grow(mine, len(theirs))
                 for i, value in enumerate(theirs):

@@ -1,15 +1,16 @@
 """Prod generation in the GPU worker: draft + verify on the chosen path, tokens streamed through Redis.
 
-Both paths draft with the engine's proposers (speculation.engine). The local path is the engine's own loop
-(`generate` on a LocalTarget); the remote path verifies through the target's scoring API, one call per step
-(speculation.worker.paths.loop.greedy_speculate with speculation.worker.paths.remote.RemoteGreedyVerifier).
+Every path runs the engine's one decode loop (speculation.engine.decode.generate) with an engine proposer
+(draft model, EAGLE head or n-gram): the local path verifies on a LocalTarget (the target loaded in this
+worker), the remote path on a RemoteTarget (the server's scoring call, speculation.worker.paths.remote).
+The request's stop rules (speculation.worker.paths.stopping) are applied token by token inside the loop, so a
+step is cut where plain decoding would have stopped and the stats count only what was kept.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,20 +26,20 @@ from speculation.engine import (
     GenerationConfig,
     LocalTarget,
     NgramProposer,
-    Proposal,
     SamplingParams,
+    SpecStats,
+    Target,
     generate,
 )
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
 from speculation.worker import baseline
-from speculation.worker.paths import CommittedBatch, SpecRunStats, resources
-from speculation.worker.paths.drafting import StepProposer
-from speculation.worker.paths.loop import greedy_speculate
-from speculation.worker.paths.remote import RemoteGreedyVerifier, RemoteTopKTarget
+from speculation.worker.paths import resources
+from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
 from speculation.worker.paths.text import IncrementalText, eos_token_ids
+from speculation.worker.stats import stage_fields
 
 logger = logging.getLogger(__name__)
 
@@ -75,99 +76,88 @@ def _text_source(policy: SpeculationPolicy) -> str:
     raise PathUnavailable("no tokenizer in the worker: n-gram drafting needs target_path (the target's model dir)")
 
 
-class StepLog:
-    """An engine proposer that also notes each step's (accepted, drafted), so the record keeps SpecRunStats'
-    per-step counts (speculation.worker.paths.base) whichever path ran."""
-
-    def __init__(self, proposer: Any) -> None:
-        self.proposer = proposer
-        self.wants_hidden = proposer.wants_hidden
-        self.last: tuple[int, int] = (0, 0)
-
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.proposer.begin(prompt_ids)
-
-    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: Any) -> Proposal:
-        return self.proposer.propose(committed, k, params, generator)
-
-    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
-        self.last = (num_accepted, num_drafted)
-        self.proposer.on_verified(num_accepted, num_drafted)
-
-    def observe_target(self, hidden: Any, num_accepted: int) -> None:
-        self.proposer.observe_target(hidden, num_accepted)
-
-
 @dataclass
 class Prepared:
-    """What one prod request runs with on this worker."""
+    """What one prod request runs with on this worker: an engine proposer and the target that verifies."""
 
-    proposer: Any  # an engine proposer
+    proposer: Any  # an engine proposer (speculation.engine.proposers / eagle)
     tokenizer: Any
     eos_ids: frozenset[int]
-    verifier: RemoteGreedyVerifier | None = None  # remote path
     target: LocalTarget | None = None  # local path
-    vocab_size: int = 0
-    capabilities: dict[str, Any] | None = None  # the endpoint's probe (remote sampled: max_logprobs, max_context)
+    remote: RemoteTarget | None = None  # remote path
+    max_logprobs: int = 0  # remote path: the server's max logprobs (a sampled request needs top_k below it)
 
-    def remote_target(self, top_k: int) -> RemoteTopKTarget:
-        """The remote path for a sampled request (0 < top_k < the server's max logprobs)."""
-        assert self.verifier is not None
-        caps = self.capabilities or {}
-        return RemoteTopKTarget(
-            client=self.verifier.client,
-            base_url=self.verifier.base_url,
-            model=self.verifier.model,
-            headers=self.verifier.headers,
-            wire=self.verifier.wire,
-            vocab_size=self.vocab_size,
-            max_context=int(caps.get("max_context") or 1 << 30),
-            top_k=top_k,
-            top_n=int(caps.get("max_logprobs") or 0),
-        )
+    def target_for(self, params: SamplingParams) -> Target:
+        """The local target, or the server: a sampled request is scored with its top-N log-probabilities."""
+        if self.target is not None:
+            return self.target
+        assert self.remote is not None
+        return self.remote if params.greedy else self.remote.sampled(params.top_k, self.max_logprobs)
+
+
+@dataclass(frozen=True)
+class DraftSetup:
+    proposer: Any
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    vocab_size: int
+
+
+def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
+    """The engine proposer for the policy's mechanism, with the tokenizer and end tokens the request uses."""
+    if policy.mechanism == Mechanism.NGRAM:
+        source = _text_source(policy)
+        tok = resources.tokenizer(source)
+        vocab = target.model.vocab_size if target is not None else len(tok)
+        return DraftSetup(NgramProposer(), tok, eos_token_ids(source, tok), vocab)
+    if policy.draft is None or not policy.draft.path:
+        raise PathUnavailable("the policy has no draft weights")
+    if policy.mechanism == Mechanism.EAGLE_HEAD:
+        if target is None:
+            raise PathUnavailable("an EAGLE head reads the target's hidden states: it needs path local")
+        from speculation.engine.eagle import EagleProposer
+
+        try:
+            head = resources.eagle_head(policy.draft.path, target_dir=target.directory)
+            proposer: Any = EagleProposer(head, target.model)
+        except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
+            raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
+        return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)
+    try:
+        draft = resources.model(policy.draft.path)
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
+    vocab = target.model.vocab_size if target is not None else draft.model.vocab_size
+    return DraftSetup(DraftModelProposer(draft.model, target_vocab_size=vocab), draft.tokenizer, draft.eos_ids, vocab)
 
 
 def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
-    """The engine proposer, the verifier or local target, tokenizer and eos ids for this policy on this worker."""
-    target: LocalTarget | None = None
+    """The engine proposer and target (local or remote), tokenizer and eos ids for this policy on this worker."""
     if path == VerificationPath.LOCAL:
         if not policy.target_path:
             raise PathUnavailable("path local needs the policy's target_path")
-        target = LocalTarget(resources.model(policy.target_path).model)
-    elif path != VerificationPath.REMOTE:
+        loaded = resources.model(policy.target_path)
+        drafter = _drafter(policy, loaded)
+        return Prepared(drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model))
+    if path != VerificationPath.REMOTE:
         raise PathUnavailable(f"path {path!r} does not run in the worker")
-    if policy.mechanism == Mechanism.NGRAM:
-        proposer: Any = NgramProposer()
-        source = _text_source(policy)
-        tok = resources.tokenizer(source)
-        eos = eos_token_ids(source, tok)
-        vocab = target.vocab_size if target is not None else len(tok)
-    else:
-        if policy.draft is None or not policy.draft.path:
-            raise PathUnavailable("the policy has no draft weights")
-        try:
-            draft = resources.model(policy.draft.path)
-        except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
-            raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
-        vocab = target.vocab_size if target is not None else draft.model.vocab_size
-        proposer = DraftModelProposer(draft.model, target_vocab_size=vocab)
-        tok, eos = draft.tokenizer, draft.eos_ids
-    if target is not None:
-        return Prepared(proposer=proposer, tokenizer=tok, eos_ids=eos, target=target)
-    verifier = RemoteGreedyVerifier(
+    drafter = _drafter(policy, None)
+    caps = dict(endpoint.capabilities or {})
+    remote = RemoteTarget(
         client=http(),
         base_url=endpoint.base_url,
         model=endpoint.served_model,
         headers=_headers(endpoint),
         wire=wire_for(endpoint.kind),
+        vocab_size=drafter.vocab_size,
+        max_context=int(caps.get("max_context") or 1 << 30),
     )
     return Prepared(
-        proposer=proposer,
-        tokenizer=tok,
-        eos_ids=eos,
-        verifier=verifier,
-        vocab_size=vocab,
-        capabilities=dict(endpoint.capabilities or {}),
+        drafter.proposer,
+        drafter.tokenizer,
+        drafter.eos_ids,
+        remote=remote,
+        max_logprobs=int(caps.get("max_logprobs") or 0),
     )
 
 
@@ -182,42 +172,21 @@ def speculate(
     prompt_ids: list[int],
     max_tokens: int,
     k: int,
-    emit: Callable[[CommittedBatch], bool | None],
+    on_tokens: Any = None,
     sampling: dict[str, Any] | None = None,
     stop: StopRule | None = None,
-) -> None:
-    """Run the prepared path (fixed K); emit gets each target verification's committed batch.
+    ends_after: Any = None,
+) -> SpecStats:
+    """Run the prepared path (fixed K) through the engine's loop; returns its stats.
 
-    sampling: temperature / top_k / top_p / seed as the gateway parsed them (speculation.gateway.sampling);
-    None = greedy. Sampled requests run the engine's exact rejection sampling on either path.
-    stop: the request's stop rule (its stop tokens, min_tokens); None = the model's end tokens. emit returns
-    True when the request is finished (a stop string matched): no further step runs.
+    on_tokens gets each verification's committed tokens (the accepted drafts + the target's token, cut where
+    the request ends). sampling: temperature / top_k / top_p / seed as the gateway parsed them
+    (speculation.gateway.sampling); None = greedy. Sampled requests run the engine's exact rejection sampling.
+    stop: the request's stop rule (its stop tokens, min_tokens); None = the model's end tokens. ends_after is
+    asked for each committed token whether the request ends after it (a stop string, max_tokens).
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
-    if prepared.verifier is not None and sampling["temperature"] == 0.0:
-        for batch in greedy_speculate(
-            proposer=StepProposer(prepared.proposer),
-            verifier=prepared.verifier,
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            k=k,
-            eos_ids=stop_ids,
-        ):
-            if emit(batch):
-                return
-        return
-    # The local path (and the remote path for sampled requests) is the engine's loop (same draft length rule as
-    # greedy_speculate's step_k); each step's tokens come through on_tokens: the accepted drafts + the target's
-    # token, cut after a stop token.
-    log = StepLog(prepared.proposer)
-    target = prepared.target if prepared.target is not None else prepared.remote_target(int(sampling["top_k"]))
-
-    def on_tokens(ids: list[int]) -> bool | None:
-        accepted, drafted = log.last
-        finished = bool(ids) and ids[-1] in stop_ids
-        return emit(CommittedBatch(ids=ids, drafted=drafted, accepted=min(accepted, len(ids)), finished=finished))
-
     config = GenerationConfig(
         max_new_tokens=max_tokens,
         k=k,
@@ -229,7 +198,84 @@ def speculate(
         min_tokens=stop.min_tokens if stop is not None else 0,
         suppress_ids=tuple(sorted(stop.suppressed_ids)) if stop is not None else (),
     )
-    generate(target, log, prompt_ids, config, on_tokens=on_tokens)
+    target = prepared.target_for(config.sampling)
+    return generate(target, prepared.proposer, prompt_ids, config, on_tokens=on_tokens, ends_after=ends_after).stats
+
+
+class TokenStream:
+    """The request's stop rules applied one committed token at a time (the matcher is set once the tokenizer is
+    loaded), and each verification's kept tokens sent to the gateway with the text they complete."""
+
+    def __init__(self, channel: WorkerChannel, slot: JobSlot) -> None:
+        self.channel, self.slot = channel, slot
+        self.matcher: StopMatcher | None = None
+        self.sent = 0
+        self._text: list[str] = []
+
+    def ends_after(self, token: int) -> bool:
+        assert self.matcher is not None
+        self._text.append(self.matcher.feed([token])[1])
+        return self.matcher.finished
+
+    def send(self, ids: list[int]) -> None:
+        text, self._text = "".join(self._text), []
+        self.sent += len(ids)
+        # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
+        self.channel.send({"type": "tokens", "ids": ids, "text": text}, slot=self.slot)
+
+
+def _baseline(client: redis.Redis, endpoint: Endpoint, job: dict[str, Any]) -> float | None:
+    return baseline.baseline_tok_s(
+        redis_client=client,
+        endpoint_id=endpoint.pk,
+        measure=lambda: baseline.calibrate(
+            client=http(),
+            base_url=endpoint.base_url,
+            kind=endpoint.kind,
+            model=endpoint.served_model,
+            headers=_headers(endpoint),
+            prompt_ids=job["prompt_ids"],
+            max_tokens=job["max_tokens"],
+        ),
+    )
+
+
+def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> None:
+    """Load, calibrate, generate through the stream and send the done message with the record's fields."""
+    endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
+    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
+    prepared = build(endpoint, policy, job["path"])
+    base = _baseline(client, endpoint, job)
+    stream.channel.send({"type": "ready"}, slot=stream.slot)  # loaded and calibrated: the step timeout applies
+    rule = StopRule.from_fields(
+        job.get("stop") or {},
+        max_tokens=job["max_tokens"],
+        eos_token_id=prepared.tokenizer.eos_token_id,
+        eos_ids=prepared.eos_ids,
+    )
+    matcher = stream.matcher = StopMatcher(rule, decode=IncrementalText(prepared.tokenizer).add)
+    started = time.perf_counter()
+    stats = speculate(
+        prepared,
+        prompt_ids=job["prompt_ids"],
+        max_tokens=job["max_tokens"],
+        k=0 if settings.PROD_PLAIN else job["k"],  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
+        on_tokens=stream.send,
+        sampling=job.get("sampling"),
+        stop=rule,
+        ends_after=stream.ends_after,
+    )
+    elapsed = time.perf_counter() - started
+    tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
+    record = {
+        **stage_fields(stats, k=job["k"]),
+        "tok_s": tok_s,
+        "baseline_tok_s": base,
+        "multiplier": tok_s / base if tok_s and base else None,
+    }
+    tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
+    done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
+    stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)
 
 
 def run_prod_generation(job: dict[str, Any]) -> None:
@@ -237,79 +283,13 @@ def run_prod_generation(job: dict[str, Any]) -> None:
     client = redis_client()
     channel = WorkerChannel(client, job["request_id"])
     slot = JobSlot(client, request_id=job["request_id"], node_class=job.get("node_class", ""), hold_s=SLOT_HOLD_S)
-    stats = SpecRunStats(k=job["k"])
+    stream = TokenStream(channel, slot)
     try:
         slot.check()  # a job the gateway stopped waiting for never starts
-        endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
-        policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
-        prepared = build(endpoint, policy, job["path"])
-        base = baseline.baseline_tok_s(
-            redis_client=client,
-            endpoint_id=endpoint.pk,
-            measure=lambda: baseline.calibrate(
-                client=http(),
-                base_url=endpoint.base_url,
-                kind=endpoint.kind,
-                model=endpoint.served_model,
-                headers=_headers(endpoint),
-                prompt_ids=job["prompt_ids"],
-                max_tokens=job["max_tokens"],
-            ),
-        )
-        channel.send({"type": "ready"}, slot=slot)  # loaded and calibrated: the gateway's step timeout applies
-        rule = StopRule.from_fields(
-            job.get("stop") or {},
-            max_tokens=job["max_tokens"],
-            eos_token_id=prepared.tokenizer.eos_token_id,
-            eos_ids=prepared.eos_ids,
-        )
-        matcher = StopMatcher(rule, decode=IncrementalText(prepared.tokenizer).add)
-
-        def emit(batch: CommittedBatch) -> bool:
-            kept, delta = matcher.feed(batch.ids)  # tokens past a stop were never generated by plain decoding
-            batch = CommittedBatch(
-                ids=batch.ids[:kept],
-                drafted=batch.drafted,
-                accepted=min(batch.accepted, kept),
-                finished=matcher.finished,
-            )
-            stats.add(batch)
-            # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
-            channel.send({"type": "tokens", "ids": batch.ids, "text": delta}, slot=slot)
-            return matcher.finished
-
-        started = time.perf_counter()
-        speculate(
-            prepared,
-            prompt_ids=job["prompt_ids"],
-            max_tokens=job["max_tokens"],
-            k=0 if settings.PROD_PLAIN else job["k"],  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
-            emit=emit,
-            sampling=job.get("sampling"),
-            stop=rule,
-        )
-        elapsed = time.perf_counter() - started
-        tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
-        record = {
-            **stats.as_record(),
-            "tok_s": tok_s,
-            "baseline_tok_s": base,
-            "multiplier": tok_s / base if tok_s and base else None,
-        }
-        tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
-        channel.send(
-            {
-                "type": "done",
-                "finish_reason": matcher.finish_reason,
-                "stop_reason": matcher.stop_reason,
-                "text": tail,
-                "stats": record,
-            },
-            release=slot,
-        )
+        _generate(job, client, stream)
     except Cancelled:
-        logger.info("prod generation %s cancelled after %d tokens", job["request_id"], stats.output_tokens)
-        channel.send({"type": "cancelled", "tokens": stats.output_tokens}, release=slot)
+        logger.info("prod generation %s cancelled after %d tokens", job["request_id"], stream.sent)
+        channel.send({"type": "cancelled", "tokens": stream.sent}, release=slot)
     except PathUnavailable as exc:
         channel.send({"type": "error", "reason": str(exc)}, release=slot)
     except Exception as exc:  # noqa: BLE001 - the gateway falls back; the reason says what broke

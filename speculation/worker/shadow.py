@@ -1,8 +1,10 @@
 """Shadow measurement in the GPU worker: what the policy's draft would have achieved on a served request.
 
-Greedy traffic: one teacher-forced draft pass over prompt + produced tokens gives the draft's proposal at
-every position; replaying the verification steps with lookahead K (speculation.worker.paths.loop) gives exactly
-what prod would have accepted. Sampled traffic: the expected acceptance sum_x min(p, q) per position with p
+Greedy traffic: the engine's one decode loop replays the request on a ReplayTarget (speculation.engine.replay):
+one teacher-forced draft pass over prompt + produced tokens gives the draft's proposal at every position, and
+the loop's verification steps with lookahead K give exactly what prod would have accepted (the same stats, the
+same record fields: speculation.worker.stats).
+Sampled traffic: the expected acceptance sum_x min(p, q) per position with p
 and q processed as the request asked (temperature, top-k, top-p): exact from the target's logits when the
 worker holds the target, else from the server's top-N log-probabilities (exact when top-k < N, otherwise a
 lower bound recorded with the mass it could not see: speculation.engine.acceptance).
@@ -17,33 +19,14 @@ import logging
 from typing import Any
 
 from fleet.models import Endpoint
-from speculation.engine import NgramProposer, SamplingParams
+from speculation.engine import NgramProposer, SamplingParams, draft_greedy_predictions, replay_greedy, replay_proposer
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
 from speculation.services.records import record_stage
 from speculation.worker.costs import projection
-from speculation.worker.paths import SpecRunStats, resources
-from speculation.worker.paths.drafting import teacher_forced_next
-from speculation.worker.paths.loop import replay_greedy_batches, step_k
+from speculation.worker.paths import resources
+from speculation.worker.stats import stage_fields
 
 logger = logging.getLogger(__name__)
-
-
-def replay_ngram_batches(*, prompt_ids: list[int], output_ids: list[int], max_tokens: int, k: int, stopped: bool):
-    """The n-gram proposer is a function of the context, so its replay calls it on each committed prefix."""
-    from speculation.worker.paths.base import CommittedBatch
-
-    proposer = NgramProposer()
-    n, i = len(output_ids), 0
-    while i < n:
-        drafts = proposer.lookup(prompt_ids + output_ids[:i], step_k(k, max_tokens, i))
-        accepted = 0
-        while accepted < len(drafts) and i + accepted < n and drafts[accepted] == output_ids[i + accepted]:
-            accepted += 1
-        end = min(i + accepted + 1, n)
-        yield CommittedBatch(
-            ids=output_ids[i:end], drafted=len(drafts), accepted=accepted, finished=stopped and end == n
-        )
-        i = end
 
 
 def measure_shadow(
@@ -64,7 +47,6 @@ def measure_shadow(
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
     k = policy.k
-    stopped = finish_reason == "stop"
     budget = max_tokens or len(output_ids)
     common: dict[str, Any] = {
         "mechanism": policy.mechanism,
@@ -86,22 +68,15 @@ def measure_shadow(
             common=common,
         )
         return
+    sequence = prompt_ids + output_ids
     if policy.mechanism == Mechanism.NGRAM:
-        batches = replay_ngram_batches(
-            prompt_ids=prompt_ids, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
-        )
+        stats = replay_proposer(NgramProposer(), sequence, k, prompt_len=len(prompt_ids), max_new_tokens=budget)
     else:
-        draft = resources.model(policy.draft.path)
-        draft_next = teacher_forced_next(draft.model, prompt_ids, output_ids)
-        batches = replay_greedy_batches(
-            draft_next=draft_next, output_ids=output_ids, max_tokens=budget, k=k, stopped=stopped
-        )
-    stats = SpecRunStats(k=k)
-    for batch in batches:
-        stats.add(batch)
-    fields = stats.as_record()
-    tau = fields["mean_accepted_len"] or 1.0
-    k_mean = stats.drafted / stats.passes if stats.passes else 0.0
+        predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
+        stats = replay_greedy(predictions, sequence, k, prompt_len=len(prompt_ids), max_new_tokens=budget)
+    fields = stage_fields(stats, k=k)
+    tau = stats.mean_accepted_len or 1.0  # no drafts at all: one token per step, as plain decoding
+    k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     projected, basis = projection(endpoint=endpoint, policy=policy, context=prompt_ids, tokens_per_step=tau, k=k_mean)
     record_stage(
         endpoint_id=endpoint_id,

@@ -1,13 +1,19 @@
-"""Remote path: the draft runs in the GPU worker; the target verifies through its own API.
+"""Remote path: the draft runs in the GPU worker; the target verifies through its own scoring API.
 
-One scoring call per step, in the endpoint kind's wire format (fleet.adapters.wire: vLLM's `prompt_logprobs`
-on /v1/completions, SGLang's /generate with `return_logprob`): the sequence is the committed token ids followed
-by the K drafts; the top-1 log-probabilities give, at every draft position, the target's rank of the draft
-token and its argmax, and one greedy token is generated after the last draft: the bonus token when every
-draft is accepted. Exact at temperature 0 (argmax check).
+``RemoteTarget`` is the engine's Target protocol over the server, so the remote path runs the engine's one
+decode loop (speculation.engine.decode.generate) like the local path. Each step is one scoring call
+(``score``: the endpoint kind's wire format, fleet.adapters.wire: vLLM's `prompt_logprobs` on /v1/completions,
+SGLang's /generate with `return_logprob`) whose sequence is the committed tokens followed by the K drafts:
 
-Sampled requests with 0 < top_k < N (the server's max logprobs) run the engine's own loop on
-RemoteTopKTarget: the target's processed distribution is then fully known from its top-N log-probabilities.
+- greedy (top_n 0): the top-1 log-probabilities give, at every draft position, the target's rank of the draft
+  token and its argmax, and one greedy token is generated after the last draft (the bonus token when every
+  draft is accepted). Each returned "logits" row is one-hot at the target's token, so the loop's greedy
+  verification (speculation.engine.verify) accepts exactly the drafts the server ranks first.
+- sampled with 0 < top_k < N (the server's max logprobs): one placeholder token is appended and the top-N
+  log-probabilities asked for, so the entry after token j holds the target's top-N after it; the rows are those
+  raw log-probabilities with -inf outside the top N. After temperature and top-k (k < N) the support is the true
+  top-k, all of them returned, and softmax over them equals the processed distribution; top-p then acts on that
+  as in vLLM. Exact for 0 < top_k < N; the caller (gateway.sampling.path_reason) guarantees it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ from __future__ import annotations
 import logging
 
 import httpx
+import torch
+from torch import Tensor
 
 from fleet.adapters import PositionScores, Scored, ServerWire
+from speculation.engine.target import TargetOutput
 
 logger = logging.getLogger(__name__)
 
@@ -53,52 +62,12 @@ def score(
         raise RemoteVerificationError(f"target scoring call: {exc}") from exc
 
 
-class RemoteGreedyVerifier:
-    def __init__(
-        self, *, client: httpx.Client, base_url: str, model: str, headers: dict[str, str], wire: ServerWire
-    ) -> None:
-        self.client = client
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.headers = headers
-        self.wire = wire
+class RemoteTarget:
+    """The engine's Target over an endpoint's scoring call.
 
-    def verify(self, context: list[int], drafts: list[int]) -> tuple[int, int]:
-        scored = score(
-            client=self.client,
-            base_url=self.base_url,
-            headers=self.headers,
-            wire=self.wire,
-            model=self.model,
-            token_ids=context + drafts,
-            top_n=1 if drafts else None,
-        )
-        generated = scored.generated
-        if not drafts:
-            if not generated:
-                raise RemoteVerificationError("the target returned no token")
-            return 0, int(generated[0])
-        for i, draft in enumerate(drafts):
-            position = scored.positions[len(context) + i]
-            if position is None:  # only the first token of a sequence has none, and the context is not empty
-                raise RemoteVerificationError(f"no log-probabilities at draft position {i}")
-            if not position.is_argmax(draft):
-                return i, position.argmax()
-        if not generated:
-            # Finished right after the drafts without generating (cannot happen with max_tokens 1 and a budget).
-            raise RemoteVerificationError("the target generated no bonus token")
-        return len(drafts), int(generated[0])
-
-
-class RemoteTopKTarget:
-    """The engine's Target protocol over the server's scoring API, for sampled requests with top-k < N.
-
-    forward() sends the committed tokens, the new ones and one placeholder token as a prompt with
-    ``prompt_logprobs: N``: entry j + 1 holds the target's top-N log-probabilities after token j, so the last
-    (placeholder) entry gives the distribution after the last new token. Returned "logits" are those raw
-    log-probabilities with -inf outside the top N. After temperature and top-k (k < N) the support is the true
-    top-k, all of them returned, and softmax over them equals the processed distribution; top-p then acts on
-    that as in vLLM. Exact for 0 < top_k < N; the caller (gateway.sampling.path_reason) guarantees it.
+    Keeps the tokens the server has "processed" (the committed ones but the last); every forward sends them all
+    again (the scoring API keeps no cache ACE could hold). top_k / top_n: 0 for greedy requests; for sampled
+    ones the request's top_k and the server's max logprobs (0 < top_k < top_n, see ``sampled``).
     """
 
     def __init__(
@@ -111,12 +80,10 @@ class RemoteTopKTarget:
         wire: ServerWire,
         vocab_size: int,
         max_context: int,
-        top_k: int,
-        top_n: int,
+        top_k: int = 0,
+        top_n: int = 0,
     ) -> None:
-        import torch
-
-        if not 0 < top_k < top_n:
+        if (top_k or top_n) and not 0 < top_k < top_n:
             raise RemoteVerificationError(f"top_k {top_k} must be in (0, {top_n}) for remote sampled verification")
         self.client = client
         self.base_url = base_url.rstrip("/")
@@ -129,35 +96,62 @@ class RemoteTopKTarget:
         self.device = torch.device("cpu")
         self.tokens: list[int] = []
 
+    def sampled(self, top_k: int, top_n: int) -> RemoteTarget:
+        """The same server for a sampled request (0 < top_k < top_n)."""
+        return RemoteTarget(
+            client=self.client,
+            base_url=self.base_url,
+            model=self.model,
+            headers=self.headers,
+            wire=self.wire,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            top_k=top_k,
+            top_n=top_n,
+        )
+
     def prefill(self, prompt_ids: list[int]) -> None:
         self.tokens = list(prompt_ids[:-1])
 
-    def forward(self, tokens, *, return_hidden: bool = False):
-        import torch
-
-        from speculation.engine.target import TargetOutput
-
+    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
         new = [int(t) for t in tokens.tolist()]
         start = len(self.tokens)
-        prompt = self.tokens + new
-        scored = score(
+        sequence = self.tokens + new
+        logits = torch.full((len(new), self.vocab_size), float("-inf"))  # [T, V]
+        if self.top_n:
+            scored = self._score([*sequence, PLACEHOLDER_TOKEN], self.top_n)
+            for row, position in enumerate(scored.positions[start + 1 :]):
+                self._fill(logits[row], _known(position))
+        else:
+            scored = self._score(sequence, 1 if len(new) > 1 else None)
+            for row in range(len(new) - 1):  # row j predicts the token after new[j]: the draft new[j + 1]
+                position = _known(scored.positions[start + 1 + row])
+                draft = new[row + 1]
+                self._one_hot(logits[row], draft if position.is_argmax(draft) else position.argmax())
+            if not scored.generated:
+                raise RemoteVerificationError("the target generated no token")
+            self._one_hot(logits[-1], int(scored.generated[0]))
+        self.tokens = sequence
+        return TargetOutput(logits=logits, hidden=None)
+
+    def _score(self, token_ids: list[int], top_n: int | None) -> Scored:
+        """The one call to the server (see ``score``)."""
+        return score(
             client=self.client,
             base_url=self.base_url,
             headers=self.headers,
             wire=self.wire,
             model=self.model,
-            token_ids=[*prompt, PLACEHOLDER_TOKEN],
-            top_n=self.top_n,
+            token_ids=token_ids,
+            top_n=top_n,
         )
-        logits = torch.full((len(new), self.vocab_size), float("-inf"))  # [T, V]
-        for row, position in enumerate(scored.positions[start + 1 :]):
-            if position is None:
-                raise RemoteVerificationError("no log-probabilities after a committed token")
-            self._fill(logits[row], position)
-        self.tokens = prompt
-        return TargetOutput(logits=logits, hidden=None)
 
-    def _fill(self, row, position: PositionScores) -> None:
+    def _one_hot(self, row: Tensor, token: int) -> None:
+        if not 0 <= token < self.vocab_size:
+            raise RemoteVerificationError(f"the server returned token {token} outside the vocabulary")
+        row[token] = 0.0
+
+    def _fill(self, row: Tensor, position: PositionScores) -> None:
         top = position.top
         if len(top) < self.top_k + 1:
             raise RemoteVerificationError(
@@ -174,6 +168,12 @@ class RemoteTopKTarget:
         if not 0 <= length <= len(self.tokens):
             raise ValueError(f"cannot roll back to {length}: {len(self.tokens)} positions are cached")
         del self.tokens[length:]
+
+
+def _known(position: PositionScores | None) -> PositionScores:
+    if position is None:  # only the first token of a sequence has none, and the committed tokens are not empty
+        raise RemoteVerificationError("no log-probabilities after a committed token")
+    return position
 
 
 PLACEHOLDER_TOKEN = 0  # scored only for the entry before it; its own log-probability is never used

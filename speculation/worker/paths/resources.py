@@ -28,6 +28,7 @@ class Loaded:
 
 _loaded: OrderedDict[str, Loaded] = OrderedDict()
 _tokenizers: dict[str, Any] = {}
+_heads: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -63,3 +64,23 @@ def model(directory: str) -> Loaded:
         while len(_loaded) > MAX_LOADED:
             _loaded.popitem(last=False)
     return loaded
+
+
+def eagle_head(directory: str, *, target_dir: str) -> Any:
+    """The EAGLE head in `directory` (refused when trained for another target than target_dir's); loaded on first
+    use. Each request drafts with its own EagleProposer over it (the worker runs one task per process)."""
+    from speculation.engine.eagle import EagleHead
+
+    key = (directory, target_dir)
+    with _lock:
+        found = _heads.get(key)
+        if found is not None:
+            _heads.move_to_end(key)
+            return found
+    logger.info("loading the EAGLE head %s", directory)
+    head = EagleHead.load(Path(directory), target_dir=Path(target_dir))
+    with _lock:
+        _heads[key] = head
+        while len(_heads) > MAX_LOADED:
+            _heads.popitem(last=False)
+    return head

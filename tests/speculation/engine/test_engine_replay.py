@@ -65,6 +65,7 @@ def test_replay_counts_a_hand_worked_example():
         "drafted_tokens": 4,
         "accepted_tokens": 3,
         "accepted_per_position": [2, 1, 0],
+        "drafted_per_position": [2, 1, 1],
         "reached_per_position": [2, 1, 1],
         "accepted_length_histogram": [0, 1, 1, 0],
         "target_passes": 2,

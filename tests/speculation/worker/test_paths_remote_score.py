@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from fleet.adapters import wire_for
-from speculation.worker.paths.remote import RemoteGreedyVerifier, RemoteVerificationError, score
+from speculation.engine import verify_greedy
+from speculation.worker.paths.remote import RemoteTarget, RemoteVerificationError, score
 from tests.support.server_shapes import json_reply, sglang_generate
 
 
@@ -30,10 +32,14 @@ def test_a_greedy_step_on_sglang_rejects_a_draft_the_target_does_not_rank_first(
     # the stub's top-1 at every position is token 0: a draft of 9 is rejected, 0 is the target's token
     stub = http_stub({("POST", "/generate"): sglang_generate})
     with httpx.Client() as client:
-        verifier = RemoteGreedyVerifier(
-            client=client, base_url=stub.base_url, model="m", headers={}, wire=wire_for("sglang")
-        )
-        assert verifier.verify([3, 4], [9, 9]) == (0, 0)
+        target = RemoteTarget(
+            client=client, base_url=stub.base_url, model="m", headers={}, wire=wire_for("sglang"), vocab_size=16,
+            max_context=4096,
+        )  # fmt: skip
+        target.prefill([3, 4])
+        logits = target.forward(torch.tensor([4, 9, 9])).logits  # the last committed token, then two drafts
+    accepted, tokens = verify_greedy(torch.tensor([9, 9]), logits)
+    assert (int(accepted), int(tokens[0])) == (0, 0)
 
 
 @pytest.mark.parametrize(

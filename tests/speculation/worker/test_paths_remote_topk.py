@@ -9,11 +9,11 @@ import torch
 
 from fleet.adapters import PositionScores, wire_for
 from speculation.engine import SamplingParams, probs_from_logits
-from speculation.worker.paths.remote import RemoteTopKTarget, RemoteVerificationError
+from speculation.worker.paths.remote import RemoteTarget, RemoteVerificationError
 
 
-def _target(top_k: int, top_n: int = 8, vocab: int = 64) -> RemoteTopKTarget:
-    return RemoteTopKTarget(
+def _target(top_k: int, top_n: int = 8, vocab: int = 64) -> RemoteTarget:
+    return RemoteTarget(
         client=None, base_url="http://unused", model="m", headers={}, wire=wire_for("vllm"), vocab_size=vocab,
         max_context=512, top_k=top_k, top_n=top_n,
     )  # fmt: skip

@@ -41,11 +41,9 @@ def _tokens(target_model, draft_model, prompt: list[int], *, seed: int, max_toke
         target=LocalTarget(target_model),
     )
     out: list[int] = []
-
-    def emit(batch) -> None:
-        out.extend(batch.ids)
-
-    speculate(prepared, prompt_ids=prompt, max_tokens=max_tokens, k=2, emit=emit, sampling={**SAMPLING, "seed": seed})
+    sampling = {**SAMPLING, "seed": seed}
+    stats = speculate(prepared, prompt_ids=prompt, max_tokens=max_tokens, k=2, on_tokens=out.extend, sampling=sampling)
+    assert stats.output_tokens == len(out)  # what was streamed is what the loop committed
     return out
 
 

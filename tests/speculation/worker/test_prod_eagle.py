@@ -1,0 +1,82 @@
+"""An EAGLE head on the prod local path: the worker drafts with it (the engine's EagleProposer in the one loop)
+and the greedy output is token-identical to plain decoding of the target (tiny models, real Redis)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+import torch
+
+from speculation.jobs.admission import inflight_key
+
+
+@pytest.fixture
+def client(redis_server):
+    found = redis.Redis.from_url(redis_server.url)
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def eagle_job(db, client, tiny_model_dir, tmp_path):
+    """A greedy prod job on the local path of an endpoint whose target is the tiny model, drafted by an EAGLE head
+    saved for that target (untrained: its drafts are checked like any other)."""
+    from fleet.models import Endpoint
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+    from speculation.models import DraftModel, SpeculationPolicy
+    from speculation.worker.baseline import _key
+
+    head = EagleHead(EagleConfig.for_target(tiny_model_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "head")
+    endpoint = Endpoint.objects.create(name="tiny-eagle", base_url="http://127.0.0.1:9", node_class="cpu")
+    draft = DraftModel.objects.create(name="tiny-head", kind="eagle_head", path=str(tmp_path / "head"))
+    SpeculationPolicy.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={
+            "mode": "prod",
+            "mechanism": "eagle_head",
+            "draft": draft,
+            "k": 3,
+            "path": "local",
+            "target_path": str(tiny_model_dir),
+        },
+    )
+    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))  # no calibration call
+    request_id = f"eagle-{time.monotonic_ns()}"
+    client.zadd(inflight_key("cpu"), {request_id: time.time() + 60})
+    return {
+        "request_id": request_id,
+        "endpoint_id": endpoint.pk,
+        "prompt_ids": [1, 5, 6, 7, 9, 12],
+        "max_tokens": 30,
+        "k": 3,
+        "path": "local",
+        "stop": {"ignore_eos": True},
+        "node_class": "cpu",
+    }
+
+
+def test_an_eagle_head_on_the_local_path_speculates_with_plain_greedy_output(eagle_job, client, tiny_model_dir):
+    from speculation.engine import GenerationConfig, LocalTarget, generate_plain
+    from speculation.jobs.channel import key
+    from speculation.worker.generation import run_prod_generation
+    from speculation.worker.paths import resources
+
+    # when: the worker runs the job
+    run_prod_generation(eagle_job)
+    # then: it streamed plain greedy's tokens and finished with speculation stats (drafts were checked)
+    messages = [json.loads(m) for m in client.lrange(key(eagle_job["request_id"]), 0, -1)]
+    assert [m["type"] for m in messages][0] == "ready", messages
+    assert messages[-1]["type"] == "done", messages[-1]
+    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
+    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
+    plain = generate_plain(target, eagle_job["prompt_ids"], GenerationConfig(max_new_tokens=30)).tokens
+    assert streamed == plain
+    stats = messages[-1]["stats"]
+    assert stats["drafted_tokens"] > 0
+    assert stats["target_passes"] < len(plain) + 1 or stats["accepted_tokens"] == 0
+    assert messages[-1]["finish_reason"] == "length"
