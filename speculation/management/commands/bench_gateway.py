@@ -50,11 +50,24 @@ class Command(BaseCommand):
         parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl")
         parser.add_argument("--no-native", action="store_true", help="skip the native path (a second vLLM)")
         parser.add_argument(
+            "--concurrency-only",
+            action="store_true",
+            help="only shadow_vs_prod and concurrency (no overhead, throughput, remote path, coverage, native)",
+        )
+        parser.add_argument(
             "--managed", action="store_true", help="off vs native prod and the switches on a managed endpoint"
         )
 
     def handle(
-        self, *args, quick: bool, json_path: str | None, dataset: str, no_native: bool, managed: bool, **options
+        self,
+        *args,
+        quick: bool,
+        json_path: str | None,
+        dataset: str,
+        no_native: bool,
+        managed: bool,
+        concurrency_only: bool,
+        **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
 
@@ -74,11 +87,14 @@ class Command(BaseCommand):
             "concurrency_max_tokens": 32 if quick else 64,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
-        stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=not no_native)
-        self.stderr.write(f"starting redis, vLLM{' x2' if not no_native else ''}, worker, ACE (logs {stack.log_dir})")
+        with_native = not (no_native or concurrency_only)
+        stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=with_native)
+        self.stderr.write(f"starting redis, vLLM{' x2' if with_native else ''}, worker, ACE (logs {stack.log_dir})")
         stack.start()
         try:
-            results = self._run(stack, prompts, plan)
+            results = (
+                self._concurrency_only(stack, prompts, plan) if concurrency_only else self._run(stack, prompts, plan)
+            )
         finally:
             stack.stop()
         results["meta"] = {
@@ -200,6 +216,37 @@ class Command(BaseCommand):
         if stack.ngram_url:
             out["prod_multiplier"]["native"], out["native"] = self._native(stack, run, off_tps)
         measured = concurrency_bench.run_all(  # last: it leaves the worker at K = 0
+            stack,
+            prompts,
+            requests=plan["concurrency_requests"],
+            max_tokens=plan["concurrency_max_tokens"],
+            log=self.stderr.write,
+        )
+        out["concurrency"] = concurrency_bench.shape(measured)
+        return out
+
+    def _concurrency_only(self, stack: BenchStack, prompts: list[str], plan: dict) -> dict:
+        """shadow_vs_prod (the same greedy prompts, one at a time: shadow projecting for the local path, then prod
+        on it), then the concurrency section."""
+        run = dict(prompts=prompts, max_tokens=plan["prod_max_tokens"], concurrency=1, headers=stack.headers)
+        stack.set_policy(
+            "demo",
+            mode="shadow",
+            mechanism="draft_model",
+            draft="demo-draft",
+            k=K,
+            shadow_sample_rate=1.0,
+            path="local",
+            target_path=str(stack.target_dir),
+        )
+        asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
+        shadow = self._wait_records(stack, "demo", "shadow", len(prompts))
+        stack.set_policy("demo", mode="prod")
+        asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
+        prod = self._wait_records(stack, "demo", "prod", len(prompts))
+        out = {"shadow_vs_prod": concurrency_bench.shadow_vs_prod(shadow, [r for r in prod if r["path"] == "local"])}
+        self.stderr.write(f"shadow vs prod (local): {out['shadow_vs_prod']}")
+        measured = concurrency_bench.run_all(
             stack,
             prompts,
             requests=plan["concurrency_requests"],

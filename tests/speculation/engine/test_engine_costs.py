@@ -83,6 +83,15 @@ class ClockedProposer:
         pass
 
 
+def test_a_size_measured_cheaper_than_a_smaller_one_is_pooled_with_it():
+    measured = {1: 0.27, 2: 1.34, 3: 0.79, 5: 0.93, 9: 1.50}  # verify(2) caught a stall even in its median
+    pooled = engine_costs.non_decreasing(measured)
+    assert list(pooled.values()) == sorted(pooled.values())
+    assert pooled[1] == 0.27 and pooled[9] == 1.50
+    assert pooled[2] == pooled[3] == pooled[5] == pytest.approx((1.34 + 0.79 + 0.93) / 3)
+    assert engine_costs.non_decreasing({1: 0.1, 4: 0.2}) == {1: 0.1, 4: 0.2}  # already ordered: unchanged
+
+
 def test_draft_step_timing_is_the_median_seconds_per_drafted_token(clock):
     proposer = ClockedProposer(clock)
     step = engine_costs.time_draft_step(proposer, [5, 6, 7], steps=8, repeats=5)
