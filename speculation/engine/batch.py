@@ -31,9 +31,9 @@ from speculation.engine.batch_model import BatchedModel
 from speculation.engine.decode import (
     GenerationConfig,
     _suppress_before_min_tokens,
-    _truncate_at_stop,
     check_request,
     step_lookahead,
+    truncate_at_stop,
 )
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.model import Transformer
@@ -288,7 +288,7 @@ class BatchDecoder:
         for slot, row, drafts in zip(self._active, rows, proposals.drafts, strict=True):
             drafted = int(drafts.shape[0])
             accepted, new = row[0], row[1 : row[0] + 2]
-            new, accepted_counted, reached, stopped = _truncate_at_stop(new, accepted, drafted, slot.stop_ids)
+            new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, slot.stop_ids)
             before = len(slot.committed)
             slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
             if proposals.fed:  # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid
