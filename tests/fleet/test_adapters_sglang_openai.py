@@ -1,6 +1,7 @@
 """The SGLang and OpenAI-compatible adapters against their servers' response shapes (loopback stub servers).
 
-SGLang cannot run on this machine; the shapes come from SGLang's own API definitions (see tests/support/server_shapes.py).
+SGLang cannot run on this machine; the shapes come from SGLang's own API definitions
+(see tests/support/server_shapes.py).
 The vLLM adapter, and the OpenAI-compatible adapter against a real server, are in test_probing_vllm.py.
 """
 
