@@ -31,11 +31,12 @@ from speculation.engine import (
     Target,
     generate,
 )
+from speculation.engine.decode import truncate_at_stop
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
-from speculation.worker import baseline
-from speculation.worker.paths import resources
+from speculation.worker import baseline, batching
+from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
 from speculation.worker.paths.text import IncrementalText, eos_token_ids
@@ -176,6 +177,7 @@ def speculate(
     sampling: dict[str, Any] | None = None,
     stop: StopRule | None = None,
     ends_after: Any = None,
+    batch: bool = False,
 ) -> SpecStats:
     """Run the prepared path (fixed K) through the engine's loop; returns its stats.
 
@@ -184,6 +186,7 @@ def speculate(
     (speculation.gateway.sampling); None = greedy. Sampled requests run the engine's exact rejection sampling.
     stop: the request's stop rule (its stop tokens, min_tokens); None = the model's end tokens. ends_after is
     asked for each committed token whether the request ends after it (a stop string, max_tokens).
+    batch: the process's batch loop serves it, with other requests (speculation.worker.batching.serves).
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
@@ -198,8 +201,30 @@ def speculate(
         min_tokens=stop.min_tokens if stop is not None else 0,
         suppress_ids=tuple(sorted(stop.suppressed_ids)) if stop is not None else (),
     )
+    if batch:
+        return _batched(prepared, config, prompt_ids, on_tokens, ends_after)
     target = prepared.target_for(config.sampling)
-    return generate(target, prepared.proposer, prompt_ids, config, on_tokens=on_tokens, ends_after=ends_after).stats
+    with batching.single_stream():  # the loaded models' own KV caches
+        return generate(target, prepared.proposer, prompt_ids, config, on_tokens=on_tokens, ends_after=ends_after).stats
+
+
+def _batched(prepared: Prepared, config: GenerationConfig, prompt_ids: list[int], on_tokens, ends_after) -> SpecStats:
+    """The batch loop's steps (speculation.worker.batching), cut and counted as the engine's loop does."""
+    stats = SpecStats()
+
+    def is_stop(token: int) -> bool:
+        return bool(ends_after(token)) if ends_after is not None else False
+
+    def emit(step: CommittedBatch) -> bool:
+        new, accepted, reached, stopped = truncate_at_stop(step.ids, step.accepted, step.drafted, is_stop)
+        stats.record_step(drafted=step.drafted, accepted=accepted, reached=reached)
+        stats.output_tokens += len(new)
+        if on_tokens is not None:
+            on_tokens(new)
+        return stopped
+
+    batching.speculate(prepared, config=config, prompt_ids=prompt_ids, emit=emit)
+    return stats
 
 
 class TokenStream:
@@ -264,6 +289,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
         sampling=job.get("sampling"),
         stop=rule,
         ends_after=stream.ends_after,
+        batch=batching.serves(prepared),
     )
     elapsed = time.perf_counter() - started
     tok_s = stats.output_tokens / elapsed if elapsed > 0 else None

@@ -35,7 +35,9 @@ def _declare_capacity(sender: Any = None, **_: Any) -> None:
     node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
     if not node_classes:
         return
-    concurrency = int(getattr(sender.controller, "concurrency", 1) or 1)
+    from speculation.worker import batching
+
+    concurrency = batching.capacity(int(getattr(sender.controller, "concurrency", 1) or 1))  # batch slots
     _heartbeat = CapacityHeartbeat(
         redis_url=settings.REDIS_URL, node_classes=node_classes, member=sender.hostname, concurrency=concurrency
     )
@@ -55,16 +57,23 @@ def prod_generate_task(job: dict[str, Any]) -> None:
     from speculation.jobs.channel import announce_started
 
     announce_started(job["request_id"])  # before any heavy import: the gateway's start timeout is short
+    from speculation.worker import batching
     from speculation.worker.generation import run_prod_generation
 
-    run_prod_generation(job)
+    if batching.takes(job):  # the process's batch loop serves it: this process takes the next job at once
+        batching.hand_off(job, run_prod_generation)
+        return
+    with batching.single_stream():
+        run_prod_generation(job)
 
 
 @shared_task(name="speculation.tasks.shadow_measure_task", acks_late=True, ignore_result=True)
 def shadow_measure_task(**kwargs: Any) -> None:
+    from speculation.worker.batching import single_stream
     from speculation.worker.shadow import measure_shadow
 
-    measure_shadow(**kwargs)
+    with single_stream():  # it uses the loaded models' own KV caches
+        measure_shadow(**kwargs)
 
 
 def enqueue_prod(*, job: dict[str, Any], node_class: str, expires_s: float) -> None:

@@ -1,0 +1,269 @@
+"""The worker's batch loop: concurrent local-path prod requests served together, each exactly as alone.
+
+Equalities (no tolerance): 32 prod jobs handed to one process at once (the Celery task body, real Redis, the
+Redis channel as the gateway reads it) are all answered, greedy and seeded ones token-identical to the same
+jobs with batching off. A cancelled request leaves the batch; a failing batch step fails its requests with a
+reason (the gateway falls back) and the loop serves the next ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
+from speculation.engine.batch import BatchDecoder
+from speculation.jobs.admission import inflight_key
+from speculation.jobs.channel import key as channel_key
+from speculation.worker import batching
+from speculation.worker.generation import Prepared, speculate
+from speculation.worker.paths import resources
+from tests.support.models import draft_of, tiny_model
+
+SLOTS = 32
+
+
+def _save_like(tiny_model_dir: Path, out: Path, *, seed: int, noise: float) -> Path:
+    """The tiny model directory's tokenizer with decisive random weights (std 0.5: greedy argmaxes are not
+    near-ties), plus noise: the draft is the target with noise, so it is often but not always accepted."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for path in tiny_model_dir.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(path, out / path.name)
+    config = LlamaConfig.from_pretrained(tiny_model_dir)
+    config.initializer_range = 0.5
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * noise * p.std())
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tiny_model_dir, tmp_path_factory) -> tuple[str, str]:
+    target = _save_like(tiny_model_dir, tmp_path_factory.mktemp("batch-target"), seed=0, noise=0.0)
+    draft = _save_like(tiny_model_dir, tmp_path_factory.mktemp("batch-draft"), seed=1, noise=0.05)
+    return str(target), str(draft)
+
+
+@pytest.fixture
+def batch_loop(settings, monkeypatch):
+    """Batching on, with a fresh loop for this test."""
+    settings.PROD_BATCH_SLOTS = SLOTS
+    loop = batching.BatchLoop(slots=SLOTS, load_aware_k=True)
+    monkeypatch.setattr(batching, "_the_loop", loop)
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture
+def client(redis_server):
+    found = redis.Redis.from_url(redis_server.url)
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def local_endpoint(transactional_db, client, model_dirs):
+    from fleet.models import Endpoint
+    from speculation.models import DraftModel, SpeculationPolicy
+    from speculation.worker.baseline import _key
+
+    target_dir, draft_dir = model_dirs
+    endpoint = Endpoint.objects.create(name="batched", base_url="http://127.0.0.1:9", node_class="cpu")
+    draft = DraftModel.objects.create(name="batched-draft", kind="draft_model", path=draft_dir)
+    SpeculationPolicy.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={
+            "mode": "prod",
+            "mechanism": "draft_model",
+            "draft": draft,
+            "k": 3,
+            "path": "local",
+            "target_path": target_dir,
+        },
+    )
+    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))  # no calibration call
+    return endpoint
+
+
+def _jobs(endpoint, client) -> list[dict]:
+    """32 jobs: prompts of 1 to 32 tokens, 8 to 39 new tokens; every fourth sampled with its own seed."""
+    jobs = []
+    for i in range(SLOTS):
+        sampling = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "seed": 100 + i} if i % 4 == 3 else None
+        request_id = f"batch-{i}-{time.monotonic_ns()}"
+        client.zadd(inflight_key("cpu"), {request_id: time.time() + 120})  # the gateway admitted it
+        jobs.append(
+            {
+                "request_id": request_id,
+                "endpoint_id": endpoint.pk,
+                "prompt_ids": [(7 * i + j) % 290 + 3 for j in range(i + 1)],
+                "max_tokens": 8 + i,
+                "k": 2 + i % 3,
+                "path": "local",
+                "sampling": sampling,
+                "stop": {"ignore_eos": True},
+                "node_class": "cpu",
+            }
+        )
+    return jobs
+
+
+def _messages(client, request_id: str) -> list[dict]:
+    return [json.loads(m) for m in client.lrange(channel_key(request_id), 0, -1)]
+
+
+def _answer(client, request_id: str, timeout_s: float = 300.0) -> tuple[list[int], dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        messages = _messages(client, request_id)
+        if messages and messages[-1]["type"] in ("done", "error", "cancelled"):
+            ids = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
+            return ids, messages[-1]
+        assert time.monotonic() < deadline, f"{request_id} not answered: {messages[-3:]}"
+        time.sleep(0.05)
+
+
+def test_32_concurrent_prod_jobs_are_all_answered_and_equal_to_batching_off(
+    local_endpoint, client, batch_loop, settings, monkeypatch
+):
+    from speculation.worker.generation import run_prod_generation
+    from speculation.worker.tasks import prod_generate_task
+
+    # given: each job's tokens with batching off (one engine loop per job, as before)
+    settings.PROD_BATCH_SLOTS = 0
+    alone = {}
+    for job in _jobs(local_endpoint, client):
+        run_prod_generation(job)
+        alone[job["prompt_ids"][0], len(job["prompt_ids"])] = _answer(client, job["request_id"])[0]
+    settings.PROD_BATCH_SLOTS = SLOTS
+    # and a batch loop that records how many slots each step served
+    sizes: list[int] = []
+    step = BatchDecoder.step
+
+    def counting_step(self):
+        sizes.append(len(self))
+        return step(self)
+
+    monkeypatch.setattr(BatchDecoder, "step", counting_step)
+    # when: 32 jobs reach the process at once (the Celery task body hands each to the batch loop and returns)
+    jobs = _jobs(local_endpoint, client)
+    for job in jobs:
+        prod_generate_task(job)
+    answers = [_answer(client, job["request_id"]) for job in jobs]
+    # then: every job is done, with the tokens it gets alone (greedy and seeded alike), its slot released
+    for job, (ids, last) in zip(jobs, answers, strict=True):
+        assert last["type"] == "done", last
+        assert ids == alone[job["prompt_ids"][0], len(job["prompt_ids"])], job["request_id"]
+        assert len(ids) == job["max_tokens"]
+        assert client.zscore(inflight_key("cpu"), job["request_id"]) is None
+    assert sum(last["stats"]["accepted_tokens"] for _, last in answers) > 0
+    # served together: the task body returned at once, so later jobs joined while earlier ones ran
+    assert max(sizes) >= 4, sizes
+
+
+def _prepared(model_dirs, *, ngram: bool = False) -> Prepared:
+    target = resources.model(model_dirs[0]).model
+    proposer = (
+        NgramProposer() if ngram else DraftModelProposer(resources.model(model_dirs[1]).model, target_vocab_size=300)
+    )
+    return Prepared(proposer=proposer, tokenizer=None, eos_ids=frozenset(), target=LocalTarget(target))
+
+
+def _run(prepared, prompt: list[int], *, batch: bool, on_tokens=None, max_tokens: int = 40) -> list[int]:
+    out: list[int] = []
+
+    def collect(ids: list[int]) -> None:
+        out.extend(ids)
+        if on_tokens is not None:
+            on_tokens(ids)
+
+    speculate(prepared, prompt_ids=prompt, max_tokens=max_tokens, k=3, on_tokens=collect, batch=batch)
+    return out
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+def test_a_request_that_leaves_early_frees_its_slot_and_the_others_finish_exactly(model_dirs, batch_loop, ngram):
+    # given three concurrent requests; the second one's client goes away after its second step
+    from speculation.jobs.admission import Cancelled
+
+    prepared = _prepared(model_dirs, ngram=ngram)
+    prompts = [[5, 6, 7, 5, 6, 7], [9, 10], [11, 12, 13, 14]]
+    want = [_run(prepared, p, batch=False) for p in prompts]
+    steps = []
+
+    def cancel_after_two(ids: list[int]) -> None:
+        steps.append(ids)
+        if len(steps) == 2:
+            raise Cancelled("client went away")
+
+    results: dict[int, object] = {}
+
+    def serve(i: int) -> None:
+        try:
+            results[i] = _run(prepared, prompts[i], batch=True, on_tokens=cancel_after_two if i == 1 else None)
+        except Cancelled as exc:
+            results[i] = exc
+
+    # when
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    # then
+    assert results[0] == want[0] and results[2] == want[2]
+    assert isinstance(results[1], Cancelled) and len(steps) == 2
+    _wait_until(lambda: all(not len(g.decoder) for g in batch_loop._groups.values()))
+
+
+def _wait_until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_a_failing_batch_step_fails_its_requests_with_the_reason_and_the_loop_serves_the_next(
+    model_dirs, batch_loop, monkeypatch
+):
+    prepared = _prepared(model_dirs)
+    want = _run(prepared, [3, 4, 5], batch=False)
+    step = BatchDecoder.step
+    monkeypatch.setattr(BatchDecoder, "step", lambda self: (_ for _ in ()).throw(RuntimeError("CUDA error: boom")))
+    with pytest.raises(batching.BatchFailed, match="batch error: RuntimeError: CUDA error: boom"):
+        _run(prepared, [3, 4, 5], batch=True)
+    monkeypatch.setattr(BatchDecoder, "step", step)
+    assert _run(prepared, [3, 4, 5], batch=True) == want
+
+
+def test_a_worker_declares_its_batch_slots_to_admission_control(settings):
+    settings.PROD_BATCH_SLOTS = 24
+    assert batching.capacity(2) == 48
+    assert batching.takes({"path": "local"}) and not batching.takes({"path": "remote"})
+    settings.PROD_BATCH_SLOTS = 0
+    assert batching.capacity(2) == 2
+    assert not batching.takes({"path": "local"})
+
+
+def test_the_batch_serves_draft_models_and_ngram_lookup_on_the_local_path_only(settings):
+    settings.PROD_BATCH_SLOTS = 4
+    target = tiny_model(seed=0)
+    local = LocalTarget(target)
+    assert batching.serves(Prepared(proposer=NgramProposer(), tokenizer=None, eos_ids=frozenset(), target=local))
+    draft = DraftModelProposer(draft_of(target), target_vocab_size=target.vocab_size)
+    assert batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset(), target=local))
+    assert not batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset()))  # remote path
+    assert not batching.serves(Prepared(proposer=object(), tokenizer=None, eos_ids=frozenset(), target=local))
