@@ -140,3 +140,61 @@ def test_shadow_writes_its_record_and_the_candidates_rows_with_the_workload(endp
     # the policy's own replay (n-gram, K = 3) agrees with the n-gram candidate's row at K = 3
     ngram = rows.get(candidate="ngram")
     assert ngram.counts[2] == [record.drafted_tokens, record.accepted_tokens, record.target_passes]
+
+
+@pytest.mark.slow
+def test_a_mixed_stream_ends_with_a_different_winner_per_workload_matching_a_brute_force_replay(
+    endpoint, tiny_model_dir, settings
+):
+    import random
+
+    from speculation.engine import GenerationConfig, LocalTarget, generate
+    from speculation.selectors.autopairing import pairing_table
+
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 1000
+    draft_model = resources.model(str(tiny_model_dir)).model
+    rng = random.Random(7)
+    stream = []  # (workload, prompt, output)
+    for _ in range(6):
+        # code: a repeated block that the output goes on repeating (prompt lookup copies it; the draft cannot)
+        block = [rng.randrange(3, 300) for _ in range(6)]
+        stream.append(("code", block * 3, (block * 4)[:20]))
+        # english: what the draft model itself would say (it predicts its own greedy text exactly)
+        prompt = [rng.randrange(3, 300) for _ in range(12)]
+        stream.append(
+            ("english", prompt, generate(LocalTarget(draft_model), None, prompt, GenerationConfig(20)).tokens)
+        )
+    # when: shadow measures every request
+    for i, (workload, prompt, output) in enumerate(stream):
+        candidates.measure_candidates(
+            endpoint=endpoint, policy=endpoint.policy, request_id=f"mix-{i}", workload=workload,
+            prompt_ids=prompt, output_ids=output, max_tokens=len(output),
+        )  # fmt: skip
+    table = pairing_table(endpoint_id=endpoint.pk)
+    # then: the table's winner per workload is the brute-force argmax of the mean projected multiplier
+    lookup = NgramProposer()
+    brute = {}
+    for workload in ("code", "english"):
+        means = {}
+        for name in ("ngram", "tiny-draft"):
+            for k in range(1, 9):
+                values = []
+                for w, prompt, output in stream:
+                    if w != workload:
+                        continue
+                    seq = prompt + output
+                    if name == "ngram":
+                        stats = replay_proposals(
+                            lambda n, d, s=seq: lookup.lookup(s[:n], d), seq, k, prompt_len=len(prompt)
+                        )
+                    else:
+                        stats = replay_greedy(
+                            draft_greedy_predictions(draft_model, seq), seq, k, prompt_len=len(prompt)
+                        )
+                    k_mean = stats.drafted_tokens / stats.target_passes
+                    values.append(round(COSTS.multiplier(tokens_per_step=stats.mean_accepted_len or 1.0, k=k_mean), 4))
+                means[(name, k)] = sum(values) / len(values)
+        brute[workload] = max(means, key=lambda key: (means[key], -key[1]))
+    got = {w: (e["recommendation"].candidate, e["recommendation"].k) for w, e in table["workloads"].items()}
+    assert got == brute
+    assert got["code"][0] == "ngram" and got["english"][0] == "tiny-draft"  # different winners per workload
