@@ -1,15 +1,19 @@
 """Managed endpoints with the real vLLM (CPU build), supervised by a real Celery GPU worker's supervisor.
 
 One endpoint lives through the whole module, in order: it starts and becomes ready; 8 concurrent streaming
-clients (4 greedy, 4 at temperature 0.7) run through ACE's gateway while the mode goes off -> prod (n-gram,
-K=3) -> prod (demo draft model, K=3) -> off, each a blue/green switch (every request completes with a finish
-reason, each prod period leaves native records with acceptance and a multiplier, the policy history records
-each switch, greedy outputs equal off's: see the end of the test for vLLM's own defect there); during the
-n-gram period a switch to a draft whose directory does not exist fails, the old instance keeps serving and the
-policy is unchanged; a SIGKILL of the server mid-stream ends that stream with a clear error (nothing hangs) and
-leads to a recorded restart, shown on the endpoint page; deleting the endpoint stops its server. At most two
-vLLM instances run at once (during a switch); six starts in all: 5.3 min on this 2-core machine when it was
-quiet, 8.4 min under load.
+clients (4 greedy, 4 at temperature 0.7) run through ACE's gateway while the mode changes. First off -> prod
+(n-gram, K=3) with the switch canary on (the default): vLLM 0.32's CPU build gives wrong greedy outputs for
+greedy requests batched with sampled ones when it speculates (scripts/repro_vllm_mixed_batch.py), the canary
+must catch it, refuse the switch and keep the plain instance serving, with the reason in the change history
+and on the page. Then, with the canary turned off (ACE_MANAGED_CANARY=false), the mode goes off -> prod
+(n-gram) -> prod (demo draft model, K=3) -> off, each a blue/green switch (every request completes with a
+finish reason, each prod period leaves native records with acceptance and a multiplier, the policy history
+records each switch, greedy outputs of both off periods equal off's; the prod periods' greedy outputs are
+vLLM's defect, logged); during the n-gram period a switch to a draft whose directory does not exist fails,
+the old instance keeps serving and the policy is unchanged; a SIGKILL of the server mid-stream ends that
+stream with a clear error (nothing hangs) and leads to a recorded restart, shown on the endpoint page;
+deleting the endpoint stops its server. At most two vLLM instances run at once (during a switch); seven
+starts in all.
 """
 
 from __future__ import annotations
@@ -179,7 +183,44 @@ def _native_record(endpoint: Endpoint, gateway_client, mechanism: str) -> StageR
     )
 
 
-def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, user, tmp_path):
+def _canary_refuses_speculation(endpoint: Endpoint, user) -> None:
+    """The switch canary (on by default) catches vLLM's defect: the switch to prod (n-gram) is refused and
+    rolled back, the plain instance keeps serving, the reason is in the history and on the page."""
+    plain = _active(endpoint)
+    update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
+    switch = Switch.objects.filter(managed__endpoint=endpoint).order_by("-pk").first()
+    assert switch.canary == {"outcome": "pending", "reason": ""}
+    _wait(
+        "the canary's verdict",
+        lambda: (
+            Switch.objects.filter(pk=switch.pk)
+            .exclude(status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING])
+            .exists()
+        ),
+    )
+    switch.refresh_from_db()
+    assert switch.status == SwitchStatus.FAILED, (
+        f"the canary let prod (n-gram) through ({switch.canary}): if vLLM fixed its mixed-batch defect, the prod "
+        "periods' greedy outputs below should now equal off's: assert that instead"
+    )
+    assert switch.canary["outcome"] == "failed" and switch.canary["mismatches"] > 0, switch.canary
+    assert switch.canary["reference"] == "the old instance, without speculation"
+    assert "wrong greedy output under mixed batches with speculation on" in switch.reason
+    endpoint.refresh_from_db()
+    assert _active(endpoint).pk == plain.pk and endpoint.base_url == plain.base_url
+    policy = get_policy(endpoint=endpoint)
+    assert policy.mode == "off"
+    change = PolicyChange.objects.filter(policy=policy).first()
+    assert change.changes["switch"]["outcome"] == "rolled back"
+    assert change.changes["switch"]["canary"]["outcome"] == "failed"
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(reverse("fleet:endpoint-detail", kwargs={"pk": endpoint.pk})).content.decode()
+    assert "Prod refused by the switch canary" in page and "wrong greedy output under mixed batches" in page
+    logger.info("switch canary: %s in %.1f s", switch.canary, switch.duration_s)
+
+
+def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, user, tmp_path, settings):
     # given: a managed endpoint of the demo target
     endpoint = create_managed_endpoint(
         name="managed-demo",
@@ -213,7 +254,11 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     _wait("requests before the first switch", lambda: sum(c.completed for c in clients) >= CLIENTS, 300)
     policy = get_policy(endpoint=endpoint)
     assert policy.mode == "off"
+    _canary_refuses_speculation(endpoint, user)
+    # and: with the canary off (read where the switch is requested, recorded with it) the switches go through
+    settings.MANAGED_SWITCH_CANARY = False
     ngram = _switch_and_drain(endpoint, clients, user=user, mode="prod", mechanism="ngram", k=3)
+    assert ngram.canary["outcome"] == "skipped"
     endpoint.refresh_from_db()
     assert endpoint.capabilities["native_speculation"] is True
     policy = get_policy(endpoint=endpoint)
@@ -232,10 +277,10 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     update_policy(endpoint=endpoint, user=user, mechanism="draft_model", draft=bad, k=3)
     failed = _wait(
         "the failed switch",
-        lambda: Switch.objects.filter(managed__endpoint=endpoint, status=SwitchStatus.FAILED).first(),
+        lambda: Switch.objects.filter(managed__endpoint=endpoint, status=SwitchStatus.FAILED, pk__gt=ngram.pk).first(),
     )
     # then: rolled back, the reason recorded, the old instance still serving
-    assert failed.reason
+    assert failed.reason and failed.canary["outcome"] == "skipped"  # the canary is off from here on
     policy = get_policy(endpoint=endpoint)
     assert (policy.mechanism, policy.draft_id) == ("ngram", None)
     assert PolicyChange.objects.filter(policy=policy).first().changes["switch"]["outcome"] == "rolled back"
@@ -246,6 +291,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     assert (policy.mode, policy.mechanism, policy.draft_id, policy.path) == ("prod", "draft_model", draft.pk, "native")
     draft_record = _native_record(endpoint, gateway_client, "draft_model")
     off = _switch_and_drain(endpoint, clients, user=user, mode="off")
+    assert (drafted.canary["outcome"], off.canary["outcome"]) == ("skipped", "not needed")
     for client in clients:
         client.stop.set()
     for client in clients:
@@ -338,8 +384,8 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     Endpoint.objects.filter(pk=endpoint.pk).delete()
     _wait("the server to stop", lambda: not _pid_alive(pid), 60)
 
-    # then (checked last, so that every other finding above is known first): greedy outputs equal off's in every
-    # period, whichever instance served them
+    # then (checked last, so that every other finding above is known first): greedy outputs equal off's in both
+    # off periods (the first one spans the switch the canary refused), whichever instance served them
     # A request is routed when it is sent: to the instance of the last switch done before then.
     done_at = [s.finished_at.timestamp() for s in (ngram, drafted, off)]
     phases = ("off", "prod ngram", "prod draft_model", "off again")
@@ -356,13 +402,11 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     assert all(per_phase.values()), {p: len(t) for p, t in per_phase.items()}
     # Off before and after the switches: a switch never alters what the plain server answers.
     assert not differing["off"] and not differing["off again"], (reference, differing["off"][:3])
-    prod = {p: f"{len(d)} of {len(per_phase[p])}" for p, d in differing.items() if d}
-    if prod:
-        # Found here and reproduced straight against vLLM 0.32 (CPU build), without ACE (docs/BENCHMARKS.md,
-        # "Managed endpoints: bench_gateway --managed"): with n-gram or draft-model speculation, a greedy request
-        # batched with temperature 0.7 requests comes out different from plain (and garbled); alone, or batched
-        # with greedy requests only, it is identical. A vLLM defect, kept visible here until vLLM fixes it.
-        pytest.xfail(f"vLLM native speculation changed greedy outputs batched with sampled ones: {prod}")
+    # The prod periods ran with the canary turned off: their greedy outputs carry the vLLM 0.32 (CPU build) defect
+    # the canary caught above (greedy requests batched with temperature 0.7 ones come out different from plain;
+    # reproduced without ACE: scripts/repro_vllm_mixed_batch.py, docs/BENCHMARKS.md). Logged, not asserted.
+    prod = {p: f"{len(d)} of {len(per_phase[p])}" for p, d in differing.items() if p.startswith("prod")}
+    logger.info("prod periods with the canary off, greedy outputs differing from off's: %s", prod)
 
 
 def _pid_alive(pid: int) -> bool:
