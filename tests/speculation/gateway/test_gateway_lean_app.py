@@ -276,3 +276,39 @@ def test_a_reader_that_follows_bumps_learns_of_one_without_reading_redis(redis_s
 
     before, after = async_to_sync(go)()
     assert after is not None and int(after) == int(before) + 1
+
+
+def test_a_client_that_disconnects_cancels_the_request(monkeypatch):
+    # given a request whose answer takes long (prod waiting for a worker, a long plain generation)
+    from speculation.gateway import asgi, views
+
+    seen: list[str] = []
+
+    async def slow_serve(**_: object):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.append("cancelled")  # what prod reads as "the client went away"
+            raise
+
+    monkeypatch.setattr(views, "serve", slow_serve)
+    app = asgi.GatewayApp(fallback=None)
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict:
+        if len(messages) == 1:
+            await asyncio.sleep(0.05)  # the client hangs up while the answer is being worked out
+        return messages.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"host", b"127.0.0.1")]}
+
+    # when the client disconnects
+    async_to_sync(app)(scope, receive, send)
+
+    # then the request's work was cancelled and nothing was sent
+    assert seen == ["cancelled"]
+    assert sent == []
