@@ -98,3 +98,27 @@ def test_replaying_ngram_lookup_gives_the_same_stats_as_generate_with_it(target_
             lambda n, d, seq=sequence: lookup.lookup(seq[:n], d), sequence, k, prompt_len=len(prompt), max_new_tokens=37
         )
         assert replayed.counts() == result.stats.counts()
+
+
+def test_an_eagle_head_replays_through_the_same_loop_with_the_targets_features():
+    # given a 4-token target (drafts often match) and an untrained EAGLE head for it
+    from speculation.engine import replay_proposer
+    from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer, init_weights
+    from tests.support.models import tiny_model
+
+    model = tiny_model(vocab=4, seed=3)
+    config = EagleConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=4, max_position_embeddings=256)  # fmt: skip
+    head = EagleHead(config)
+    init_weights(head, torch.Generator().manual_seed(0))
+    for prompt in PROMPTS:
+        prompt = [t % 4 for t in prompt]
+        result = generate(LocalTarget(model), EagleProposer(head, model), prompt, GenerationConfig(30, k=3))
+        sequence = prompt + result.tokens
+        with torch.inference_mode():
+            hidden = model(torch.tensor(sequence), 0, return_hidden=True).hidden  # one teacher-forced pass
+        # when: the same head replays the finished request on a ReplayTarget holding the target's features
+        replayed = replay_proposer(EagleProposer(head, model), sequence, 3, prompt_len=len(prompt), hidden=hidden)
+        # then: the same steps, counted alike
+        assert replayed.counts() == result.stats.counts()
+        assert result.stats.accepted_tokens > 0  # a 4-token vocabulary: the head's drafts are often accepted
