@@ -275,8 +275,8 @@ class TrainingRun(models.Model):
 class CostCalibration(models.Model):
     """The step costs shadow's projection divides by, as a GPU worker measured them on the endpoint's node class
     (speculation.worker.costs): the server's plain decode step, one draft step, and a verification of n tokens on
-    prod's path; each the median of repeated timings. c = draft step / target step, v(K) = verify(K + 1) / target
-    step (speculation.engine.projection.StepCosts)."""
+    prod's path; each from repeated timings (speculation.engine.costs). c = draft step / target step,
+    v(K) = verify(K + 1) / target step (speculation.engine.projection.StepCosts)."""
 
     endpoint = models.ForeignKey(Endpoint, related_name="cost_calibrations", on_delete=models.CASCADE)
     draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.CASCADE)

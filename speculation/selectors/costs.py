@@ -1,7 +1,7 @@
 """The step costs a GPU worker measured (CostCalibration) and the projection they give, for the pages and the API.
 
 c = draft step / target step and v(K) = verify(K + 1 tokens) / target step, as speculation.worker.costs measured
-them on the endpoint's node class (medians of repeated timings, refreshed). `projection_vs_prod` puts shadow's
+them on the endpoint's node class (repeated timings, refreshed). `projection_vs_prod` puts shadow's
 projected multiplier and prod's measured one side by side per K, each averaged in the database.
 """
 

@@ -1,6 +1,7 @@
 """c and v for shadow's projection, measured on this worker (the endpoint's node class) and kept in the database.
 
-One calibration (speculation.engine.costs: repeated timings, medians) measures:
+One calibration measures (repeated timings; the worker's own work: its fastest repeat, speculation.engine.costs;
+the server's step: the median, as the server runs under its own load):
 - the target step: the server's plain decode step, (T(1 + N tokens) - T(1 token)) / N of a greedy plain
   generation, so prefill, HTTP round trip and request overhead cancel (not a request's latency per token);
 - the draft step: this worker's draft proposing over a warm cache (0 for n-gram lookup);
@@ -181,5 +182,5 @@ def projection(
     costs = row.step_costs()
     return costs.multiplier(tokens_per_step=tokens_per_step, k=k), (
         f"projection for the {row.path} path with c={costs.c:.3f}, v={costs.v(k):.3f} measured on {row.node_class} "
-        f"at {row.measured_at:%H:%M:%S} (medians of {row.repeats} timings)"
+        f"at {row.measured_at:%H:%M:%S} ({row.repeats} timings each)"
     )
