@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from speculation.bench import concurrency as concurrency_bench
 from speculation.bench import coverage
@@ -50,9 +50,10 @@ class Command(BaseCommand):
         parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl")
         parser.add_argument("--no-native", action="store_true", help="skip the native path (a second vLLM)")
         parser.add_argument(
-            "--concurrency-only",
-            action="store_true",
-            help="only shadow_vs_prod and concurrency (no overhead, throughput, remote path, coverage, native)",
+            "--only",
+            default="",
+            help="comma-separated sections to run alone: shadow_vs_prod, concurrency (no overhead, throughput, remote "
+            "path, coverage, native)",
         )
         parser.add_argument(
             "--managed", action="store_true", help="off vs native prod and the switches on a managed endpoint"
@@ -66,7 +67,7 @@ class Command(BaseCommand):
         dataset: str,
         no_native: bool,
         managed: bool,
-        concurrency_only: bool,
+        only: str,
         **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
@@ -87,14 +88,15 @@ class Command(BaseCommand):
             "concurrency_max_tokens": 32 if quick else 64,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
-        with_native = not (no_native or concurrency_only)
+        sections = {name.strip() for name in only.split(",") if name.strip()}
+        if sections - {"shadow_vs_prod", "concurrency"}:
+            raise CommandError(f"--only takes shadow_vs_prod and/or concurrency, not {only!r}")
+        with_native = not (no_native or sections)
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=with_native)
         self.stderr.write(f"starting redis, vLLM{' x2' if with_native else ''}, worker, ACE (logs {stack.log_dir})")
         stack.start()
         try:
-            results = (
-                self._concurrency_only(stack, prompts, plan) if concurrency_only else self._run(stack, prompts, plan)
-            )
+            results = self._sections(stack, prompts, plan, sections) if sections else self._run(stack, prompts, plan)
         finally:
             stack.stop()
         results["meta"] = {
@@ -225,9 +227,24 @@ class Command(BaseCommand):
         out["concurrency"] = concurrency_bench.shape(measured)
         return out
 
-    def _concurrency_only(self, stack: BenchStack, prompts: list[str], plan: dict) -> dict:
+    def _sections(self, stack: BenchStack, prompts: list[str], plan: dict, sections: set[str]) -> dict:
         """shadow_vs_prod (the same greedy prompts, one at a time: shadow projecting for the local path, then prod
-        on it), then the concurrency section."""
+        on it) and/or the concurrency section."""
+        out: dict = {}
+        if "shadow_vs_prod" in sections:
+            out.update(self._shadow_vs_prod(stack, prompts, plan))
+        if "concurrency" in sections:
+            measured = concurrency_bench.run_all(
+                stack,
+                prompts,
+                requests=plan["concurrency_requests"],
+                max_tokens=plan["concurrency_max_tokens"],
+                log=self.stderr.write,
+            )
+            out["concurrency"] = concurrency_bench.shape(measured)
+        return out
+
+    def _shadow_vs_prod(self, stack: BenchStack, prompts: list[str], plan: dict) -> dict:
         run = dict(prompts=prompts, max_tokens=plan["prod_max_tokens"], concurrency=1, headers=stack.headers)
         stack.set_policy(
             "demo",
@@ -246,14 +263,6 @@ class Command(BaseCommand):
         prod = self._wait_records(stack, "demo", "prod", len(prompts))
         out = {"shadow_vs_prod": concurrency_bench.shadow_vs_prod(shadow, [r for r in prod if r["path"] == "local"])}
         self.stderr.write(f"shadow vs prod (local): {out['shadow_vs_prod']}")
-        measured = concurrency_bench.run_all(
-            stack,
-            prompts,
-            requests=plan["concurrency_requests"],
-            max_tokens=plan["concurrency_max_tokens"],
-            log=self.stderr.write,
-        )
-        out["concurrency"] = concurrency_bench.shape(measured)
         return out
 
     def _coverage(self, stack: BenchStack, prompts: list[str], max_tokens: int) -> dict:
