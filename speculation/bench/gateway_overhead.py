@@ -1,4 +1,4 @@
-"""python -m speculation.bench.gateway_overhead [--n N] [--json PATH] [--profile PATH]
+"""python -m speculation.bench.gateway_overhead [--n N] [--json PATH] [--profile PATH] [--floor]
 
 The gateway's own cost per off-mode request, against a model server that answers at once
 (speculation.bench.fake_upstream), so that no model's noise hides it. Everything runs on a throw-away SQLite
@@ -9,6 +9,8 @@ database and Redis, started here and stopped at the end.
 2. --profile PATH: the same requests through `ace.asgi.application` in this process, with the wall time of
    each gateway stage (token check, route lookup, the upstream call, the rest: ASGI and Django handling), and
    a cProfile listing of the top functions by internal time written to PATH.
+3. --floor: a third target in the same interleaving, a bare uvicorn relay (speculation.bench.relay_floor): what
+   one more Python process on the path costs by itself on this machine, whatever the gateway does.
 """
 
 from __future__ import annotations
@@ -59,10 +61,12 @@ def summary(direct: list[float], ace: list[float]) -> dict:
 _QS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
-async def paired(direct_url: str, ace_url: str, *, n: int, token: str) -> tuple[list[float], list[float]]:
+async def paired(
+    direct_url: str, ace_url: str, *, n: int, token: str, floor_url: str = ""
+) -> tuple[list[float], list[float], list[float]]:
     headers = {"Authorization": f"Bearer {token}"}
     direct_body = {**BODY, "model": "fake-target"}
-    direct, ace = [], []
+    direct, ace, floor = [], [], []
     async with httpx.AsyncClient(timeout=30) as client:
 
         async def timed(url: str, body: dict, hdrs: dict) -> float:
@@ -74,10 +78,14 @@ async def paired(direct_url: str, ace_url: str, *, n: int, token: str) -> tuple[
         for _ in range(5):  # warm connections, caches and the route table
             await timed(direct_url, direct_body, {})
             await timed(ace_url, BODY, headers)
+            if floor_url:
+                await timed(floor_url, direct_body, {})
         for _ in range(n):
             direct.append(await timed(direct_url, direct_body, {}))
             ace.append(await timed(ace_url, BODY, headers))
-    return direct, ace
+            if floor_url:
+                floor.append(await timed(floor_url, direct_body, {}))
+    return direct, ace, floor
 
 
 class Stack:
@@ -118,13 +126,33 @@ class Stack:
         self._stack.callback(ace.stop)
         return ace.url
 
+    def start_floor(self) -> str:
+        """uvicorn with speculation.bench.relay_floor: one more Python process and nothing else."""
+        port = processes.free_port()
+        argv = [sys.executable, "-m", "uvicorn", "speculation.bench.relay_floor:app", "--port", str(port)]
+        argv += ["--log-level", "warning", "--no-access-log"]
+        env = {"ACE_RELAY_UPSTREAM": self.upstream_url}
+        proc = processes.spawn("relay-floor", argv, log_path=self.dir / "relay-floor.log", env=env)
+        self._stack.callback(proc.stop)
+        processes.wait_until(proc, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=30, what="listening")
+        return f"http://127.0.0.1:{port}"
+
     def stop(self) -> None:
         self._stack.close()
 
 
-def end_to_end(stack: Stack, n: int) -> dict:
-    direct, ace = asyncio.run(paired(stack.upstream_url, stack.start_ace(), n=n, token=stack.token))
-    return summary(direct, ace)
+def end_to_end(stack: Stack, n: int, *, floor: bool) -> dict:
+    floor_url = stack.start_floor() if floor else ""
+    direct, ace, relayed = asyncio.run(
+        paired(stack.upstream_url, stack.start_ace(), n=n, token=stack.token, floor_url=floor_url)
+    )
+    out = summary(direct, ace)
+    if relayed:
+        ms = [v * 1000 for v in relayed]
+        for tag, q in _QS:
+            out[f"floor_ms_{tag}"] = round(quantile(ms, q), 3)
+            out[f"floor_overhead_ms_{tag}"] = round(quantile(ms, q) - out[f"direct_ms_{tag}"], 3)
+    return out
 
 
 def main() -> int:
@@ -132,10 +160,13 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=300, help="requests each way (default 300)")
     parser.add_argument("--json", dest="json_path", help="write the results there as JSON")
     parser.add_argument("--profile", help="also profile in process; the cProfile listing goes to this file")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time a bare uvicorn relay (speculation.bench.relay_floor)"
+    )
     args = parser.parse_args()
     stack = Stack().start()
     try:
-        results = {"end_to_end": end_to_end(stack, args.n)}
+        results = {"end_to_end": end_to_end(stack, args.n, floor=args.floor)}
         if args.profile:
             from speculation.bench import gateway_profile
 
