@@ -84,8 +84,9 @@ PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
 # Continuous batching (speculation.worker.batching): each GPU worker process serves up to this many local-path prod
 # requests together in one batch loop and declares processes x slots to admission control; 0 = one engine loop
-# per Celery task (a process serves one prod request at a time).
-PROD_BATCH_SLOTS = env_int("ACE_BATCH_SLOTS", 32, minimum=0)
+# per Celery task (a process serves one prod request at a time). The default suits a CPU; a GPU worker serves more
+# (every slot's step must come within ACE_PROD_STEP_TIMEOUT, or the gateway falls back).
+PROD_BATCH_SLOTS = env_int("ACE_BATCH_SLOTS", 8, minimum=0)
 # Greedy slots draft the K that pays at the current batch size (K = 0, plain batched decoding, among them).
 PROD_BATCH_LOAD_AWARE_K = env_bool("ACE_BATCH_LOAD_AWARE_K", True)
 # shadow's projection: how long a GPU worker reuses its measured step costs (c, v) before timing them again.

@@ -8,9 +8,10 @@ real vLLM, a real worker and real Redis.
   the request's sampling would fail. The residual-sampling bug is caught by the engine-level tests
   (tests/speculation/test_prod_worker.py, tests/speculation/engine/test_engine_sampling.py).
 - the same seed gives the same text, on the local and the remote path (remote: top_k below max logprobs).
-- 32 concurrent prod requests (different prompts; a quarter sampled) are all answered, all speculated together
-  by the worker's batch loop (its 32 slots: none skipped, none fell_back after waiting), the greedy ones
-  token-identical to off.
+- 32 concurrent prod requests (different prompts; a quarter sampled) are all answered, the greedy ones
+  token-identical to off: several speculated together by the worker's batch loop (ACE_BATCH_SLOTS, 8 by
+  default: one prefork process serving one request at a time would make the others wait past the start
+  timeout, fell_back), the rest skipped at once "worker at capacity", none fell_back.
 - a client that disconnects from a prod stream stops the worker's generation, the record says so, and the
   next prod request is speculated.
 """
@@ -186,13 +187,16 @@ def test_32_concurrent_prod_requests_are_all_answered_together(
     # when: 32 at once
     with ThreadPoolExecutor(max_workers=32) as pool:
         replies = list(pool.map(ask, range(32)))
-    # then: all answered, the greedy ones with off's text; all speculated by the batch loop, none waited
+    # then: all answered, the greedy ones with off's text; several speculated at once (the batch's slots), the
+    # rest plain at once, none after waiting
     assert [r.status_code for r in replies] == [200] * 32
     assert {i: replies[i].json()["choices"][0]["text"] for i in off} == off
     records = _records(endpoint, count=32)
     actions = [r.action for r in records]
     assert actions.count("fell_back") == 0, [r.reason for r in records if r.action == "fell_back"]
-    assert actions.count("speculated") == 32, [r.reason for r in records if r.action != "speculated"]
+    assert actions.count("speculated") >= 2
+    skipped = [r.reason for r in records if r.action == "skipped"]
+    assert all(reason.startswith("worker at capacity") for reason in skipped), skipped
 
 
 def test_a_client_that_disconnects_stops_the_worker(
