@@ -121,10 +121,10 @@ class Stack:
         self.token = json.loads(out.split("SETUP", 1)[1])["token"]
         return self
 
-    def start_ace(self) -> str:
+    def start_ace(self) -> processes.ManagedProcess:
         ace = processes.start_asgi(name="ace-overhead", log_dir=self.dir, env=self.env)
         self._stack.callback(ace.stop)
-        return ace.url
+        return ace
 
     def start_floor(self) -> str:
         """uvicorn with speculation.bench.relay_floor: one more Python process and nothing else."""
@@ -135,18 +135,30 @@ class Stack:
         proc = processes.spawn("relay-floor", argv, log_path=self.dir / "relay-floor.log", env=env)
         self._stack.callback(proc.stop)
         processes.wait_until(proc, lambda: processes._tcp_open("127.0.0.1", port), timeout_s=30, what="listening")
-        return f"http://127.0.0.1:{port}"
+        proc.url = f"http://127.0.0.1:{port}"
+        return proc
 
     def stop(self) -> None:
         self._stack.close()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc): unlike wall time, not inflated by load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def end_to_end(stack: Stack, n: int, *, floor: bool) -> dict:
-    floor_url = stack.start_floor() if floor else ""
-    direct, ace, relayed = asyncio.run(
-        paired(stack.upstream_url, stack.start_ace(), n=n, token=stack.token, floor_url=floor_url)
+    relay = stack.start_floor() if floor else None
+    ace = stack.start_ace()
+    procs = {"ace": ace, **({"floor": relay} if relay else {})}
+    before = {name: cpu_s(proc.pid) for name, proc in procs.items()}
+    direct, ace_times, relayed = asyncio.run(
+        paired(stack.upstream_url, ace.url, n=n, token=stack.token, floor_url=relay.url if relay else "")
     )
-    out = summary(direct, ace)
+    out = summary(direct, ace_times)
+    for name, proc in procs.items():  # warm-up requests included: 5 more than n
+        out[f"{name}_cpu_ms_per_request"] = round((cpu_s(proc.pid) - before[name]) * 1000 / (n + 5), 3)
     if relayed:
         ms = [v * 1000 for v in relayed]
         for tag, q in _QS:
