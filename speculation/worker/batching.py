@@ -106,8 +106,9 @@ def speculate(
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
     proposer = prepared.proposer
     draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
+    ngram = (proposer.max_ngram, proposer.min_ngram) if isinstance(proposer, NgramProposer) else None
     handle = _loop().submit(
-        target=prepared.target.model, draft=draft, ngram=draft is None, prompt_ids=prompt_ids, config=config
+        target=prepared.target.model, draft=draft, ngram=ngram, prompt_ids=prompt_ids, config=config
     )
     try:
         for update in handle.updates(timeout_s=settings.PROD_STEP_TIMEOUT_S):
@@ -174,7 +175,10 @@ class BatchLoop:
         self._thread = threading.Thread(target=self._run, name="ace-batch-loop", daemon=True)
         self._thread.start()
 
-    def submit(self, *, target: Any, draft: Any, ngram: bool, prompt_ids: list[int], config: Any) -> _Handle:
+    def submit(
+        self, *, target: Any, draft: Any, ngram: tuple[int, int] | None, prompt_ids: list[int], config: Any
+    ) -> _Handle:
+        """Join the batch of (target, draft model or n-gram sizes (max, min)); the handle gets its steps."""
         handle = _Handle(loop=self, key=next(self._ids))
         self._commands.put(("join", (target, draft, ngram), handle, prompt_ids, config))
         return handle
@@ -225,7 +229,7 @@ class BatchLoop:
                 target,
                 slots=self.slots,
                 draft=draft,
-                ngram=NgramProposer() if ngram else None,
+                ngram=NgramProposer(max_ngram=ngram[0], min_ngram=ngram[1]) if ngram else None,
                 lookahead=LoadAwareLookahead() if self.load_aware_k else None,
                 max_context=target.max_len,
             )
