@@ -2,7 +2,8 @@
 tokens and routes cached per process and invalidated by the gateway version.
 
 Requests run through `ace.asgi.application` itself (httpx's ASGI transport), inside async_to_sync so that the
-gateway's database reads see the test's transaction.
+gateway's database reads see the test's transaction. Tests of invalidation run with Redis up: without it cached
+entries live 0.25 s only, and a slow test would pass without any invalidation.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def test_a_cached_token_and_route_cost_no_database_query(upstream, redis_server)
     assert [(r.status_code, queries) for r, queries in rest] == [(200, 0), (200, 0)]
 
 
-def test_a_revoked_token_is_refused_on_the_next_request(upstream):
+def test_a_revoked_token_is_refused_on_the_next_request(upstream, redis_server):
     admin = _user("boss", ADMIN)
     _endpoint("demo", upstream.base_url, owner=admin)
     key = Token.objects.create(user=admin).key
@@ -139,7 +140,7 @@ def test_a_revoked_token_is_refused_on_the_next_request(upstream):
     assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_another_teams_endpoint_reads_as_unknown_and_a_role_change_applies_at_once(upstream):
+def test_another_teams_endpoint_reads_as_unknown_and_a_role_change_applies_at_once(upstream, redis_server):
     # given alice in team ml, bob's endpoint shared with ml, and bob's private one
     alice = _user("alice", OPERATOR, teams=("ml",))
     bob = _user("bob", OPERATOR)
@@ -161,7 +162,7 @@ def test_another_teams_endpoint_reads_as_unknown_and_a_role_change_applies_at_on
     assert _complete(key, "bob-ep").status_code == 200
 
 
-def test_narrowing_a_tokens_scope_applies_on_the_next_request(upstream):
+def test_narrowing_a_tokens_scope_applies_on_the_next_request(upstream, redis_server):
     admin = _user("boss", ADMIN)
     demo = _endpoint("demo", upstream.base_url)
     _endpoint("other", upstream.base_url)
