@@ -27,7 +27,8 @@ COMPLETION = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "
 
 
 @pytest.fixture(autouse=True)
-def fresh_route_tables():
+def fresh_route_tables(redis_server):
+    # Redis up: cached tokens then live the TTL, so "refused on the next request" needs the invalidation
     routes._caches.clear()  # one table per event loop: each request below runs in a fresh loop
     auth.forget_all()
     yield
