@@ -22,8 +22,8 @@ from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
 from speculation.gateway.routes import route_cache
 from speculation.models import Mode
-from speculation.workloads import keys as workload_keys
 from speculation.selectors import metrics as stage_metrics
+from speculation.workloads import keys as workload_keys
 
 
 def _unauthorized(request_id: str) -> HttpResponse:
