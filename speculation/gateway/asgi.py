@@ -74,7 +74,8 @@ class GatewayApp:
             return
         headers = {name.lower(): value for name, value in scope["headers"]}
         if not self._host_ok(headers.get(b"host", b"")):
-            await self._send(error_response(400, "Invalid Host header.", code="bad_host", request_id=""), send)
+            refused = error_response(400, "Invalid Host header.", code="bad_host", request_id=new_request_id())
+            await self._send(refused, send)
             return
         try:
             raw = await self._body(receive, headers)
