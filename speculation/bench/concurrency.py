@@ -114,6 +114,7 @@ def shape(measured: dict[str, dict[str, dict[str, Run]]]) -> dict:
                 "p99_ms": round(quantile(prod.latencies_s, 0.99) * 1000, 1),
                 **{outcome: prod.outcomes.get(outcome, 0) for outcome in OUTCOMES},
                 "prod_over_plain_same_path": _ratio(prod.tok_s, plain.tok_s),
+                "plain_fell_back": plain.outcomes.get("fell_back", 0),  # > 0: the K = 0 rate is partly the server's
                 "tok_s": {"off": round(off.tok_s, 2), "prod": round(prod.tok_s, 2), "plain": round(plain.tok_s, 2)},
                 "off_p50_ms": round(quantile(off.latencies_s, 0.5) * 1000, 1),
                 "requests": len(prod.latencies_s),

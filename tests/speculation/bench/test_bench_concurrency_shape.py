@@ -27,7 +27,7 @@ def _runs(tok_s: float, outcomes: dict | None = None, ids: list | None = None) -
 def test_the_report_has_the_issue_shape_with_ratios_over_off_and_over_the_same_path_at_k_0():
     prod = _runs(3.0, {"speculated": 30, "fell_back": 2})
     prod["greedy"]["8"].token_ids = [[1, 2], [4]]  # one greedy answer differs from off
-    report = shape({"off": _runs(2.0), "prod": prod, "plain": _runs(2.5)})
+    report = shape({"off": _runs(2.0), "prod": prod, "plain": _runs(2.5, {"speculated": 31, "fell_back": 1})})
 
     assert set(report) == {"greedy", "sampled"}
     for kind in report:
@@ -35,6 +35,7 @@ def test_the_report_has_the_issue_shape_with_ratios_over_off_and_over_the_same_p
     row = report["sampled"]["32"]
     assert row["prod_over_off"] == pytest.approx(1.5)
     assert row["prod_over_plain_same_path"] == pytest.approx(1.2)
+    assert row["plain_fell_back"] == 1  # a K = 0 request that fell back ran on the server: the ratio says less
     assert (row["speculated"], row["skipped"], row["fell_back"]) == (30, 0, 2)
     assert (row["p50_ms"], row["p99_ms"]) == (500.0, 1000.0)  # quantiles of prod's per-request latencies
     assert row["tok_s"] == {"off": 64.0, "prod": 96.0, "plain": 80.0}
