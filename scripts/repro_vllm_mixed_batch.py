@@ -2,7 +2,9 @@
 
 For plain, n-gram (K=3) and the demo draft model (K=3): two greedy completions alone, then four greedy and four
 temperature 0.7 completions at once; prints the greedy texts. Plain gives one text everywhere; with speculation
-(vLLM 0.32, CPU build) the greedy texts batched with sampled requests differ. Run from the repository root:
+(vLLM 0.32, CPU build) the greedy texts batched with sampled requests differ. Then the managed switch canary
+(fleet.managed.canary, the reference taken from the same server alone) on that server: its verdict and seconds.
+Run from the repository root:
 
     $ACE_HOME/venv/bin/python scripts/repro_vllm_mixed_batch.py [plain] [ngram] [draft]
 """
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ace.settings")
 
 from ace import processes  # noqa: E402
+from fleet.managed import canary  # noqa: E402
 from speculation.offline.demo import ensure_demo_pair  # noqa: E402
 
 PROMPT = "for i in range(10):\n    print(i)\nfor i in range(10):\n"
@@ -49,6 +52,7 @@ def main(which: list[str]) -> None:
             with ThreadPoolExecutor(8) as pool:
                 mixed = list(pool.map(one, [0.0, 0.7] * 4))
             print(name, json.dumps({"greedy_alone": alone, "greedy_in_mixed_batch": mixed[0::2]}), flush=True)
+            print(name, "switch canary:", json.dumps(canary.run(new_url=proc.url, model="m", old_url=None).record()))
         finally:
             proc.stop()
 
