@@ -175,6 +175,48 @@ def test_prod_local_path_gives_the_same_tokens_as_off(endpoint, draft, demo_pair
     assert [(r.action, r.path) for r in records] == [("speculated", "local")] * 2
 
 
+@pytest.fixture
+def eagle_head(demo_pair, tmp_path):
+    """The demo target's EAGLE head: the trained one when the demo build made it, else one saved untrained for the
+    demo target (its drafts are verified like any other), with the target's tokenizer as the registry asks."""
+    import shutil
+
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+    from speculation.offline.eagle.demo_head import default_head_dir
+
+    head_dir = default_head_dir(demo_pair)
+    if not (head_dir / "config.json").is_file():
+        head = EagleHead(EagleConfig.for_target(demo_pair.target_dir))
+        init_weights(head, torch.Generator().manual_seed(0))
+        head_dir = head.save(tmp_path / "demo-eagle")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (demo_pair.target_dir / name).is_file():
+                shutil.copyfile(demo_pair.target_dir / name, head_dir / name)
+    return register_draft(name="demo-eagle", kind="eagle_head", path=str(head_dir))
+
+
+def test_prod_local_path_with_an_eagle_head_gives_the_same_tokens_as_off(
+    endpoint, eagle_head, demo_pair, celery_worker, gateway_client
+):
+    off = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=False) for p in PROMPTS[:2]}
+    update_policy(
+        endpoint=endpoint,
+        mode="prod",
+        mechanism="eagle_head",
+        draft=eagle_head,
+        k=K,
+        path="local",
+        target_path=str(demo_pair.target_dir),
+    )
+    for prompt in PROMPTS[:2]:
+        assert _chat_tokens(gateway_client, endpoint.name, prompt, stream=True) == off[prompt]
+    records = _records(endpoint, count=2, mode="prod")
+    assert [(r.action, r.path, r.mechanism) for r in records] == [("speculated", "local", "eagle_head")] * 2
+    assert all(r.drafted_tokens > 0 for r in records)  # the head drafted; the target checked every draft
+
+
 def test_prod_sends_requests_it_cannot_serve_exactly_plain_with_the_reason(
     endpoint, draft, celery_worker, gateway_client
 ):
