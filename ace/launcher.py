@@ -194,8 +194,15 @@ def register_demo_endpoint(*, target_dir: str, draft_dir: str):
                 node_class=DEMO_NODE_CLASS,
                 target_name=DEMO_MODEL_NAME,
             )
-        if get_policy(endpoint=endpoint).target_path != target_dir:
-            update_policy(endpoint=endpoint, target_path=target_dir)  # kept in the change history, by no user
+        policy = get_policy(endpoint=endpoint)
+        if policy.target_path != target_dir:
+            # kept in the change history, by no user. Path local: prod on the demo is ACE's own speculation with
+            # the target in the worker, against the plain managed instance (the CPU vLLM's own speculation fails
+            # the switch canary); path auto or native would switch the server instead.
+            fields = {"target_path": target_dir}
+            if policy.mode != "prod" and policy.path == "auto":
+                fields["path"] = "local"
+            update_policy(endpoint=endpoint, **fields)
     except ValidationError as exc:
         say(f"demo endpoint not registered: {'; '.join(exc.messages)}")
         return None
@@ -204,7 +211,7 @@ def register_demo_endpoint(*, target_dir: str, draft_dir: str):
 
 def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:
     """The demo endpoint of an earlier run at this start: one registered by URL becomes managed (its policy
-    leaves prod: prod on a managed endpoint is a switch of its server); a managed one follows a rebuilt demo
+    leaves prod unless prod runs on ACE's local or remote path); a managed one follows a rebuilt demo
     target. Either way it waits for this run's worker to start its server."""
     from django.db import transaction
 
@@ -235,7 +242,8 @@ def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:
             status_reason=f"managed: waiting for the supervisor of node class {DEMO_NODE_CLASS}",
         )
     if managed is None:
-        if get_policy(endpoint=endpoint).mode == "prod":
+        policy = get_policy(endpoint=endpoint)
+        if policy.mode == "prod" and policy.path not in ("local", "remote"):
             update_policy(endpoint=endpoint, mode="off")
         say(f"demo endpoint '{DEMO_ENDPOINT}' is now a managed endpoint (its server is run by the worker)")
 

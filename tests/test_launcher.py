@@ -42,7 +42,9 @@ def test_the_demo_endpoint_is_managed_by_the_cpu_worker(demo_pair, admin):
     assert managed.model_dir == str(demo_pair.target_dir.resolve()) and managed.served_name == DEMO_MODEL_NAME
     assert managed.server_args == DEMO_SERVER_ARGS and managed.serving_speculation == {}
     assert DraftModel.objects.get(name=DEMO_DRAFT).path == str(demo_pair.draft_dir.resolve())
-    assert get_policy(endpoint=endpoint).target_path == str(demo_pair.target_dir.resolve())
+    policy = get_policy(endpoint=endpoint)
+    assert policy.target_path == str(demo_pair.target_dir.resolve())
+    assert policy.path == "local"  # prod on the demo: ACE's own speculation against the plain instance
     assert demo_serving() == ""
 
 
@@ -58,12 +60,15 @@ def test_a_second_run_registers_nothing_twice_and_forgets_the_last_runs_port(dem
     assert (again.base_url, again.status) == (NOT_STARTED_URL, "new") and demo_serving() == ""
 
 
-def test_a_demo_endpoint_registered_by_url_becomes_managed_and_leaves_prod(demo_pair, admin):
+# prod on ACE's local path runs against the plain managed instance and stays; prod on path auto would be the
+# server's own speculation, a switch of a server that is not started yet: the converted endpoint starts in off
+@pytest.mark.parametrize(("path", "mode_after"), [("local", "prod"), ("auto", "off")])
+def test_a_demo_endpoint_registered_by_url_becomes_managed(demo_pair, admin, path, mode_after):
     old = Endpoint.objects.create(
         name=DEMO_ENDPOINT, base_url="http://127.0.0.1:9", kind="vllm", node_class="cpu", status="ready"
     )
     policy = get_policy(endpoint=old)
-    policy.mode, policy.path = "prod", "local"
+    policy.mode, policy.path = "prod", path
     policy.save()
 
     endpoint = _register(demo_pair)
@@ -72,5 +77,4 @@ def test_a_demo_endpoint_registered_by_url_becomes_managed_and_leaves_prod(demo_
     endpoint.refresh_from_db()
     assert endpoint.base_url == NOT_STARTED_URL and endpoint.owner == admin
     assert ManagedServer.objects.get(endpoint=endpoint).served_name == DEMO_MODEL_NAME
-    # prod on a managed endpoint is a switch of its server: the converted endpoint starts plain, in off
-    assert get_policy(endpoint=endpoint).mode == "off"
+    assert get_policy(endpoint=endpoint).mode == mode_after

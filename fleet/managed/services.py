@@ -129,11 +129,19 @@ def managed_of(endpoint: Endpoint) -> ManagedServer | None:
 # --- policy changes ---------------------------------------------------------------------------------------------
 
 
+def ace_speculates(policy: SpeculationPolicy) -> bool:
+    """Prod with path local or remote: ACE speculates itself against the server, which runs plain."""
+    from speculation.models import Mode, VerificationPath
+
+    return policy.mode == Mode.PROD and policy.path in (VerificationPath.LOCAL, VerificationPath.REMOTE)
+
+
 def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
-    """What the server must run for this policy: {} (off and shadow) or the draft kind, its path and K (prod)."""
+    """What the server must run for this policy: {} (off, shadow, and prod on ACE's own local or remote path) or
+    the draft kind, its path and K (prod on path auto or native: the server's own speculation)."""
     from speculation.models import Mechanism, Mode
 
-    if policy.mode != Mode.PROD:
+    if policy.mode != Mode.PROD or ace_speculates(policy):
         return {}
     if policy.mechanism == Mechanism.NGRAM:
         return {"draft_kind": "ngram", "draft_path": "", "k": int(policy.k)}
@@ -181,10 +189,11 @@ def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed:
     from speculation.selectors.native_flags import NativeFlagsError
     from speculation.services.policies import validate_policy
 
-    # Prod on a managed endpoint runs the native path on the new instance: everything but the path is checked
-    # as shadow checks it (fields, draft, tokenizer), then the flags must exist for this server kind.
+    # Prod on path auto or native runs the server's own speculation on the new instance: everything but the path
+    # is checked as shadow checks it (fields, draft, tokenizer), then the flags must exist for this server kind.
+    # Prod on path local or remote is checked as on any endpoint (the instance runs plain).
     mode = policy.mode
-    if mode == Mode.PROD:
+    if mode == Mode.PROD and not ace_speculates(policy):
         policy.mode = Mode.SHADOW
     try:
         validate_policy(policy=policy, endpoint=endpoint)
@@ -217,8 +226,8 @@ def request_switch(
     _validate_for_switch(policy, endpoint, managed)
     fields = {name: getattr(policy, name) for name in EDITABLE_FIELDS if name != "draft"}
     fields["draft"] = policy.draft_id
-    if policy.mode == "prod":
-        fields["path"] = "native"  # prod on a managed endpoint is the server's own speculation
+    if policy.mode == "prod" and not ace_speculates(policy):
+        fields["path"] = "native"  # prod on path auto: the server's own speculation on the new instance
     actor = user if user is not None and user.is_authenticated else None
     speculation = speculation_of(policy)
     switch = Switch.objects.create(

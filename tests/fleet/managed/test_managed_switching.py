@@ -113,6 +113,25 @@ def test_shadow_needs_no_new_server(endpoint, user):
     assert policy.mode == "shadow" and not Switch.objects.exists()
 
 
+def test_prod_on_aces_own_remote_path_keeps_the_plain_instance_and_needs_no_switch(endpoint, user):
+    # given: a managed endpoint serving plain, whose vLLM scores token-id prompts (as the probe finds)
+    _serving(endpoint)
+    caps = {**endpoint.capabilities, "token_id_prompts": True, "prompt_scoring_method": "prompt_logprobs"}
+    Endpoint.objects.filter(pk=endpoint.pk).update(capabilities=caps)
+    endpoint.refresh_from_db()
+
+    # when: prod on ACE's remote path
+    policy = update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3, path="remote")
+
+    # then: applied at once (ACE speculates against the plain server), no switch of the server
+    assert policy.mode == "prod" and policy.path == "remote"
+    assert not Switch.objects.exists()
+    # and: prod on path auto would be the server's own speculation, a switch
+    policy = update_policy(endpoint=endpoint, user=user, path="auto")
+    assert policy.path == "remote"  # nothing applied before the new instance serves
+    assert Switch.objects.get().fields["path"] == "native"
+
+
 def test_completing_a_switch_moves_the_route_and_records_who_and_how_long(endpoint, user):
     old = _serving(endpoint)
     update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
