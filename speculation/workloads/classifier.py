@@ -66,6 +66,9 @@ _CODE_ASK = re.compile(
 )
 
 
+_SOURCE_START = re.compile(r'\s*("""|\'\'\'|#!|# -\*-|#include\b|(from \S+ )?import \w|package \w|// |/\*)')
+
+
 def looks_like_code(text: str) -> bool:
     """Source code rather than a request in prose: most of its first lines look like code."""
     lines = [line for line in text[:HEAD_CHARS].splitlines() if line.strip()][:20]
@@ -73,6 +76,8 @@ def looks_like_code(text: str) -> bool:
         return False
     if "```" in text[:HEAD_CHARS] or (len(text) < HEAD_CHARS and _CODE_ASK.search(text)):
         return True  # a fenced snippet, or a short request for code ("Write a C++ program to ...")
+    if _SOURCE_START.match(text):
+        return True  # a source file's beginning: a module docstring, a shebang, a comment header, an import
     hits = sum(1 for line in lines if _CODE_LINE.search(line))
     return hits * 2 >= len(lines) and (hits >= 2 or len(lines) == 1)
 

@@ -42,6 +42,8 @@ def test_source_code_is_code_and_prose_is_not():
     assert looks_like_code("def fibonacci(n):")
     assert looks_like_code("import os\nimport sys\n\n\ndef main():")
     assert looks_like_code("Write a C++ program to find the nth Fibonacci number using recursion.")
+    assert looks_like_code('"""Record of phased-in incompatible language changes.\n\nEach line is of the form:\n')
+    assert looks_like_code("#!/usr/bin/env python3\n# A comment about the script\nSome prose follows.")
     assert not looks_like_code("Who played anna in once upon a time?")
     assert classify("def fibonacci(n):") == "code"
     assert classify("Translate German to English: Der Hund schläft im Garten .") == "translation"
