@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from speculation.limits import K_MAX, K_MIN
 from speculation.models import DraftKind
 
-
 DEFAULT_K = 5
 # vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
 NGRAM_LOOKUP_MAX = 3
