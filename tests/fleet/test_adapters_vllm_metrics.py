@@ -68,6 +68,8 @@ def test_a_slow_server_cannot_hold_the_probe_much_longer_than_its_budget(http_st
         return handler
 
     routes = {key: (route if key == ("GET", "/v1/models") else slow(route)) for key, route in vllm_routes("").items()}
+    for key in (("GET", "/version"), ("POST", "/tokenize")):  # everything else, vLLM's own routes included
+        routes.setdefault(key, slow(lambda request: (404, {}, b"")))
     stub = http_stub(routes)
     # when
     report = adapter_for("vllm", base_url=stub.base_url, timeout_s=timeout_s).probe()

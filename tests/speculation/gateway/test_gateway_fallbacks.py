@@ -69,7 +69,10 @@ def endpoint(vllm_server):
 def _bump(own_redis) -> None:
     import redis
 
-    redis.Redis.from_url(own_redis.url).incr("ace:routing-version")
+    from speculation.services.version import BUMP_LUA, ROUTING_VERSION_KEY, VERSION_CHANNEL
+
+    # as the product bumps it: INCR and PUBLISH (a gateway following the channel reads no counter per request)
+    redis.Redis.from_url(own_redis.url).eval(BUMP_LUA, 1, ROUTING_VERSION_KEY, VERSION_CHANNEL)
 
 
 def _prod(endpoint, draft, own_redis, **extra) -> None:

@@ -20,8 +20,12 @@ PROMPT, OUTPUT = [1, 5, 9, 14, 20], [20, 31, 7, 7, 42, 100, 3, 250, 7, 9]
 
 
 @pytest.fixture
-def shadow_policy(db, tiny_model_dir):
+def shadow_policy(db, tiny_model_dir, settings):
     from fleet.models import Endpoint
+
+    # the policy's own projection only: other candidates' replays (auto-pairing, tests/speculation/worker/
+    # test_candidates.py) would calibrate their own costs too, wherever Redis happens to be up
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 0
     from speculation.models import DraftModel, SpeculationPolicy
 
     endpoint = Endpoint.objects.create(
