@@ -43,6 +43,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
+    # The tests of speculation need their prod requests to speculate: the goodput guard (which sends a load plain
+    # where speculation measured slower than plain) is off here, for this process and the ones it starts; its own
+    # tests turn it on (tests/speculation/gateway/test_gateway_goodput.py).
+    from django.conf import settings
+
+    os.environ.setdefault("ACE_GOODPUT_GUARD", "false")
+    settings.GOODPUT_GUARD = os.environ["ACE_GOODPUT_GUARD"].lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,9 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet.adapters import Unsupported, WireError, WireRequest, semantics_for, wire_for
-from speculation.gateway import admission, native, passthrough, upstream
+from speculation.gateway import admission, goodput, native, passthrough, upstream
 from speculation.gateway import sampling as request_sampling
+from speculation.gateway.background import spawn
 from speculation.gateway.call import Call
 from speculation.gateway.channel import ChannelError, GatewayChannel
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_event
@@ -118,6 +119,9 @@ async def serve(call: Call):
         )
     if int(call.body.get("min_tokens") or 0) > max_tokens:
         return await plain(call, action=Action.SKIPPED, reason="min_tokens > max_tokens (the server refuses it)")
+    decision = await goodput.decide(call)
+    if decision.plain:
+        return await plain(call, action=Action.SKIPPED, reason=decision.reason)
     channel = GatewayChannel(call.request_id)
     job = {
         "request_id": call.request_id,
@@ -267,6 +271,7 @@ class ProdRun:
             "workload": self.call.workload,
         }
         if self.failure:
+            goodput.end(self.call)
             tokens = len(self.ids)
             keep_record(
                 endpoint_id=route.endpoint_id,
@@ -285,6 +290,10 @@ class ProdRun:
             action=Action.SPECULATED,
             output_tokens=len(self.ids),
             **{**common, **self.stats},
+        )
+        spawn(
+            goodput.observe(self.call, kind=goodput.SPEC, tokens=len(self.ids), latency_ms=latency_ms),
+            what=f"goodput sample {self.call.request_id}",
         )
 
     async def whole(self):

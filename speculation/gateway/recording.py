@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from speculation.gateway import goodput
 from speculation.gateway.call import Call
 from speculation.gateway.sse import EventSplitter, payload_of
+from speculation.models import Action
 from speculation.services.records import keep_record
 
 
@@ -67,3 +69,9 @@ class PlainRecorder:
             latency_ms=latency_ms,
             **self.extra,
         )
+        if self.call.load_bucket:  # a prod request the goodput guard counted: a plain sample when it succeeded
+            served = self.action == Action.SKIPPED and status == 200 and not error
+            if served:
+                await goodput.observe(self.call, kind=goodput.PLAIN, tokens=tokens, latency_ms=latency_ms)
+            else:
+                goodput.end(self.call)
