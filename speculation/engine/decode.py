@@ -242,7 +242,4 @@ def truncate_at_stop(
     return new, accepted, reached, False
 
 
-_truncate_at_stop = truncate_at_stop  # the name speculation.engine.batch imports
-
-
 _EMPTY = Proposal(tokens=torch.empty(0, dtype=torch.long), q=None)
