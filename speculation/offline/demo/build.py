@@ -1,7 +1,16 @@
 """Build (once) and locate the demo target/draft pair under ``$ACE_HOME/models/<version>``.
 
-``DEMO_VERSION`` names the pair the product uses; every version's recipe stays in ``RECIPES`` so a fresh
-machine builds exactly what the name promises, and switching versions is that one line.
+``DEMO_VERSION`` names the pair the product uses (``ACE_DEMO_VERSION`` in the environment overrides it, so a
+new version can be tried without switching); every version's recipe stays in ``RECIPES`` so a fresh machine
+builds exactly what the name promises, and switching versions is that one line.
+
+``ensure_demo_pair()`` returns a ``DemoPair``:
+- ``root``: ``$ACE_HOME/models/<version>``; ``target_dir``; ``draft_dir``: the main draft (``root/draft``);
+- ``drafts``: every draft of the version that is on disk, ``{label: directory}``, the main one first:
+  ``{"draft": root/draft}``, and from demo-v6 on also ``"draft-code"``: a second draft of the same tokenizer
+  distilled on code only (the main draft is distilled mostly on English), so each wins on its own workload;
+- ``extra_drafts``: ``drafts`` without the main one (``{}`` for versions with one draft);
+- ``build_info``: the build's figures (``build_info.json``).
 
 The build writes into a temporary directory and renames it into place, so a crashed build is never used;
 a lock file keeps two processes from building at the same time.
@@ -102,8 +111,11 @@ RECIPES = {
     # measured (the loaded machine ran out of time on 2026-11-30); build with ensure_demo_pair(version=...)
     "demo-v6": replace(_V5, plan=replace(_V5.plan, target_steps=320), english_sources=("docstrings", "pydoc topics")),
 }
-DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
+DEFAULT_DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
+DEMO_VERSION = os.environ.get("ACE_DEMO_VERSION") or DEFAULT_DEMO_VERSION
 DEMO_NAME = DEMO_VERSION
+MAIN_DRAFT = "draft"
+DRAFT_LABELS = (MAIN_DRAFT, "draft-code")  # subdirectories of a version that hold drafts, main first
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,18 @@ class DemoPair:
     def build_info(self) -> dict:
         return json.loads((self.root / BUILD_INFO).read_text())
 
+    @property
+    def drafts(self) -> dict[str, Path]:
+        """Every draft of this version on disk, ``{label: directory}``, the main draft (``draft_dir``) first."""
+        found = {MAIN_DRAFT: self.draft_dir}
+        found.update({label: self.root / label for label in DRAFT_LABELS[1:] if (self.root / label).is_dir()})
+        return found
+
+    @property
+    def extra_drafts(self) -> dict[str, Path]:
+        """The drafts besides the main one (e.g. ``{"draft-code": ...}``); empty for one-draft versions."""
+        return {label: path for label, path in self.drafts.items() if label != MAIN_DRAFT}
+
 
 def ace_home() -> Path:
     return Path(os.environ.get("ACE_HOME") or Path.home() / ".cache" / "ace")
@@ -126,7 +150,9 @@ def ensure_demo_pair(*, models_dir: Path | None = None, version: str | None = No
     minutes on 2 CPU cores) if it is not cached."""
     name = version or DEMO_VERSION
     if name not in RECIPES:
-        raise ValueError(f"unknown demo pair version {name!r} (known: {', '.join(RECIPES)})")
+        raise ValueError(
+            f"unknown demo pair version {name!r} (known: {', '.join(RECIPES)}; ACE_DEMO_VERSION picks one)"
+        )
     models_dir = models_dir or ace_home() / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
     final = models_dir / name

@@ -113,6 +113,28 @@ def test_a_crashed_build_leaves_nothing_that_could_be_used(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{version}.lock"]
 
 
+def test_drafts_lists_the_main_draft_first_and_the_extra_drafts_on_disk(tmp_path):
+    root = tmp_path / "demo-vX"
+    pair = demo_build.DemoPair(root=root, target_dir=root / "target", draft_dir=root / "draft")
+    assert pair.drafts == {"draft": root / "draft"}
+    assert pair.extra_drafts == {}
+    (root / "draft-code").mkdir(parents=True)
+    assert list(pair.drafts.items()) == [("draft", root / "draft"), ("draft-code", root / "draft-code")]
+    assert pair.extra_drafts == {"draft-code": root / "draft-code"}
+
+
+@pytest.mark.parametrize("value", ["demo-v5", ""])
+def test_ace_demo_version_overrides_the_default_version(value):
+    import os
+    import subprocess
+    import sys
+
+    code = "from speculation.offline.demo import DEMO_VERSION; print(DEMO_VERSION)"
+    env = {**os.environ, "ACE_DEMO_VERSION": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == (value or demo_build.DEFAULT_DEMO_VERSION)
+
+
 def test_an_unknown_version_is_refused_before_anything_is_built(tmp_path):
     with pytest.raises(ValueError, match="demo-v0"):
         ensure_demo_pair(models_dir=tmp_path, version="demo-v0")
