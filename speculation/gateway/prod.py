@@ -133,6 +133,7 @@ async def serve(call: Call):
         "sampling": sampling.job(),
         "stop": {name: call.body[name] for name in STOP_FIELDS if call.body.get(name) is not None},
         "node_class": route.node_class,
+        "workload": call.workload,  # `draft: auto`: the worker runs this workload's best candidate and K
     }
     try:
         await channel.check()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.utils import timezone
@@ -73,10 +73,12 @@ class _Acc:
     shed: int = 0
     mult: list[list[float]] = field(default_factory=lambda: [[] for _ in range(8)])
     mal: list[float] = field(default_factory=lambda: [0.0] * 8)
+    mal_n: list[int] = field(default_factory=lambda: [0] * 8)
     drafted: list[int] = field(default_factory=lambda: [0] * 8)
     accepted: list[int] = field(default_factory=lambda: [0] * 8)
 
     def add(self, row: dict) -> None:
+        """One row: shadow's (every K) or prod's (the one K it ran: None elsewhere)."""
         if row["status"] != CandidateStatus.MEASURED:
             self.shed += row["status"] == CandidateStatus.SHED
             return
@@ -85,10 +87,13 @@ class _Acc:
             if value is not None:
                 self.mult[i].append(float(value))
         for i, value in enumerate((row["mean_accepted_len"] or [])[:8]):
-            self.mal[i] += float(value)
-        for i, (drafted, accepted, _passes) in enumerate((row["counts"] or [])[:8]):
-            self.drafted[i] += drafted
-            self.accepted[i] += accepted
+            if value is not None:
+                self.mal[i] += float(value)
+                self.mal_n[i] += 1
+        for i, counts in enumerate((row["counts"] or [])[:8]):
+            if counts:
+                self.drafted[i] += counts[0]
+                self.accepted[i] += counts[1]
 
 
 def _cell(workload: str, candidate: str, acc: _Acc) -> Cell:
@@ -104,7 +109,7 @@ def _cell(workload: str, candidate: str, acc: _Acc) -> Cell:
     if len(values) >= 2:
         half = Z * math.sqrt(sum((v - best) ** 2 for v in values) / (len(values) - 1)) / math.sqrt(len(values))
         cell.ci_low, cell.ci_high = round(best - half, 4), round(best + half, 4)
-    cell.mean_accepted_len = round(acc.mal[k - 1] / acc.requests, 4) if acc.requests else None
+    cell.mean_accepted_len = round(acc.mal[k - 1] / acc.mal_n[k - 1], 4) if acc.mal_n[k - 1] else None
     drafted = acc.drafted[k - 1]
     cell.acceptance_rate = round(acc.accepted[k - 1] / drafted, 4) if drafted else None
     return cell
@@ -163,3 +168,76 @@ def pairing_table(*, endpoint_id: int, since: datetime | None = None) -> dict:
     overall = table.pop(OVERALL, {"cells": [], "recommendation": None})
     order = sorted(table, key=lambda w: (-max(c.requests for c in table[w]["cells"]), w))
     return {"workloads": {w: table[w] for w in order}, "overall": overall}
+
+
+# --- draft: auto in prod: each request's candidate and K ------------------------------------------------------
+
+PROD_MIN_REQUESTS = 10  # measured requests a workload's winner needs before prod uses it for that workload
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The candidate and K one prod request runs with, and why (the stage record's reason)."""
+
+    candidate: str
+    kind: str
+    draft_id: int | None
+    k: int
+    reason: str
+    from_evidence: bool  # False: the policy's own draft and K
+
+
+def _said(cell: Cell) -> str:
+    interval = f" [{cell.ci_low:.2f}, {cell.ci_high:.2f}]" if cell.ci_low is not None else ""
+    return f"{cell.requests} requests, projected {cell.multiplier:.2f}x{interval}"
+
+
+def workload_choice(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None = None) -> Choice:
+    """The rule prod's `draft: auto` applies per request (`current`: the policy's own candidate and K).
+
+    - The workload's cells that can run on the path (`kinds`; None: any) with a projected multiplier and at least
+      PROD_MIN_REQUESTS measured requests are eligible; none: the policy's draft and K (evidence short).
+    - The eligible cell with the highest mean projected multiplier wins, at its best K. A winner other than the
+      policy's draft must clear it: the winner's 95 % interval lies above the policy draft's mean in this workload
+      (where that draft is measured there); otherwise the policy's draft runs, at its own best K for the workload
+      when it is eligible."""
+    cells = (table["workloads"].get(workload) or {}).get("cells", [])
+    eligible = [
+        c
+        for c in cells
+        if c.multiplier is not None and c.requests >= PROD_MIN_REQUESTS and (kinds is None or c.kind in kinds)
+    ]
+    if not eligible:
+        seen = max((c.requests for c in cells), default=0)
+        return replace(
+            current,
+            reason=f"auto: {workload or 'no workload'} has {seen} measured requests (needs {PROD_MIN_REQUESTS}): "
+            f"the policy's {current.candidate} K={current.k}",
+        )
+    best = max(eligible, key=lambda c: (c.multiplier, -c.best_k, c.candidate))
+    own = next((c for c in cells if c.candidate == current.candidate and c.multiplier is not None), None)
+    unclear = best.ci_low is None or (own is not None and best.ci_low <= own.multiplier)
+    if best.candidate != current.candidate and own is not None and unclear:
+        if own in eligible:
+            return Choice(
+                own.candidate,
+                own.kind,
+                own.draft_id,
+                own.best_k,
+                f"auto: {workload} -> {own.candidate} K={own.best_k}, {_said(own)} "
+                f"({best.candidate} at {best.multiplier:.2f}x is not clearly better)",
+                from_evidence=True,
+            )
+        return replace(
+            current,
+            reason=f"auto: {workload}: {best.candidate} ({_said(best)}) is not clearly above the policy's "
+            f"{current.candidate} ({own.multiplier:.2f}x): the policy's {current.candidate} K={current.k}",
+        )
+    return Choice(
+        best.candidate,
+        best.kind,
+        best.draft_id,
+        best.best_k,
+        f"auto: {workload} -> {best.candidate} K={best.best_k}, {_said(best)}",
+        from_evidence=True,
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -35,7 +35,8 @@ from speculation.engine.decode import truncate_at_stop
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
-from speculation.worker import baseline, batching
+from speculation.selectors.autopairing import Choice
+from speculation.worker import autopick, baseline, batching
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
@@ -265,11 +266,31 @@ def _baseline(client: redis.Redis, endpoint: Endpoint, job: dict[str, Any]) -> f
     )
 
 
+def _prepare(endpoint: Endpoint, job: dict[str, Any]) -> tuple[Prepared, int, Choice | None]:
+    """The proposer and target this request runs with, its K, and (`draft: auto`) the choice behind them: the
+    workload's best candidate and K where the evidence says so (speculation.worker.autopick); a chosen candidate
+    that cannot load here leaves the request to the policy's own draft, with the reason."""
+    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
+    if not policy.auto_pairing or job["path"] not in autopick.KINDS_ON_PATH:
+        return build(endpoint, policy, job["path"]), job["k"], None
+    chosen, choice = autopick.choose(
+        endpoint=endpoint, policy=policy, workload=job.get("workload", ""), path=job["path"], k=job["k"]
+    )
+    if chosen is policy:
+        return build(endpoint, policy, job["path"]), choice.k, choice
+    try:
+        return build(endpoint, chosen, job["path"]), choice.k, choice
+    except PathUnavailable as exc:
+        logger.warning("request %s: auto choice %s not usable: %s", job["request_id"], choice.candidate, exc)
+        own = autopick.policy_choice(policy, job["k"])
+        reason = f"auto: {choice.candidate} could not run here ({exc}): the policy's {own.candidate} K={own.k}"
+        return build(endpoint, policy, job["path"]), own.k, replace(own, reason=reason)
+
+
 def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> None:
     """Load, calibrate, generate through the stream and send the done message with the record's fields."""
     endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
-    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
-    prepared = build(endpoint, policy, job["path"])
+    prepared, k, choice = _prepare(endpoint, job)
     base = _baseline(client, endpoint, job)
     stream.channel.send({"type": "ready"}, slot=stream.slot)  # loaded and calibrated: the step timeout applies
     rule = StopRule.from_fields(
@@ -284,7 +305,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
         prepared,
         prompt_ids=job["prompt_ids"],
         max_tokens=job["max_tokens"],
-        k=0 if settings.PROD_PLAIN else job["k"],  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
+        k=0 if settings.PROD_PLAIN else k,  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
         on_tokens=stream.send,
         sampling=job.get("sampling"),
         stop=rule,
@@ -294,14 +315,26 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     elapsed = time.perf_counter() - started
     tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
     record = {
-        **stage_fields(stats, k=job["k"]),
+        **stage_fields(stats, k=k),
         "tok_s": tok_s,
         "baseline_tok_s": base,
         "multiplier": tok_s / base if tok_s and base else None,
     }
+    if choice is not None:  # which candidate and K ran, and why
+        record.update(mechanism=choice.kind, reason=choice.reason)
     tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
     done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
     stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)
+    if choice is not None and not settings.PROD_PLAIN and float((job.get("sampling") or {}).get("temperature", 0)) == 0:
+        autopick.record_evidence(
+            endpoint_id=endpoint.pk,
+            request_id=job["request_id"],
+            workload=job.get("workload", ""),
+            choice=choice,
+            stats=stats,
+            k=k,
+            path=job["path"],
+        )
 
 
 def run_prod_generation(job: dict[str, Any]) -> None:
