@@ -25,7 +25,8 @@ class Call:
     raw: bytes
     request_id: str
     workload: str = ""  # the workload key its stage records carry (speculation.workloads.keys); "" in off mode
-    load_bucket: str = ""  # prod: the load bucket the goodput guard counted it in (speculation.gateway.goodput)
+    load_bucket: str = ""  # the load bucket the goodput guard counted it in (speculation.gateway.goodput)
+    traffic: str = ""  # "greedy" | "sampled", for the goodput guard's samples
     started: float = field(default_factory=time.perf_counter)
 
     @property

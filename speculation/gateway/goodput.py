@@ -1,18 +1,33 @@
-"""The goodput guard: prod does not speculate at a load where speculation measured slower than plain serving.
+"""The goodput guard: prod does not speculate at a load where speculation is slower than plain serving.
 
-Whether speculation pays depends on the load: a server that batches well answers 32 streams far faster than one,
-while the worker's engine may not. So per endpoint and load bucket (how many of the endpoint's prod requests this
-web process has in flight when one starts: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the newest WINDOW
-requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by web processes).
+Whether speculation pays depends on the load and on the sampling: a server that batches well answers 32 streams
+far faster than one, while the worker's engine may not, and sampled requests accept less and verify at more cost
+than greedy ones. So per endpoint, traffic kind (greedy / sampled) and load bucket (the endpoint's requests in
+flight in this web process when one starts, itself included: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the
+newest WINDOW requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by the
+web processes).
 
-- Both have MIN_SAMPLES and speculation's median is below plain's: the request goes plain (`skipped`, the reason
-  gives both medians), except every EXPLORE_EVERY-th request, which still speculates, so that a change (another
-  draft, another K, a quieter machine) is seen.
-- Speculation has MIN_SAMPLES but plain has fewer: every other request goes plain to measure it ("measuring plain
-  speed at this load"; a plain request is served as off serves it, so measuring costs the client nothing);
-  requests the workers had no slot for count as plain samples too.
-- Otherwise the request speculates.
+Plain samples come from every request the server answered as itself: off and shadow requests (plain serving by
+the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
+after the last byte, never awaited by the client) and prod requests sent plain. The rule (`choose`), per request:
 
+- Plain has fewer than MIN_SAMPLES: no baseline to compare with; speculate (once speculation has MIN_SAMPLES,
+  every other request goes plain to measure it, which costs the client nothing: plain is what off serves).
+- Speculation measured slower (its median below plain's over MIN_SAMPLES each, or its first EARLY_SAMPLES all
+  below plain's median: a 1-in-16 chance if both were equally fast): plain, `skipped` with both figures.
+- Not measured enough at this load, but presumed slower: speculation measured slower at a lower load of the same
+  traffic (its gain does not grow with load: verification stops being free once the target is busy), or, for
+  sampled traffic, greedy speculation measured slower at this load or a lower one (sampled drafts are accepted
+  less and verified at more cost). Plain, with the evidence named.
+- Otherwise it speculates; while the load is unproven, at most PROBES_IN_FLIGHT speculated requests of it at once
+  (the others go plain), so a new prod endpoint at high load learns from a few requests instead of flooding the
+  worker with requests that may all be slow.
+Wherever it goes plain, every EXPLORE_EVERY-th request still speculates, so that a change (another draft, another
+K, a quieter machine) is seen.
+
+The bucket counts this process's requests: with ACE_WEB_WORKERS > 1 the kernel spreads connections over the
+processes, so each process's count is a consistent share of the endpoint's load, and plain and speculative samples
+are bucketed by the same count (counting across processes would put a Redis round trip on the off path).
 ACE_GOODPUT_GUARD=false turns it off (the tests of speculation itself do, so that their requests speculate).
 """
 
@@ -20,39 +35,61 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from speculation.gateway import background
 from speculation.gateway.call import Call
 from speculation.gateway.channel import client
+from speculation.gateway.sampling import GREEDY_BELOW
+from speculation.models import Mode
 
 logger = logging.getLogger(__name__)
 
 WINDOW = 20
 MIN_SAMPLES = 8
+EARLY_SAMPLES = 4
 EXPLORE_EVERY = 10
+PROBES_IN_FLIGHT = 2
 BUCKETS = ((1, "1"), (4, "2-4"), (16, "5-16"))
 TOP_BUCKET = "17+"
-KEY = "ace:goodput:{endpoint_id}:{bucket}:{kind}"
+BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
+KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
 EXPIRE_S = 3600
 STALE_S = 900.0  # an in-flight entry older than this was lost (its record never written): no longer counted
 
 SPEC = "spec"
 PLAIN = "plain"
+GREEDY = "greedy"
+SAMPLED = "sampled"
+TRAFFIC = (GREEDY, SAMPLED)
 
-_in_flight: dict[int, dict[str, float]] = defaultdict(dict)
-_turns: dict[tuple[int, str], itertools.count] = defaultdict(itertools.count)
+Samples = Mapping[tuple[str, str, str], Sequence[float]]  # (traffic, bucket, SPEC | PLAIN) -> tok/s per request
+
+
+@dataclass
+class _Flight:
+    started: float
+    probe: tuple[str, str] | None = None  # (traffic, bucket) it speculates to learn
+
+
+_in_flight: dict[int, dict[str, _Flight]] = defaultdict(dict)
+_turns: dict[tuple[int, str, str], itertools.count] = defaultdict(itertools.count)
 
 
 @dataclass(frozen=True)
 class Decision:
     plain: bool
     reason: str = ""
+    probe: bool = False  # speculates to measure a load that is not proven yet
 
 
 def bucket_of(in_flight: int) -> str:
@@ -62,15 +99,24 @@ def bucket_of(in_flight: int) -> str:
     return TOP_BUCKET
 
 
+def traffic_of(body: Mapping[str, Any]) -> str:
+    """Greedy or sampled, as the server reads the request (no temperature: OpenAI's and vLLM's default, 1)."""
+    temperature = body.get("temperature", 1.0)
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature < GREEDY_BELOW:
+        return GREEDY
+    return SAMPLED
+
+
 def begin(call: Call) -> str:
     """Count the request in flight for its endpoint; its load bucket (the request itself included)."""
     now = time.monotonic()
     flying = _in_flight[call.route.endpoint_id]
-    for request_id, started in list(flying.items()):
-        if now - started > STALE_S:
+    for request_id, flight in list(flying.items()):
+        if now - flight.started > STALE_S:
             del flying[request_id]
-    flying[call.request_id] = now
+    flying[call.request_id] = _Flight(started=now)
     call.load_bucket = bucket_of(len(flying))
+    call.traffic = traffic_of(call.body)
     return call.load_bucket
 
 
@@ -78,25 +124,81 @@ def end(call: Call) -> None:
     _in_flight[call.route.endpoint_id].pop(call.request_id, None)
 
 
-def choose(*, spec: list[float], plain: list[float], turn: int) -> Decision:
-    """The rule, on the two samples of one endpoint and bucket and this request's turn among them."""
-    explore = turn % EXPLORE_EVERY == EXPLORE_EVERY - 1
-    if len(spec) < MIN_SAMPLES:
-        return Decision(plain=False)
+def _probing(endpoint_id: int, traffic: str, bucket: str) -> int:
+    return sum(1 for f in _in_flight[endpoint_id].values() if f.probe == (traffic, bucket))
+
+
+def verdict(spec: Sequence[float], plain: Sequence[float]) -> str:
+    """ "slower" / "faster" where the samples of one load say so, "" where they do not yet."""
     if len(plain) < MIN_SAMPLES:
-        if turn % 2 == 1:
+        return ""
+    plain_median = statistics.median(plain)
+    if len(spec) >= MIN_SAMPLES:
+        return "slower" if statistics.median(spec) < plain_median else "faster"
+    if len(spec) >= EARLY_SAMPLES and max(spec) < plain_median:
+        return "slower"
+    return ""
+
+
+def _figures(spec: Sequence[float], plain: Sequence[float]) -> str:
+    return (
+        f"median {statistics.median(spec):.1f} vs {statistics.median(plain):.1f} tok/s per request over the last "
+        f"{len(spec)} / {len(plain)} requests"
+    )
+
+
+def presumed_slower(samples: Samples, *, traffic: str, bucket: str) -> str:
+    """Why speculation is presumed slower at a load it has not been measured at enough ("" when it is not)."""
+
+    def slower(kind: str, name: str) -> bool:
+        return verdict(samples.get((kind, name, SPEC), ()), samples.get((kind, name, PLAIN), ())) == "slower"
+
+    lower = BUCKET_NAMES[: BUCKET_NAMES.index(bucket)]
+    for name in reversed(lower):
+        if slower(traffic, name):
+            return f"{traffic} speculation measured slower than plain at the lower load {name}"
+    if traffic == SAMPLED:
+        for name in reversed((*lower, bucket)):
+            if slower(GREEDY, name):
+                return f"greedy speculation measured slower than plain at load {name}"
+    return ""
+
+
+def choose(samples: Samples, *, traffic: str, bucket: str, turn: int, probing: int = 0) -> Decision:
+    """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
+    requests of that traffic and load, probing the speculated ones in flight that measure it."""
+    spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
+    explore = turn % EXPLORE_EVERY == EXPLORE_EVERY - 1
+    if len(plain) < MIN_SAMPLES:
+        if len(spec) >= MIN_SAMPLES and turn % 2 == 1:
             return Decision(plain=True, reason="measuring plain speed at this load (goodput guard)")
         return Decision(plain=False)
-    spec_median, plain_median = statistics.median(spec), statistics.median(plain)
-    if spec_median >= plain_median or explore:
+    own = verdict(spec, plain)
+    if own == "faster" or explore:
         return Decision(plain=False)
-    return Decision(
-        plain=True,
-        reason=(
-            f"speculation measured slower than plain at this load (goodput guard): median {spec_median:.1f} vs "
-            f"{plain_median:.1f} tok/s per request over the last {len(spec)} / {len(plain)} requests"
-        ),
-    )
+    if own == "slower":
+        return Decision(
+            plain=True,
+            reason=f"speculation measured slower than plain at this load (goodput guard): {_figures(spec, plain)}",
+        )
+    presumed = presumed_slower(samples, traffic=traffic, bucket=bucket)
+    if presumed:
+        return Decision(plain=True, reason=f"{presumed}; not measured enough at load {bucket} yet (goodput guard)")
+    if probing >= PROBES_IN_FLIGHT:
+        return Decision(
+            plain=True,
+            reason=f"learning load {bucket}: {probing} speculated requests in flight measure it first (goodput guard)",
+        )
+    return Decision(plain=False, probe=True)
+
+
+async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
+    names = [(traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN)]
+    pipe = client().pipeline(transaction=False)
+    for traffic, bucket, kind in names:
+        pipe.lrange(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind), 0, WINDOW - 1)
+    found = await pipe.execute()
+    return {name: [float(v) for v in raw] for name, raw in zip(names, found, strict=True) if raw}
 
 
 async def decide(call: Call) -> Decision:
@@ -106,24 +208,27 @@ async def decide(call: Call) -> Decision:
         return Decision(plain=False)
     endpoint_id = call.route.endpoint_id
     try:
-        pipe = client().pipeline(transaction=False)
-        for kind in (SPEC, PLAIN):
-            pipe.lrange(KEY.format(endpoint_id=endpoint_id, bucket=bucket, kind=kind), 0, WINDOW - 1)
-        spec_raw, plain_raw = await pipe.execute()
+        samples = await _read(endpoint_id)
     except (aioredis.RedisError, OSError) as exc:  # no measurement: speculate as without the guard
         logger.warning("goodput guard: Redis unavailable (%s)", exc)
         return Decision(plain=False)
-    turn = next(_turns[(endpoint_id, bucket)])
-    return choose(spec=[float(v) for v in spec_raw], plain=[float(v) for v in plain_raw], turn=turn)
+    turn = next(_turns[(endpoint_id, call.traffic, bucket)])
+    decision = choose(
+        samples, traffic=call.traffic, bucket=bucket, turn=turn, probing=_probing(endpoint_id, call.traffic, bucket)
+    )
+    flight = _in_flight[endpoint_id].get(call.request_id)
+    if decision.probe and flight is not None:
+        flight.probe = (call.traffic, bucket)
+    return decision
 
 
 async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:
-    """Keep a finished request's tok/s in its bucket's sample (kind SPEC or PLAIN) and count it out of flight."""
+    """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) and count it out of flight."""
     end(call)
     bucket = getattr(call, "load_bucket", "")
     if not bucket or not tokens or latency_ms <= 0:
         return
-    key = KEY.format(endpoint_id=call.route.endpoint_id, bucket=bucket, kind=kind)
+    key = KEY.format(endpoint_id=call.route.endpoint_id, traffic=call.traffic or SAMPLED, bucket=bucket, kind=kind)
     try:
         pipe = client().pipeline(transaction=False)
         pipe.lpush(key, round(tokens / (latency_ms / 1000.0), 3))
@@ -132,3 +237,55 @@ async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: floa
         await pipe.execute()
     except (aioredis.RedisError, OSError) as exc:
         logger.warning("goodput guard: could not keep a sample (%s)", exc)
+
+
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_EVENT = b"data: {"
+
+
+class PlainSample:
+    """Observer of an off or shadow request (wrapping shadow's own, if any): its tok/s becomes a plain sample.
+
+    Tokens from the usage the server reports, else (a stream without usage) the number of events; nothing parsed
+    beyond one regular expression per body or chunk, so the off path stays a relay."""
+
+    def __init__(self, call: Call, inner: Any = None) -> None:
+        self.call = call
+        self.inner = inner
+        self.usage: int | None = None
+        self.events = 0
+
+    def on_body(self, status: int, body: bytes) -> bytes:
+        found = _USAGE.search(body)
+        if found:
+            self.usage = int(found.group(1))
+        return self.inner.on_body(status, body) if self.inner is not None else body
+
+    def on_chunk(self, chunk: bytes) -> bytes:
+        self.events += chunk.count(_EVENT)
+        if b'"completion_tokens"' in chunk:
+            found = _USAGE.search(chunk)
+            if found:
+                self.usage = int(found.group(1))
+        return self.inner.on_chunk(chunk) if self.inner is not None else chunk
+
+    async def on_done(self, status: int, error: str = "") -> None:
+        if self.inner is not None:
+            await self.inner.on_done(status, error)
+        role_event = 1 if self.call.kind == "chat" else 0  # a chat stream's first event carries the role only
+        tokens = self.usage if self.usage is not None else max(0, self.events - role_event)
+        if status != 200 or error or not tokens:
+            end(self.call)
+            return
+        background.spawn(
+            observe(self.call, kind=PLAIN, tokens=tokens, latency_ms=self.call.elapsed_ms()), what="goodput sample"
+        )
+
+
+def watch(call: Call, observer: Any = None) -> Any:
+    """For an off or shadow request with the guard on: count it in flight and wrap its observer so that its tok/s
+    is kept as a plain sample. Prod requests record their own samples (the observer is returned as it is)."""
+    if not settings.GOODPUT_GUARD or call.route.mode == Mode.PROD:
+        return observer
+    begin(call)
+    return PlainSample(call, observer)

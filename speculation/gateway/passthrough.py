@@ -1,7 +1,8 @@
 """Forward a request to its endpoint and send the answer back as it comes (bytes untouched by default).
 
 An optional Observer sees the response (to count tokens or capture token ids) and may rewrite it; off mode
-passes none, so its path is: build request, send, relay bytes.
+passes none, so its path is: build request, send, relay bytes (with the goodput guard on, its observer only
+finds the token count: speculation.gateway.goodput.watch).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import httpx
 from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import netpolicy
-from speculation.gateway import upstream
+from speculation.gateway import goodput, upstream
 from speculation.gateway.call import Call
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_event, error_response
 
@@ -39,7 +40,9 @@ def _headers(call: Call) -> dict[str, str]:
 
 
 async def forward(call: Call, *, content: bytes | None = None, observer: Observer | None = None):
-    """Send `content` (default: the client's request) to the endpoint and relay the answer."""
+    """Send `content` (default: the client's request) to the endpoint and relay the answer (an off or shadow
+    request's speed is kept as a plain sample of the goodput guard)."""
+    observer = goodput.watch(call, observer)
     http = upstream.client()
     request = http.build_request(
         "POST", call.url, content=content if content is not None else call.upstream_bytes(), headers=_headers(call)

@@ -97,6 +97,9 @@ async def serve(call: Call):
     reason = stop_fields_reason(call.body, kind=call.kind, path=route.path)
     if reason:
         return await plain(call, action=Action.SKIPPED, reason=reason)
+    decision = await goodput.decide(call)  # before tokenizing: a request it sends plain costs no extra call
+    if decision.plain:
+        return await plain(call, action=Action.SKIPPED, reason=decision.reason)
     try:
         prompt_ids = await prompt_token_ids(call)
     except Unsupported as exc:
@@ -119,9 +122,6 @@ async def serve(call: Call):
         )
     if int(call.body.get("min_tokens") or 0) > max_tokens:
         return await plain(call, action=Action.SKIPPED, reason="min_tokens > max_tokens (the server refuses it)")
-    decision = await goodput.decide(call)
-    if decision.plain:
-        return await plain(call, action=Action.SKIPPED, reason=decision.reason)
     channel = GatewayChannel(call.request_id)
     job = {
         "request_id": call.request_id,

@@ -1,48 +1,144 @@
-"""The goodput guard: prod goes plain at a load where speculation measured slower than plain serving.
+"""The goodput guard: prod goes plain at a load where speculation is slower than plain serving.
 
 The rule is tested on its own (deterministic: the explore turn is a counter, not a coin), then through Redis with
-the guard's own bookkeeping (samples kept per endpoint and load bucket, in-flight counting).
+the guard's own bookkeeping (samples kept per endpoint, traffic kind and load bucket, in-flight counting), then
+through the gateway: off and shadow requests are plain samples, and a prod request the guard sends plain is
+recorded `skipped` with the reason and answered exactly as off answers it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
+import httpx
 import pytest
+from asgiref.sync import async_to_sync
 
 from speculation.gateway import goodput
-from speculation.gateway.goodput import EXPLORE_EVERY, MIN_SAMPLES, bucket_of, choose
+from speculation.gateway.goodput import (
+    EARLY_SAMPLES,
+    EXPLORE_EVERY,
+    GREEDY,
+    MIN_SAMPLES,
+    PLAIN,
+    PROBES_IN_FLIGHT,
+    SAMPLED,
+    SPEC,
+    bucket_of,
+    choose,
+    traffic_of,
+)
 
 SLOW, FAST = [10.0] * MIN_SAMPLES, [50.0] * MIN_SAMPLES
 
 
-def test_load_buckets():
+def measured(**lists: list[float]) -> dict[tuple[str, str, str], list[float]]:
+    """Samples named traffic__bucket__kind, e.g. greedy__1__spec (bucket 2-4 written 2_4, 17+ written 17)."""
+    names = {"2_4": "2-4", "5_16": "5-16", "17": "17+"}
+    out = {}
+    for name, values in lists.items():
+        traffic, bucket, kind = name.split("__")
+        out[(traffic, names.get(bucket, bucket), kind)] = values
+    return out
+
+
+def test_load_buckets_and_traffic_kinds():
     assert [bucket_of(n) for n in (1, 2, 4, 5, 16, 17, 300)] == ["1", "2-4", "2-4", "5-16", "5-16", "17+", "17+"]
+    bodies = [{"temperature": 0}, {"temperature": 0.0, "top_p": 0.5}, {"temperature": 0.7}, {}, {"temperature": "x"}]
+    assert [traffic_of(b) for b in bodies] == [GREEDY, GREEDY, SAMPLED, SAMPLED, SAMPLED]
 
 
 def test_speculation_measured_slower_goes_plain_except_the_explore_turn():
-    decisions = [choose(spec=SLOW, plain=FAST, turn=t) for t in range(EXPLORE_EVERY)]
+    samples = measured(greedy__1__spec=SLOW, greedy__1__plain=FAST)
+    decisions = [choose(samples, traffic=GREEDY, bucket="1", turn=t) for t in range(EXPLORE_EVERY)]
 
     assert [d.plain for d in decisions] == [True] * (EXPLORE_EVERY - 1) + [False]
     assert "slower than plain" in decisions[0].reason and "10.0 vs 50.0" in decisions[0].reason
 
 
-def test_speculation_measured_faster_or_unmeasured_speculates():
-    assert not any(choose(spec=FAST, plain=SLOW, turn=t).plain for t in range(2 * EXPLORE_EVERY))
-    # too few speculative samples: no verdict yet, whatever plain measured
-    assert not any(choose(spec=SLOW[:-1], plain=FAST, turn=t).plain for t in range(2 * EXPLORE_EVERY))
+def test_speculation_measured_faster_speculates():
+    samples = measured(greedy__1__spec=FAST, greedy__1__plain=SLOW)
+    assert not any(choose(samples, traffic=GREEDY, bucket="1", turn=t).plain for t in range(2 * EXPLORE_EVERY))
 
 
-def test_plain_unmeasured_at_this_load_is_measured_every_other_request():
-    decisions = [choose(spec=SLOW, plain=[], turn=t) for t in range(2 * EXPLORE_EVERY)]
+def test_without_a_plain_baseline_it_speculates_and_measures_plain_every_other_request_once_spec_is_known():
+    unknown = [choose({}, traffic=GREEDY, bucket="1", turn=t) for t in range(4)]
+    spec_only = measured(greedy__1__spec=SLOW)
+    decisions = [choose(spec_only, traffic=GREEDY, bucket="1", turn=t) for t in range(2 * EXPLORE_EVERY)]
 
+    assert not any(d.plain for d in unknown)
     assert [d.plain for d in decisions] == [False, True] * EXPLORE_EVERY
     assert all("measuring plain speed" in d.reason for d in decisions if d.plain)
 
 
-def _call(endpoint_id: int, request_id: str) -> SimpleNamespace:
-    return SimpleNamespace(route=SimpleNamespace(endpoint_id=endpoint_id), request_id=request_id, load_bucket="")
+def test_the_first_few_speculated_requests_all_slower_than_plains_median_are_enough():
+    # given: plain known from off traffic; the first EARLY_SAMPLES speculated requests all below its median
+    early = measured(greedy__1__spec=SLOW[:EARLY_SAMPLES], greedy__1__plain=FAST)
+    # and: as many, one of which was faster than plain's median (no verdict yet)
+    mixed = measured(greedy__1__spec=[*SLOW[: EARLY_SAMPLES - 1], 60.0], greedy__1__plain=FAST)
+    too_few = measured(greedy__1__spec=SLOW[: EARLY_SAMPLES - 1], greedy__1__plain=FAST)
+
+    assert choose(early, traffic=GREEDY, bucket="1", turn=0).plain
+    assert not choose(mixed, traffic=GREEDY, bucket="1", turn=0).plain
+    assert not choose(too_few, traffic=GREEDY, bucket="1", turn=0).plain
+
+
+def test_slower_at_a_lower_load_is_presumed_slower_at_a_higher_one_until_measured_there():
+    # given: greedy speculation measured slower at load 5-16; load 17+ has plain samples only
+    samples = measured(greedy__5_16__spec=SLOW, greedy__5_16__plain=FAST, greedy__17__plain=FAST)
+
+    higher = choose(samples, traffic=GREEDY, bucket="17+", turn=0)
+    lower = choose(samples | measured(greedy__1__plain=FAST), traffic=GREEDY, bucket="1", turn=0)
+    # once 17+ has its own samples and they say faster, they decide
+    own = choose(samples | measured(greedy__17__spec=[90.0] * MIN_SAMPLES), traffic=GREEDY, bucket="17+", turn=0)
+
+    assert higher.plain and "lower load 5-16" in higher.reason
+    assert not lower.plain
+    assert not own.plain
+
+
+def test_sampled_traffic_is_presumed_slower_where_greedy_is_but_not_the_other_way_round():
+    samples = measured(
+        greedy__1__spec=SLOW,
+        greedy__1__plain=FAST,
+        sampled__1__plain=FAST,
+        sampled__2_4__spec=SLOW,
+        sampled__2_4__plain=FAST,
+        greedy__2_4__plain=FAST,
+    )
+
+    sampled = choose(samples, traffic=SAMPLED, bucket="1", turn=0)
+    greedy_higher = choose(samples, traffic=GREEDY, bucket="2-4", turn=0)  # greedy slower at 1 already says so
+    only_sampled = measured(sampled__1__spec=SLOW, sampled__1__plain=FAST, greedy__1__plain=FAST)
+
+    assert sampled.plain and "greedy speculation measured slower" in sampled.reason
+    assert greedy_higher.plain and "greedy speculation measured slower than plain at the lower load 1" in (
+        greedy_higher.reason
+    )
+    assert not choose(only_sampled, traffic=GREEDY, bucket="1", turn=0).plain
+
+
+def test_an_unproven_load_is_learned_from_a_few_speculated_requests_at_a_time():
+    samples = measured(greedy__17__plain=FAST)
+
+    first = choose(samples, traffic=GREEDY, bucket="17+", turn=0, probing=0)
+    full = choose(samples, traffic=GREEDY, bucket="17+", turn=1, probing=PROBES_IN_FLIGHT)
+
+    assert not first.plain and first.probe
+    assert full.plain and "learning load 17+" in full.reason
+
+
+def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> SimpleNamespace:
+    return SimpleNamespace(
+        route=SimpleNamespace(endpoint_id=endpoint_id, mode="prod"),
+        request_id=request_id,
+        body={"temperature": temperature},
+        load_bucket="",
+        traffic="",
+        kind="completion",
+    )
 
 
 @pytest.fixture
@@ -51,28 +147,41 @@ def guard_on(settings, redis_server):
     settings.REDIS_URL = redis_server.url
     goodput._in_flight.clear()
     goodput._turns.clear()
+    yield
+    goodput._in_flight.clear()
+    goodput._turns.clear()
 
 
-def test_samples_kept_per_bucket_turn_the_guard_on_at_that_load_only(guard_on):
+async def _keep(endpoint_id: int, kind: str, tok_s: float, *, n: int, temperature: float = 0.0) -> None:
+    for i in range(n):
+        call = _call(endpoint_id, f"{kind}{temperature}{tok_s}{i}", temperature=temperature)
+        goodput.begin(call)
+        await goodput.observe(call, kind=kind, tokens=10, latency_ms=10_000.0 / tok_s)
+
+
+def test_samples_kept_per_bucket_and_traffic_turn_the_guard_on_there_only(guard_on):
     async def run():
-        # given: at one request in flight, speculation served 10 tok/s and plain 50 tok/s (8 requests each)
-        for i in range(MIN_SAMPLES):
-            for kind, tok_s in ((goodput.SPEC, 10.0), (goodput.PLAIN, 50.0)):
-                call = _call(9001, f"r{kind}{i}")
-                goodput.begin(call)
-                await goodput.observe(call, kind=kind, tokens=int(tok_s), latency_ms=1000.0)
-        # when: the next request arrives alone
+        # given: at one request in flight, greedy speculation served 10 tok/s and plain 50 tok/s
+        await _keep(9001, SPEC, 10.0, n=MIN_SAMPLES)
+        await _keep(9001, PLAIN, 50.0, n=MIN_SAMPLES)
+        # and: sampled requests, plain 50 tok/s, speculation unmeasured
+        await _keep(9001, PLAIN, 50.0, n=MIN_SAMPLES, temperature=0.7)
+        # when: the next greedy request arrives alone
         alone = await goodput.decide(_call(9001, "next"))
         goodput.end(_call(9001, "next"))
-        # and: a request arrives while another one is in flight (bucket 2-4: nothing measured there)
+        # and: a sampled request arrives alone (presumed slower: greedy is slower at this load)
+        sampled = await goodput.decide(_call(9001, "sampled", temperature=0.7))
+        goodput.end(_call(9001, "sampled"))
+        # and: a greedy request arrives while another one is in flight (bucket 2-4: nothing measured there)
         goodput.begin(_call(9001, "other"))
         second = _call(9001, "second")
         busier = await goodput.decide(second)
-        return alone, busier, second.load_bucket
+        return alone, sampled, busier, second.load_bucket
 
-    alone, busier, bucket = asyncio.run(run())
+    alone, sampled, busier, bucket = asyncio.run(run())
 
     assert alone.plain and "10.0 vs 50.0" in alone.reason
+    assert sampled.plain and "greedy speculation measured slower than plain at load 1" in sampled.reason
     assert not busier.plain and bucket == "2-4"
 
 
@@ -80,3 +189,104 @@ def test_the_guard_off_always_speculates(settings, redis_server):
     settings.GOODPUT_GUARD = False
     decision = asyncio.run(goodput.decide(_call(9002, "x")))
     assert not decision.plain
+
+
+# Through the gateway (ace.asgi.application over httpx's ASGI transport, real Redis, a stub server).
+
+COMPLETION = {
+    "id": "c",
+    "object": "text_completion",
+    "model": "stub-model",
+    "choices": [{"index": 0, "text": " pass", "logprobs": None, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+}
+
+
+@pytest.fixture
+def gateway(guard_on, http_stub, django_user_model):
+    from rest_framework.authtoken.models import Token
+
+    from fleet.models import Endpoint, EndpointStatus
+    from speculation.gateway import routes
+    from speculation.models import SpeculationPolicy
+    from speculation.services.version import bump_routing_version
+
+    upstream = http_stub({("POST", "/v1/completions"): lambda request: COMPLETION})
+    routes._caches.clear()
+    endpoint = Endpoint.objects.create(
+        name="guarded", base_url=upstream.base_url, kind="vllm", served_model="stub-model", status=EndpointStatus.READY
+    )
+    policy = SpeculationPolicy.objects.create(endpoint=endpoint, mode="off", path="local", shadow_sample_rate=0.0)
+    admin = django_user_model.objects.create_superuser(username="guard", password="pw-for-tests-only")
+    token = Token.objects.create(user=admin).key
+
+    def set_mode(mode: str) -> None:
+        policy.mode = mode
+        policy.save()
+        bump_routing_version()
+
+    yield SimpleNamespace(endpoint=endpoint, token=token, set_mode=set_mode, upstream=upstream)
+    routes._caches.clear()
+
+
+def _post(token: str, body: dict) -> httpx.Response:
+    from ace.asgi import application
+    from speculation.gateway import background
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            response = await client.post(
+                "/v1/completions", content=json.dumps(body).encode(), headers={"Authorization": f"Bearer {token}"}
+            )
+        await asyncio.gather(*list(background._pending), return_exceptions=True)  # samples and records
+        return response
+
+    return async_to_sync(go)()
+
+
+def _samples(endpoint_id: int, traffic: str, bucket: str, kind: str) -> list[float]:
+    import redis
+    from django.conf import settings
+
+    key = goodput.KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
+    return [float(v) for v in redis.Redis.from_url(settings.REDIS_URL).lrange(key, 0, -1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_off_and_shadow_requests_are_plain_samples_of_their_traffic_kind(gateway):
+    greedy = {"model": "guarded", "prompt": "def f():", "max_tokens": 4, "temperature": 0}
+    sampled = {**greedy, "temperature": 0.7}
+    # when: off serves two greedy requests and one sampled, then shadow one greedy
+    for body in (greedy, greedy, sampled):
+        assert _post(gateway.token, body).status_code == 200
+    gateway.set_mode("shadow")
+    assert _post(gateway.token, greedy).status_code == 200
+    # then: each is a plain sample at load 1 of its own kind (4 tokens from the server's usage), none speculative
+    plain_greedy = _samples(gateway.endpoint.pk, GREEDY, "1", PLAIN)
+    assert len(plain_greedy) == 3 and all(v > 0 for v in plain_greedy)
+    assert len(_samples(gateway.endpoint.pk, SAMPLED, "1", PLAIN)) == 1
+    assert _samples(gateway.endpoint.pk, GREEDY, "1", SPEC) == []
+    assert goodput._in_flight[gateway.endpoint.pk] == {}  # every request counted out of flight
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_the_guard_sends_plain_is_skipped_with_the_reason_and_answered_as_off(gateway):
+    from speculation.models import StageRecord
+
+    body = {"model": "guarded", "prompt": "def f():", "max_tokens": 4, "temperature": 0}
+    # given: off traffic gave plain samples, and speculation measured slower at this load
+    off_answers = [_post(gateway.token, body) for _ in range(MIN_SAMPLES)]
+    asyncio.run(_keep(gateway.endpoint.pk, SPEC, 0.5, n=MIN_SAMPLES))
+    goodput._in_flight.clear()
+    gateway.set_mode("prod")
+    # when
+    answer = _post(gateway.token, body)
+    # then: the answer is the server's, byte for byte as off relayed it, and the record says why
+    assert answer.status_code == 200 and answer.content == off_answers[0].content
+    record = StageRecord.objects.get()
+    assert record.action == "skipped" and "slower than plain at this load (goodput guard)" in record.reason
+    assert "0.5 vs" in record.reason
+    # and: the server saw the request as off sends it (no tokenize call: the guard decides before)
+    paths = [r.path for r in gateway.upstream.requests]
+    assert paths == ["/v1/completions"] * (MIN_SAMPLES + 1)
