@@ -12,10 +12,11 @@ import logging
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 
+from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
-from speculation.models import DraftKind, DraftModel, SpeculationPolicy
+from speculation.models import DraftKind, DraftModel, SpeculationPolicy, VerificationPath
 from speculation.selectors.autopairing import MIN_REQUESTS, Recommendation, pairing_table
-from speculation.services.policies import update_policy
+from speculation.services.policies import resolve_path, update_policy
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,17 @@ def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommenda
     return recommendation, evidence
 
 
+def _scope(policy: SpeculationPolicy, endpoint: Endpoint) -> str:
+    """What the pooled winner is for on this endpoint (said in the change history)."""
+    if resolve_path(policy=policy, endpoint=endpoint) == VerificationPath.NATIVE:
+        managed = " managed" if ManagedServer.objects.filter(endpoint=endpoint).exists() else ""
+        return (
+            f"native path on a{managed} endpoint (one server configuration at a time, not per request): "
+            "the endpoint's best overall, every workload pooled"
+        )
+    return "the endpoint's best overall (what prod runs where a workload's own evidence is short)"
+
+
 def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     """For a `draft: auto` policy, apply the winner when auto_decision says so; the change is recorded with
     changed_by empty and {"auto": [None, evidence]}. Returns the changed policy, or None when nothing changed."""
@@ -96,6 +108,7 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     if recommendation is None:
         logger.info("auto-pairing of %s: no switch (%s)", endpoint.name, why)
         return None
+    why = f"{_scope(policy, endpoint)}: {why}"
     draft = None
     if recommendation.kind != DraftKind.NGRAM:
         draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()

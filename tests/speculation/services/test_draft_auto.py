@@ -77,3 +77,28 @@ def test_without_draft_auto_nothing_is_applied(endpoint, draft):
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(auto_pairing=False)
     measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
     assert auto_apply(endpoint=endpoint) is None
+
+
+def test_on_a_managed_native_endpoint_the_switch_says_it_is_the_best_overall(endpoint, draft):
+    # given: a managed endpoint whose prod runs on the server's own speculation (one configuration at a time)
+    from fleet.managed.models import ManagedServer
+
+    ManagedServer.objects.create(endpoint=endpoint, model_dir="/models/t", served_name="t")
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(path="native")
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    evidence = PolicyChange.objects.get(policy=policy).changes["auto"][1]
+    assert evidence.startswith("native path on a managed endpoint (one server configuration at a time, not per ")
+    assert "the endpoint's best overall, every workload pooled: small at K = 3 projects 1.60x" in evidence
+
+
+def test_on_aces_own_paths_the_switch_sets_the_fallback_for_workloads_without_evidence(endpoint, draft):
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(path="local")
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    evidence = PolicyChange.objects.get(policy=policy).changes["auto"][1]
+    assert evidence.startswith("the endpoint's best overall (what prod runs where a workload's own evidence is short)")
