@@ -58,6 +58,9 @@ class SpeculationPolicy(models.Model):
     draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.PROTECT)
     k = models.PositiveSmallIntegerField(default=5)
     dynamic_k = models.BooleanField(default=False)
+    # EAGLE heads only: an EAGLE-2 draft tree {"top_k", "depth", "nodes"[, "score_temperature"]} verified in one
+    # target pass (speculation.engine.tree); {} drafts a chain of K. K caps the tree's depth.
+    eagle_tree = models.JSONField(default=dict, blank=True)
     # "draft: auto": ACE applies auto-pairing's winner (candidate and K) itself, with hysteresis and a minimum of
     # evidence (speculation.services.autopairing.auto_apply); each switch is a change recorded as "auto".
     auto_pairing = models.BooleanField(default=False)

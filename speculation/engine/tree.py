@@ -36,14 +36,15 @@ from torch import Tensor
 
 from speculation.engine.errors import SpecDecodeError
 from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.limits import TREE_DEPTH_MAX, TREE_NODES_MAX, TREE_TOP_K_MAX
 
 if TYPE_CHECKING:
     from speculation.engine.eagle import EagleDrafter
     from speculation.engine.target import LocalTarget
 
-MAX_TOP_K = 8  # children per expanded node
-MAX_DEPTH = 16  # levels (as lookahead K's K_MAX)
-MAX_NODES = 64  # draft nodes verified in one target pass
+MAX_TOP_K = TREE_TOP_K_MAX  # children per expanded node
+MAX_DEPTH = TREE_DEPTH_MAX  # levels (as lookahead K's K_MAX)
+MAX_NODES = TREE_NODES_MAX  # draft nodes verified in one target pass
 SCORE_TIE_BREAK = 1e-6  # subtracted per level: a child never ties its parent, so the kept set stays a tree
 
 
@@ -69,6 +70,13 @@ class TreeShape:
                                   ("nodes", self.nodes, MAX_NODES)):  # fmt: skip
             if not isinstance(value, int) or not 1 <= value <= high:
                 raise TreeShapeError(f"tree {name} must be an integer in [1, {high}], got {value!r}")
+
+    @classmethod
+    def from_policy(cls, value: dict | None) -> TreeShape | None:
+        """A policy's ``eagle_tree`` ({} or None: a chain, so None) as a shape; TreeShapeError when out of range."""
+        if not value:
+            return None
+        return cls(**{name: value[name] for name in ("top_k", "depth", "nodes", "score_temperature") if name in value})
 
     @property
     def candidates(self) -> int:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
-from speculation.limits import K_MAX, K_MIN
+from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import (
     DraftKind,
     DraftModel,
@@ -36,6 +36,7 @@ EDITABLE_FIELDS = (
     "draft",
     "k",
     "dynamic_k",
+    "eagle_tree",
     "auto_pairing",
     "shadow_sample_rate",
     "path",
@@ -162,6 +163,14 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     return []
 
 
+def _check_tree(policy: SpeculationPolicy) -> dict[str, list[str]]:
+    """A draft tree is a valid shape, for an EAGLE head (a draft model or n-gram lookup drafts a chain)."""
+    problems = tree_shape_problems(policy.eagle_tree)
+    if not problems and policy.eagle_tree and policy.mechanism != Mechanism.EAGLE_HEAD:
+        problems = [f"eagle_tree drafts with an EAGLE head: mechanism {policy.mechanism} drafts a chain (send {{}})"]
+    return {"eagle_tree": problems} if problems else {}
+
+
 def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint) -> None:
     """In every mode: target_path is a Llama-style model under the model roots, with the endpoint's tokenizer.
 
@@ -195,6 +204,7 @@ def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint) -> None:
         errors.setdefault("mechanism", []).append(f"unknown mechanism {policy.mechanism!r}")
     if policy.path not in VerificationPath.values:
         errors.setdefault("path", []).append(f"unknown path {policy.path!r}")
+    errors.update(_check_tree(policy))
     if errors:
         raise ValidationError(errors)
     if policy.target_path:
@@ -242,6 +252,8 @@ def update_policy(
         policy = get_policy(endpoint=endpoint)
         policy = SpeculationPolicy.objects.select_for_update(of=("self",)).select_related("draft").get(pk=policy.pk)
         changes: dict[str, list[Any]] = {}
+        if fields.get("mechanism", policy.mechanism) != Mechanism.EAGLE_HEAD and "eagle_tree" not in fields:
+            fields["eagle_tree"] = {}  # leaving the EAGLE head leaves its tree (recorded with the change)
         for name, value in fields.items():
             old = getattr(policy, name)
             if old != value:

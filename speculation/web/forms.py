@@ -16,6 +16,13 @@ class PolicyForm(forms.Form):
     draft = forms.ChoiceField(required=False, help_text="A registered draft sharing the endpoint's tokenizer.")
     k = forms.IntegerField(label="Lookahead K", min_value=K_MIN, max_value=K_MAX)
     dynamic_k = forms.BooleanField(label="Dynamic K (adapt to acceptance and load)", required=False)
+    eagle_tree = forms.CharField(
+        label="EAGLE draft tree",
+        required=False,
+        max_length=64,
+        help_text="EAGLE heads only: top_k,depth,nodes[,score temperature] (e.g. 4,6,24), an EAGLE-2 tree "
+        "verified in one target pass (K caps its depth); empty drafts a chain of K.",
+    )
     auto_pairing = forms.BooleanField(
         label="Draft: auto (apply auto-pairing's winner and its K)",
         required=False,
@@ -33,12 +40,36 @@ class PolicyForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["draft"].choices = [("", "— none —")] + [(name, name) for name in draft_names]
 
+    def clean_eagle_tree(self) -> dict:
+        """Text "top_k,depth,nodes[,score_temperature]" -> eagle_tree ({} when empty); the service checks ranges."""
+        text = self.cleaned_data["eagle_tree"].strip()
+        if not text:
+            return {}
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) not in (3, 4) or not all(part.isdigit() for part in parts[:3]):
+            raise forms.ValidationError("write top_k,depth,nodes as three whole numbers (e.g. 4,6,24), or leave empty")
+        tree: dict = dict(zip(("top_k", "depth", "nodes"), map(int, parts[:3]), strict=True))
+        if len(parts) == 4:
+            try:
+                tree["score_temperature"] = float(parts[3])
+            except ValueError as exc:
+                raise forms.ValidationError(f"the score temperature is not a number: {parts[3]!r}") from exc
+        return tree
+
     def apply_service_errors(self, exc) -> None:
         """Put a service ValidationError ({field: [messages]}) on the matching fields."""
         errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
         for field, messages in errors.items():
             for message in messages:
                 self.add_error(field if field in self.fields else None, message)
+
+
+def tree_text(tree: dict | None) -> str:
+    """A policy's eagle_tree as the form writes it ("4,6,24"; "" for a chain)."""
+    if not tree:
+        return ""
+    names = ["top_k", "depth", "nodes"] + (["score_temperature"] if "score_temperature" in tree else [])
+    return ",".join(f"{tree.get(name, '')}" for name in names)
 
 
 class ModeForm(forms.Form):

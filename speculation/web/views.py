@@ -29,7 +29,7 @@ from speculation.selectors import costs as cost_selectors
 from speculation.services import autopairing as autopairing_service
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
-from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm
+from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm, tree_text
 from speculation.workloads import keys as workload_keys
 
 RECORDS_PER_PAGE = 25
@@ -123,6 +123,7 @@ def _policy_initial(policy: SpeculationPolicy) -> dict:
         "draft": policy.draft.name if policy.draft_id else "",
         "k": policy.k,
         "dynamic_k": policy.dynamic_k,
+        "eagle_tree": tree_text(policy.eagle_tree),
         "auto_pairing": policy.auto_pairing,
         "shadow_sample_rate": policy.shadow_sample_rate,
         "path": policy.path,

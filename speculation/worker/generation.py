@@ -118,10 +118,12 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         if target is None:
             raise PathUnavailable("an EAGLE head reads the target's hidden states: it needs path local")
         from speculation.engine.eagle import EagleProposer
+        from speculation.engine.tree import TreeShape
 
         try:
             head = resources.eagle_head(policy.draft.path, target_dir=target.directory)
-            proposer: Any = EagleProposer(head, target.model)
+            # the policy's EAGLE-2 draft tree (K caps its depth); {} drafts a chain of K
+            proposer: Any = EagleProposer(head, target.model, tree=TreeShape.from_policy(policy.eagle_tree))
         except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
             raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
         return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)

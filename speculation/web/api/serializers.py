@@ -37,6 +37,7 @@ class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "draft",
             "k",
             "dynamic_k",
+            "eagle_tree",
             "auto_pairing",
             "shadow_sample_rate",
             "path",

@@ -80,3 +80,39 @@ def test_an_eagle_head_on_the_local_path_speculates_with_plain_greedy_output(eag
     assert stats["drafted_tokens"] > 0
     assert stats["target_passes"] < len(plain) + 1 or stats["accepted_tokens"] == 0
     assert messages[-1]["finish_reason"] == "length"
+
+
+def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_output(
+    eagle_job, client, tiny_model_dir, monkeypatch
+):
+    from speculation.engine import GenerationConfig, LocalTarget, decode, generate_plain
+    from speculation.jobs.channel import key
+    from speculation.models import SpeculationPolicy
+    from speculation.worker.generation import run_prod_generation
+    from speculation.worker.paths import resources
+
+    # given: the policy drafts an EAGLE-2 tree (two candidates per level, depth 4, 6 nodes; K = 3 caps the depth)
+    SpeculationPolicy.objects.filter(endpoint_id=eagle_job["endpoint_id"]).update(
+        eagle_tree={"top_k": 2, "depth": 4, "nodes": 6}
+    )
+    trees: list[tuple[int, int]] = []  # (nodes, depth) of every tree the target verified
+    verify_tree_step = decode.verify_tree_step
+
+    def counted(target, last_token, tree, *args, **kwargs):
+        trees.append((tree.size, tree.depth))
+        return verify_tree_step(target, last_token, tree, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "verify_tree_step", counted)  # a spy: the real verification runs
+    # when: the worker runs the job
+    run_prod_generation(eagle_job)
+    # then: every step verified a tree (branching: more nodes than levels), and the output is plain greedy's
+    messages = [json.loads(m) for m in client.lrange(key(eagle_job["request_id"]), 0, -1)]
+    assert messages[-1]["type"] == "done", messages[-1]
+    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
+    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
+    plain = generate_plain(target, eagle_job["prompt_ids"], GenerationConfig(max_new_tokens=30)).tokens
+    assert streamed == plain
+    assert trees and all(depth <= 3 for _, depth in trees)
+    assert any(nodes > depth for nodes, depth in trees)
+    stats = messages[-1]["stats"]
+    assert stats["drafted_tokens"] > 0 and stats["target_passes"] >= len(trees)  # a pass per tree, plain steps besides
