@@ -96,6 +96,8 @@ COST_REFRESH_S = env_int("ACE_COST_REFRESH", 600, minimum=10)
 # shadow's candidate replays (speculation.worker.candidates): per endpoint and minute, one candidate on one request
 # (all K) each; the rest is shed and recorded as such. 0 turns candidate replays off.
 CANDIDATE_REPLAYS_PER_MINUTE = env_int("ACE_CANDIDATE_REPLAYS_PER_MINUTE", 120, minimum=0)
+# Models one GPU worker process keeps loaded (speculation.worker.paths.resources): weights + static KV caches, MB.
+WORKER_MODEL_MB = env_int("ACE_WORKER_MODEL_MB", 4096, minimum=0)
 # Benchmarks only: prod runs its path with K = 0 (the engine's plain decoding, no draft step), so a benchmark can
 # tell the gain of speculation apart from the path's own speed (bench_gateway's prod_over_plain_same_path).
 PROD_PLAIN = env_bool("ACE_PROD_PLAIN", False)

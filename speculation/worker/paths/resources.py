@@ -2,6 +2,11 @@
 
 Models are the engine's (speculation.engine.load_causal_lm: float32, static KV cache held by the model), so one
 loaded model serves one generation at a time: the worker runs one task per process (prefork, concurrency 1).
+
+Bounded memory: at most MAX_LOADED models and MAX_LOADED EAGLE heads, and the models' bytes (weights and the
+static KV cache they hold) within settings.WORKER_MODEL_MB; the least recently used goes first, never the one just
+loaded. So one target with several drafts (`draft: auto` picks a candidate per request) stays loaded together while
+they fit, and a worker serving many endpoints reloads rather than grows.
 """
 
 from __future__ import annotations
@@ -61,9 +66,35 @@ def model(directory: str) -> Loaded:
     )
     with _lock:
         _loaded[directory] = loaded
-        while len(_loaded) > MAX_LOADED:
-            _loaded.popitem(last=False)
+        _evict()
     return loaded
+
+
+def model_bytes(found: Loaded) -> int:
+    """The bytes a loaded model holds: its weights and buffers (the static KV cache included)."""
+    tensors = list(found.model.parameters()) + list(found.model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def loaded_bytes() -> int:
+    with _lock:
+        return sum(model_bytes(found) for found in _loaded.values())
+
+
+def budget_bytes() -> int:
+    """settings.WORKER_MODEL_MB in bytes (0: no byte bound, MAX_LOADED only)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "WORKER_MODEL_MB", 0)) * 2**20
+
+
+def _evict() -> None:
+    """Drop the least recently used models beyond MAX_LOADED or the byte budget (the newest always stays)."""
+    budget = budget_bytes()
+    sizes = {directory: model_bytes(found) for directory, found in _loaded.items()}
+    while len(_loaded) > 1 and (len(_loaded) > MAX_LOADED or (budget and sum(sizes.values()) > budget)):
+        directory, _ = _loaded.popitem(last=False)
+        logger.info("unloading %s (%.0f MB): over the worker's model budget", directory, sizes.pop(directory) / 2**20)
 
 
 def eagle_head(directory: str, *, target_dir: str) -> Any:

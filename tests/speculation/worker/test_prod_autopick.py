@@ -200,3 +200,28 @@ def test_prods_run_goes_back_into_the_evidence_for_the_candidate_and_k_it_ran(au
         if c.candidate == "ngram"
     ]
     assert cell.requests == 13  # 12 shadowed + this prod request
+
+
+def test_the_worker_holds_a_target_and_its_drafts_within_its_model_budget(
+    tiny_model_dir, near_draft_dir, other_draft_dir, monkeypatch
+):
+    from speculation.worker.paths import resources
+
+    target, near, other = dirs = [str(tiny_model_dir), str(near_draft_dir), str(other_draft_dir)]
+    resources._loaded.clear()
+    monkeypatch.setattr(resources, "budget_bytes", lambda: 0)
+    size = {d: resources.model_bytes(resources.model(d)) for d in dirs}
+    # given: a budget (bytes) that holds all three: the target and both drafts stay loaded together
+    monkeypatch.setattr(resources, "budget_bytes", lambda: sum(size.values()))
+    held = [resources.model(d) for d in dirs]
+    assert list(resources._loaded) == dirs
+    assert [resources.model(d) for d in dirs] == held  # none reloaded
+    # when: the budget holds two; the target is used, then a draft: the least recently used draft goes
+    monkeypatch.setattr(resources, "budget_bytes", lambda: size[target] + size[other])
+    resources.model(target)
+    resources.model(other)
+    resources._evict()
+    # then
+    assert list(resources._loaded) == [target, other]
+    assert resources.loaded_bytes() <= size[target] + size[other]
+    resources._loaded.clear()
