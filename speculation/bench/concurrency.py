@@ -6,6 +6,12 @@ ACE in off mode, in prod on the local path at the policy's K, and in prod on the
 plain decoding, a worker started with ACE_PROD_PLAIN=true), so that `prod_over_plain_same_path` is the gain of
 speculation alone and `prod_over_off` the user's gain over the server. `shape` turns the measured runs into the
 issue's JSON; it is pure, so a test pins the shape.
+
+With the goodput guard on (the product's default), each load runs `rounds` times in a row in each phase: the off
+phase first, which is also the guard's warm-up (off traffic is plain serving by the same server: its tok/s per load
+and traffic kind are the guard's plain samples, as on an endpoint that ran in off or shadow before prod), then prod,
+where the guard learns in the first rounds and acts in the later ones (`prod_over_off_last_round`). The K = 0 phase
+runs with the guard off (ACE restarted with ACE_GOODPUT_GUARD=false): it measures the engine, not the guard.
 """
 
 from __future__ import annotations
@@ -25,14 +31,37 @@ SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "to
 OUTCOMES = ("speculated", "skipped", "fell_back")
 
 
+GUARD = "goodput guard"  # in the reason of a request the guard sent plain
+
+
 @dataclass
 class Run:
-    """One set of requests at one concurrency: aggregate rate, per-request latencies, what prod recorded."""
+    """One set of requests at one concurrency: aggregate rate, per-request latencies, what prod recorded; a merged
+    run (`merge`) keeps its rounds."""
 
     tok_s: float
     latencies_s: list[float]
     outcomes: Counter = field(default_factory=Counter)
     token_ids: list[list[int]] = field(default_factory=list)
+    tokens: int = 0
+    wall_s: float = 0.0
+    guard_skipped: int = 0
+    rounds: list[Run] = field(default_factory=list)
+
+
+def merge(runs: list[Run]) -> Run:
+    """Rounds at one load as one run: tokens over wall time summed, latencies and outcomes pooled."""
+    wall = sum(r.wall_s for r in runs)
+    return Run(
+        tok_s=sum(r.tokens for r in runs) / wall if wall > 0 else 0.0,
+        latencies_s=[x for r in runs for x in r.latencies_s],
+        outcomes=sum((r.outcomes for r in runs), Counter()),
+        token_ids=[ids for r in runs for ids in r.token_ids],
+        tokens=sum(r.tokens for r in runs),
+        wall_s=wall,
+        guard_skipped=sum(r.guard_skipped for r in runs),
+        rounds=runs,
+    )
 
 
 def run_once(
@@ -57,43 +86,62 @@ def run_once(
             sampling=sampling,
         )
     )
+    tokens = sum(r.tokens for r in results)
     run = Run(
-        tok_s=sum(r.tokens for r in results) / wall if wall > 0 else 0.0,
+        tok_s=tokens / wall if wall > 0 else 0.0,
         latencies_s=[r.latency_s for r in results],
         token_ids=[r.token_ids for r in results],
+        tokens=tokens,
+        wall_s=wall,
     )
     if prod:
-        records = wait_records(stack, endpoint, "prod", len(seen) + len(prompts))
-        run.outcomes = Counter(r["action"] for r in records if r["id"] not in seen)
+        records = [r for r in wait_records(stack, endpoint, "prod", len(seen) + len(prompts)) if r["id"] not in seen]
+        run.outcomes = Counter(r["action"] for r in records)
+        run.guard_skipped = sum(1 for r in records if r["action"] == "skipped" and GUARD in (r.get("reason") or ""))
     return run
 
 
 def run_all(
-    stack: BenchStack, prompts: list[str], *, requests: dict[int, int], max_tokens: int, log: Callable[[str], None]
+    stack: BenchStack,
+    prompts: list[str],
+    *,
+    requests: dict[int, int],
+    max_tokens: int,
+    log: Callable[[str], None],
+    rounds: int = 1,
 ) -> dict[str, dict[str, dict[str, Run]]]:
-    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}, one phase per worker setup.
+    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}, one phase per worker setup;
+    off and prod run each load `rounds` times in a row (merged runs that keep their rounds), the K = 0 phase once.
 
-    The last phase restarts the worker with ACE_PROD_PLAIN=true and leaves it so (call it last in a run)."""
+    The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
+    (call it last in a run)."""
 
-    def phase(name: str, prod: bool) -> dict[str, dict[str, Run]]:
+    def phase(name: str, prod: bool, repeats: int) -> dict[str, dict[str, Run]]:
         run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=prod)  # warm: load
         out: dict[str, dict[str, Run]] = {}
         for kind, sampling in SAMPLINGS.items():
             for concurrency in CONCURRENCY:
                 batch = [prompts[i % len(prompts)] for i in range(requests[concurrency])]
-                run = run_once(
-                    stack, batch, concurrency=concurrency, max_tokens=max_tokens, sampling=sampling, prod=prod
-                )
-                out.setdefault(kind, {})[str(concurrency)] = run
-                log(f"concurrency {name} {kind} x{concurrency}: {run.tok_s:.1f} tok/s {dict(run.outcomes)}")
+                runs = []
+                for index in range(repeats):
+                    run = run_once(
+                        stack, batch, concurrency=concurrency, max_tokens=max_tokens, sampling=sampling, prod=prod
+                    )
+                    runs.append(run)
+                    log(
+                        f"concurrency {name} {kind} x{concurrency} round {index + 1}: {run.tok_s:.1f} tok/s "
+                        f"{dict(run.outcomes)} guard skipped {run.guard_skipped}"
+                    )
+                out.setdefault(kind, {})[str(concurrency)] = merge(runs)
         return out
 
     stack.set_policy("demo", mode="off")
-    measured = {"off": phase("off", prod=False)}
+    measured = {"off": phase("off", prod=False, repeats=rounds)}  # also the guard's warm-up: plain samples
     stack.set_policy("demo", mode="prod", path="local", target_path=str(stack.target_dir))
-    measured["prod"] = phase("prod", prod=True)
+    measured["prod"] = phase("prod", prod=True, repeats=rounds)
     stack.restart_worker(extra_env={"ACE_PROD_PLAIN": "true"})  # the same path at K = 0: the engine's plain decoding
-    measured["plain"] = phase("plain", prod=True)
+    stack.restart_ace(extra_env={"ACE_GOODPUT_GUARD": "false"})  # every K = 0 request on the engine
+    measured["plain"] = phase("plain", prod=True, repeats=1)
     return measured
 
 
@@ -118,11 +166,27 @@ def shape(measured: dict[str, dict[str, dict[str, Run]]]) -> dict:
                 "tok_s": {"off": round(off.tok_s, 2), "prod": round(prod.tok_s, 2), "plain": round(plain.tok_s, 2)},
                 "off_p50_ms": round(quantile(off.latencies_s, 0.5) * 1000, 1),
                 "requests": len(prod.latencies_s),
+                "guard_skipped": prod.guard_skipped,  # of `skipped`: sent plain by the goodput guard
+                **_per_round(prod, off),
             }
             if kind == "greedy":
                 same = sum(a == b for a, b in zip(prod.token_ids, off.token_ids, strict=True))
                 out[kind][concurrency]["identical_to_off"] = f"{same} of {len(prod.token_ids)}"
     return out
+
+
+def _per_round(prod: Run, off: Run) -> dict:
+    """With rounds: prod / off per round (round i of each) and in the last round, when the guard has learned."""
+    if len(prod.rounds) < 2 or len(off.rounds) != len(prod.rounds):
+        return {}
+    ratios = [_ratio(p.tok_s, o.tok_s) for p, o in zip(prod.rounds, off.rounds, strict=True)]
+    return {
+        "rounds": len(prod.rounds),
+        "prod_over_off_per_round": ratios,
+        "prod_over_off_last_round": ratios[-1],
+        "guard_skipped_per_round": [p.guard_skipped for p in prod.rounds],
+        "speculated_per_round": [p.outcomes.get("speculated", 0) for p in prod.rounds],
+    }
 
 
 def shadow_vs_prod(shadow: list[dict], prod: list[dict]) -> dict:

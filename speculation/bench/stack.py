@@ -124,6 +124,13 @@ class BenchStack:
         )
         return self.adopt("worker", worker)
 
+    def restart_ace(self, *, extra_env: dict[str, str]) -> processes.ManagedProcess:
+        """Stop ACE's web process and start it again with extra_env added (e.g. ACE_GOODPUT_GUARD=false)."""
+        self.procs["ace"].stop()
+        ace = processes.start_asgi(name="ace-bench", log_dir=self.log_dir, env={**self.env, **extra_env})
+        self.ace_url = ace.url
+        return self.adopt("ace", ace)
+
     def adopt(self, name: str, proc: processes.ManagedProcess) -> processes.ManagedProcess:
         """A process started again during a run (the fault run's restarts): stopped with the rest."""
         self.procs[name] = proc

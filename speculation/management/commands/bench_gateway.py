@@ -58,6 +58,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--managed", action="store_true", help="off vs native prod and the switches on a managed endpoint"
         )
+        parser.add_argument(
+            "--concurrency-rounds",
+            type=int,
+            default=3,
+            help="concurrency: run each load this many times in a row in off and in prod (the goodput guard learns "
+            "in the first rounds and acts in the later ones; default 3)",
+        )
 
     def handle(
         self,
@@ -68,9 +75,13 @@ class Command(BaseCommand):
         no_native: bool,
         managed: bool,
         only: str,
+        concurrency_rounds: int,
         **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
+
+        if concurrency_rounds < 1:
+            raise CommandError(f"--concurrency-rounds must be at least 1, not {concurrency_rounds}")
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
@@ -86,6 +97,7 @@ class Command(BaseCommand):
             "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.bench.coverage)
             "concurrency_requests": {1: 2, 8: 8, 32: 32} if quick else {1: 4, 8: 16, 32: 64},
             "concurrency_max_tokens": 32 if quick else 64,
+            "concurrency_rounds": concurrency_rounds,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         sections = {name.strip() for name in only.split(",") if name.strip()}
@@ -223,6 +235,7 @@ class Command(BaseCommand):
             requests=plan["concurrency_requests"],
             max_tokens=plan["concurrency_max_tokens"],
             log=self.stderr.write,
+            rounds=plan["concurrency_rounds"],
         )
         out["concurrency"] = concurrency_bench.shape(measured)
         return out
@@ -240,6 +253,7 @@ class Command(BaseCommand):
                 requests=plan["concurrency_requests"],
                 max_tokens=plan["concurrency_max_tokens"],
                 log=self.stderr.write,
+                rounds=plan["concurrency_rounds"],
             )
             out["concurrency"] = concurrency_bench.shape(measured)
         return out

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from speculation.bench.concurrency import Run, shadow_vs_prod, shape
+from speculation.bench.concurrency import Run, merge, shadow_vs_prod, shape
 
 
 def _runs(tok_s: float, outcomes: dict | None = None, ids: list | None = None) -> dict:
@@ -69,3 +69,37 @@ def test_shadow_vs_prod_without_pairs_reports_none():
         "shadow_median": None,
         "prod_median": None,
     }
+
+
+def test_rounds_merge_into_one_rate_and_the_report_shows_each_round_and_the_last():
+    def rounds(rates: list[float], guard: list[int]) -> Run:
+        return merge(
+            [
+                Run(
+                    tok_s=rate,
+                    latencies_s=[1.0],
+                    outcomes=Counter({"speculated": 4 - g, "skipped": g}),
+                    token_ids=[[1]],
+                    tokens=int(rate * 2),
+                    wall_s=2.0,
+                    guard_skipped=g,
+                )
+                for rate, g in zip(rates, guard, strict=True)
+            ]
+        )
+
+    prod = rounds([50.0, 100.0, 150.0], [0, 3, 4])
+    off = rounds([100.0, 100.0, 100.0], [0, 0, 0])
+    measured = {
+        phase: {kind: {c: run for c in ("1", "8", "32")} for kind in ("greedy", "sampled")}
+        for phase, run in (("off", off), ("prod", prod), ("plain", off))
+    }
+
+    row = shape(measured)["greedy"]["8"]
+
+    assert prod.tok_s == pytest.approx(100.0) and prod.tokens == 600 and prod.wall_s == 6.0
+    assert row["prod_over_off"] == pytest.approx(1.0)
+    assert row["prod_over_off_per_round"] == [0.5, 1.0, 1.5] and row["prod_over_off_last_round"] == 1.5
+    assert row["guard_skipped"] == 7 and row["guard_skipped_per_round"] == [0, 3, 4]
+    assert (row["speculated"], row["skipped"]) == (5, 7)
+    assert row["speculated_per_round"] == [4, 1, 0]
