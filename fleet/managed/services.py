@@ -146,11 +146,14 @@ def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
     if policy.mechanism == Mechanism.NGRAM:
         return {"draft_kind": "ngram", "draft_path": "", "k": int(policy.k)}
     draft = policy.draft
-    return {
+    speculation = {
         "draft_kind": draft.kind if draft else policy.mechanism,
         "draft_path": draft.path if draft else "",
         "k": int(policy.k),
     }
+    if policy.mechanism == Mechanism.EAGLE_HEAD and policy.eagle_tree:
+        speculation["tree"] = dict(policy.eagle_tree)  # SGLang drafts it (speculation.selectors.native_flags)
+    return speculation
 
 
 def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
@@ -164,6 +167,7 @@ def spec_args(*, server_kind: str, speculation: dict[str, Any]) -> list[str]:
         draft_kind=speculation["draft_kind"],
         draft_path=speculation["draft_path"],
         k=speculation["k"],
+        tree=speculation.get("tree"),
     ).args
     if server_kind == "vllm":
         # Acceptance per request in the response (metrics.speculative_decoding), never shared counter deltas.

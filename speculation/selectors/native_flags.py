@@ -8,14 +8,18 @@ question "what do I add to my server's command line to run this draft?" exactly,
   `prompt_lookup_max` / `prompt_lookup_min` for n-gram.
 - SGLang (`python/sglang/srt/server_args.py`): `--speculative-algorithm` (STANDALONE for a separate draft
   model, EAGLE for an EAGLE head, NGRAM for prompt lookup), `--speculative-draft-model-path`,
-  `--speculative-num-steps` (K), `--speculative-eagle-topk` (1: a chain, as ACE drafts) and
-  `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root).
+  `--speculative-num-steps` (K), `--speculative-eagle-topk` (1: a chain) and
+  `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root). With the policy's
+  EAGLE-2 draft tree (`eagle_tree`: top_k, depth, nodes) an EAGLE head runs SGLang's own tree: top-k
+  `top_k`, `min(depth, K)` steps and `nodes + 1` draft tokens (the nodes plus the root).
+- vLLM 0.32 has no tree setting for EAGLE (its `--speculative-config` drafts a chain of
+  `num_speculative_tokens`): a tree policy gives vLLM a chain of K, and the flags' notes say so.
 
 An EAGLE head saved by ACE uses vLLM's EAGLE-1 Llama layout (`fc` over [embedding, feature] and one
 decoder layer whose input norm is the identity; the target's embedding and LM head are shared), so the
 same directory is what `method: "eagle"` loads.
 
-The builders are pure functions of (server kind, draft kind, path, K); `flags_for_endpoint` reads the
+The builders are pure functions of (server kind, draft kind, path, K, tree); `flags_for_endpoint` reads the
 endpoint's policy for the defaults.
 """
 
@@ -25,7 +29,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from speculation.limits import K_MAX, K_MIN
+from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import DraftKind
 
 DEFAULT_K = 5
@@ -68,7 +72,12 @@ class NativeFlags:
         }
 
 
-def _check(draft_kind: str, draft_path: str, k: int) -> None:
+def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -> None:
+    problems = tree_shape_problems(tree)
+    if problems:
+        raise NativeFlagsError("; ".join(problems))
+    if tree and draft_kind != DraftKind.EAGLE_HEAD:
+        raise NativeFlagsError(f"a draft tree is drafted by an EAGLE head, not by a {draft_kind}")
     if draft_kind not in DraftKind.values:
         raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
     if not K_MIN <= k <= K_MAX:
@@ -77,10 +86,15 @@ def _check(draft_kind: str, draft_path: str, k: int) -> None:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
 
 
-def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
-    _check(draft_kind, draft_path, k)
+def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
+    _check(draft_kind, draft_path, k, tree)
     config: dict = {"method": _VLLM_METHOD[draft_kind], "num_speculative_tokens": k}
     notes = []
+    if tree:
+        notes.append(
+            f"vLLM 0.32 has no draft-tree setting: the head drafts a chain of {k} there. The policy's tree "
+            f"(top-{tree['top_k']}, depth {tree['depth']}, {tree['nodes']} nodes) runs on ACE's local path and SGLang."
+        )
     if draft_kind == DraftKind.NGRAM:
         config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
     else:
@@ -92,8 +106,8 @@ def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> 
     return NativeFlags("vllm", draft_kind, k, args, notes, speculative_config=config)
 
 
-def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
-    _check(draft_kind, draft_path, k)
+def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
+    _check(draft_kind, draft_path, k, tree)
     args = ["--speculative-algorithm", _SGLANG_ALGORITHM[draft_kind]]
     notes = []
     if draft_kind == DraftKind.NGRAM:
@@ -101,27 +115,40 @@ def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -
         notes.append("SGLang's NGRAM algorithm runs on CUDA only.")
     else:
         args += ["--speculative-draft-model-path", draft_path]
-        # A chain of K drafts (top-k 1): K draft steps, K + 1 tokens verified (the root plus the drafts).
-        args += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
-        args += ["--speculative-num-draft-tokens", str(k + 1)]
+        args += _sglang_steps(k, tree)
         notes.append("--speculative-draft-model-path is the draft's path on the server's machine.")
-    if draft_kind == DraftKind.EAGLE_HEAD:
-        notes.append("Raise --speculative-eagle-topk (and num-draft-tokens) to let SGLang draft an EAGLE-2 tree.")
+    if draft_kind == DraftKind.EAGLE_HEAD and not tree:
+        notes.append("Set the policy's EAGLE draft tree to let SGLang draft an EAGLE-2 tree (top-k > 1).")
     return NativeFlags("sglang", draft_kind, k, args, notes)
+
+
+def _sglang_steps(k: int, tree: dict | None) -> list[str]:
+    """Steps, top-k and draft tokens: a chain of K (top-k 1, K + 1 tokens: the root plus the drafts) or the
+    policy's tree (K caps its depth as on ACE's path; the nodes plus the root are verified)."""
+    if not tree:
+        steps, top_k, tokens = k, 1, k + 1
+    else:
+        steps, top_k = min(tree["depth"], k), tree["top_k"]
+        tokens = min(tree["nodes"], top_k + (steps - 1) * top_k**2) + 1  # no more nodes than the steps expand
+    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(top_k),
+            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
 
 
 _BUILDERS = {"vllm": vllm_flags, "sglang": sglang_flags}
 
 
-def native_flags(*, server_kind: str, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K) -> NativeFlags:
-    """The exact launch flags for one server kind; NativeFlagsError when that kind has none."""
+def native_flags(
+    *, server_kind: str, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None
+) -> NativeFlags:
+    """The exact launch flags for one server kind; NativeFlagsError when that kind has none. tree: the policy's
+    eagle_tree ({} or None: a chain)."""
     builder = _BUILDERS.get(server_kind)
     if builder is None:
         raise NativeFlagsError(
             f"a {server_kind!r} server has no speculative-decoding launch flags ACE knows: "
             "use the remote or local verification path instead"
         )
-    return builder(draft_kind=draft_kind, draft_path=draft_path, k=k)
+    return builder(draft_kind=draft_kind, draft_path=draft_path, k=k, tree=tree)
 
 
 def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeFlags:
@@ -136,7 +163,8 @@ def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeF
         if mechanism != DraftKind.NGRAM:
             raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
         return native_flags(server_kind=endpoint.kind, draft_kind=DraftKind.NGRAM, k=k)
-    return native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k)
+    tree = policy.eagle_tree if policy is not None and draft.kind == DraftKind.EAGLE_HEAD else None
+    return native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k, tree=tree)
 
 
 def _policy_of(endpoint):

@@ -44,6 +44,34 @@ def test_sglang_eagle_head_drafts_a_chain_of_k():
     ]  # fmt: skip
 
 
+def test_sglang_eagle_head_with_a_policy_tree_drafts_that_tree():
+    tree = {"top_k": 4, "depth": 6, "nodes": 24}
+    flags = native_flags(server_kind="sglang", draft_kind="eagle_head", draft_path="/heads/h1", k=5, tree=tree)
+
+    # K caps the depth (as on ACE's own path); the nodes plus the root are verified
+    assert flags.args[flags.args.index("--speculative-num-steps") :] == [
+        "--speculative-num-steps", "5",
+        "--speculative-eagle-topk", "4",
+        "--speculative-num-draft-tokens", "25",
+    ]  # fmt: skip
+
+
+def test_sglang_draft_tokens_never_exceed_what_the_capped_steps_expand():
+    tree = {"top_k": 2, "depth": 8, "nodes": 12}
+    flags = native_flags(server_kind="sglang", draft_kind="eagle_head", draft_path="/h", k=2, tree=tree)
+
+    # 2 steps of top-2 expand at most 2 + 4 = 6 nodes: 7 tokens with the root
+    assert flags.args[flags.args.index("--speculative-num-draft-tokens") + 1] == "7"
+
+
+def test_vllm_has_no_tree_setting_and_says_so():
+    tree = {"top_k": 4, "depth": 6, "nodes": 24}
+    flags = native_flags(server_kind="vllm", draft_kind="eagle_head", draft_path="/heads/h1", k=5, tree=tree)
+
+    assert flags.speculative_config == {"method": "eagle", "model": "/heads/h1", "num_speculative_tokens": 5}
+    assert any("no draft-tree setting" in note for note in flags.notes)
+
+
 def test_sglang_separate_draft_model_is_standalone():
     flags = native_flags(server_kind="sglang", draft_kind="draft_model", draft_path="/models/d", k=3)
 
@@ -57,6 +85,9 @@ def test_the_command_line_survives_a_shell_round_trip_with_spaces_in_paths():
     assert shlex.split(flags.command_line) == flags.args
 
 
+DRAFT_AT_D = {"server_kind": "sglang", "draft_kind": "draft_model", "draft_path": "/d"}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -65,6 +96,8 @@ def test_the_command_line_survives_a_shell_round_trip_with_spaces_in_paths():
         ({"server_kind": "vllm", "draft_kind": "ngram", "k": 0}, "between 1 and 16"),
         ({"server_kind": "sglang", "draft_kind": "ngram", "k": 17}, "between 1 and 16"),
         ({"server_kind": "vllm", "draft_kind": "draft_model"}, "needs the directory"),
+        ({"server_kind": "sglang", "draft_kind": "eagle_head", "draft_path": "/h", "tree": {"top_k": 9}}, "top_k"),
+        ({**DRAFT_AT_D, "tree": {"top_k": 2, "depth": 3, "nodes": 4}}, "drafted by an EAGLE head"),
     ],
 )
 def test_impossible_requests_raise_a_clear_error(kwargs, message):
@@ -133,3 +166,22 @@ def test_the_api_404s_an_unknown_draft_and_400s_a_bad_k(api, endpoint):
 @pytest.mark.django_db
 def test_the_api_needs_authentication(client, endpoint):
     assert client.get(f"/api/v1/endpoints/{endpoint.pk}/native-flags/").status_code in (401, 403)
+
+
+def test_a_managed_sglang_endpoint_in_prod_is_launched_with_the_policys_tree(db):
+    from fleet.managed.services import spec_args, speculation_of
+
+    draft = DraftModel.objects.create(name="head", kind="eagle_head", path="/heads/h1")
+    tree = {"top_k": 2, "depth": 4, "nodes": 8}
+    policy = SpeculationPolicy(mode="prod", mechanism="eagle_head", draft=draft, k=5, path="auto", eagle_tree=tree)
+
+    speculation = speculation_of(policy)
+    args = spec_args(server_kind="sglang", speculation=speculation)
+
+    assert speculation["tree"] == tree
+    assert args[args.index("--speculative-eagle-topk") + 1] == "2"
+    assert args[args.index("--speculative-num-steps") + 1] == "4"
+    assert args[args.index("--speculative-num-draft-tokens") + 1] == "9"
+    # a chain policy's launch spec is unchanged (a running chain server is not switched for nothing)
+    policy.eagle_tree = {}
+    assert "tree" not in speculation_of(policy)
