@@ -1,10 +1,11 @@
 """`python -m ace.launcher`: start the whole product on one machine with its embedded defaults.
 
 Order: the demo model pair, Redis, migrations, the admin account (its credentials printed), the demo endpoint
-(name "demo") registered as a managed endpoint of node class cpu, a Celery worker (queues control and gpu.cpu:
-its managed-server supervisor starts the real vLLM serving the demo target, probes it and routes the endpoint
-to it, and switches that server when the mode changes), beat, and the web server (uvicorn, ASGI) on
-http://127.0.0.1:8000; then it says when the demo endpoint serves. Ctrl-C stops it all (the worker stops its
+(name "demo") registered as a managed endpoint of node class cpu with its candidates (the demo drafts and the
+demo target's EAGLE head, trained in the background on the first run: ace.demo_drafts), a Celery worker (queues
+control and gpu.cpu: its managed-server supervisor starts the real vLLM serving the demo target, probes it and
+routes the endpoint to it, and switches that server when the mode changes), beat, and the web server (uvicorn,
+ASGI) on http://127.0.0.1:8000; then it says when the demo endpoint serves. Ctrl-C stops it all (the worker stops its
 supervisor, which stops vLLM).
 
 Environment: ACE_WEB_HOST / ACE_WEB_PORT (127.0.0.1 / 8000), ACE_REDIS_PORT (default: a free port),
@@ -25,13 +26,13 @@ import time
 from pathlib import Path
 
 from ace import processes
+from ace.demo_drafts import DEMO_DRAFT, eagle_ready, eagle_training_argv, register_demo_drafts
 
 logger = logging.getLogger("ace.launcher")
 
 ADMIN_USERNAME = "admin"
 DEMO_ENDPOINT = "demo"
 DEMO_MODEL_NAME = "ace-demo-target"
-DEMO_DRAFT = "demo-draft"
 DEMO_NODE_CLASS = "cpu"
 # As ace.processes.start_vllm runs the demo target on this CPU build.
 DEMO_SERVER_ARGS = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
@@ -41,6 +42,7 @@ DEMO_WAIT_S = float(os.environ.get("ACE_MANAGED_START_TIMEOUT", "600")) + 60
 class Launcher:
     def __init__(self) -> None:
         self.started: list[processes.ManagedProcess] = []
+        self.side: list[processes.ManagedProcess] = []  # may finish on their own (the demo head's training)
         self.stopping = False
 
     def run(self) -> int:
@@ -52,6 +54,7 @@ class Launcher:
         with_vllm = os.environ.get("ACE_NO_VLLM", "").lower() not in ("1", "true", "yes")
 
         from speculation.offline.demo import ensure_demo_pair
+        from speculation.offline.eagle.demo_head import default_head_dir
 
         say("building or locating the demo model pair (first run: a few minutes)")
         pair = ensure_demo_pair()
@@ -75,8 +78,14 @@ class Launcher:
         username, password = ensure_admin(data_dir)
         token = ensure_api_token(username)
         demo = None
+        eagle_dir = str(default_head_dir(pair))
         if with_vllm:
-            demo = register_demo_endpoint(target_dir=str(pair.target_dir), draft_dir=str(pair.draft_dir))
+            demo = register_demo_endpoint(
+                target_dir=str(pair.target_dir),
+                draft_dir=str(pair.draft_dir),
+                extra_drafts={label: str(path) for label, path in pair.extra_drafts.items()},
+                eagle_dir=eagle_dir,
+            )
 
         # Prometheus multiprocess mode: the web and the worker count into one directory, emptied at each start.
         metrics_dir = data_dir / "metrics"
@@ -90,6 +99,12 @@ class Launcher:
         web = self._keep(
             processes.start_asgi(name="web", host=web_host, port=web_port, env=child_env, log_dir=log_dir, quiet=False)
         )
+        if demo is not None and not eagle_ready(eagle_dir):
+            argv = eagle_training_argv(
+                target_dir=str(pair.target_dir), eagle_dir=eagle_dir, target_name=DEMO_MODEL_NAME
+            )
+            self.side.append(processes.spawn("train-eagle", argv, log_path=log_dir / "train-eagle.log", env=child_env))
+            say(f"training the demo target's EAGLE head in the background (about 8 min; log {log_dir}/train-eagle.log)")
 
         say("")
         say(f"ACE is running: {web.url}/")
@@ -120,12 +135,23 @@ class Launcher:
                 if line or time.monotonic() > deadline:
                     say(line or f"demo endpoint '{DEMO_ENDPOINT}' not serving yet: {demo_status()} (see its page)")
                     deadline = None
+            self._report_side()
             time.sleep(1)
         return 0
 
+    def _report_side(self) -> None:
+        """Say once when a background job (the demo head's training) ends, how it ended."""
+        for proc in [p for p in self.side if not p.alive()]:
+            self.side.remove(proc)
+            if proc.popen.returncode == 0:
+                say(f"{proc.name}: done; the demo target's EAGLE head is registered (a candidate of 'demo')")
+            else:
+                say(f"{proc.name} failed ({proc.popen.returncode}); it resumes at the next start. Its log:")
+                say(proc.log_tail(10))
+
     def stop(self) -> None:
         self.stopping = True
-        for proc in reversed(self.started):
+        for proc in reversed(self.started + self.side):
             proc.stop()
 
 
@@ -158,23 +184,25 @@ def ensure_api_token(username: str) -> str:
     return token.key
 
 
-def register_demo_endpoint(*, target_dir: str, draft_dir: str):
+def register_demo_endpoint(
+    *, target_dir: str, draft_dir: str, extra_drafts: dict[str, str] | None = None, eagle_dir: str = ""
+):
     """The demo endpoint as a managed endpoint (the worker's supervisor runs its vLLM, so a mode switch switches
-    that server); one registered by URL by an earlier run becomes managed. Also the demo draft, and the target's
-    directory on the policy (shadow replays sampled requests exactly with it). Returns the endpoint, or None
-    (the reason printed) when it cannot be registered."""
+    that server); one registered by URL by an earlier run becomes managed. Also its candidates (ace.demo_drafts:
+    the demo draft, the version's other drafts by label, the EAGLE head in `eagle_dir` when built), and the
+    target's directory on the policy (shadow replays sampled requests exactly with it). A new demo endpoint's
+    policy drafts with `demo-draft` and `draft: auto` (prod runs each workload's best candidate once shadow has
+    measured them). Returns the endpoint, or None (the reason printed) when it cannot be registered."""
     from django.contrib.auth import get_user_model
     from django.core.exceptions import ValidationError
 
     from fleet.managed.services import create_managed_endpoint
     from fleet.models import Endpoint
-    from speculation.models import DraftKind, DraftModel
-    from speculation.services.drafts import register_draft
-    from speculation.services.policies import get_policy, update_policy
 
     admin = get_user_model().objects.filter(username=ADMIN_USERNAME).first()
     endpoint = Endpoint.objects.filter(name=DEMO_ENDPOINT).first()
     try:
+        created = endpoint is None
         if endpoint is None:
             endpoint = create_managed_endpoint(
                 name=DEMO_ENDPOINT,
@@ -186,27 +214,34 @@ def register_demo_endpoint(*, target_dir: str, draft_dir: str):
             )
         else:
             make_demo_managed(endpoint, target_dir=target_dir, admin=admin)
-        if not DraftModel.objects.filter(name=DEMO_DRAFT).exists():
-            register_draft(
-                name=DEMO_DRAFT,
-                kind=DraftKind.DRAFT_MODEL,
-                path=draft_dir,
-                node_class=DEMO_NODE_CLASS,
-                target_name=DEMO_MODEL_NAME,
-            )
-        policy = get_policy(endpoint=endpoint)
-        if policy.target_path != target_dir:
-            # kept in the change history, by no user. Path local: prod on the demo is ACE's own speculation with
-            # the target in the worker, against the plain managed instance (the CPU vLLM's own speculation fails
-            # the switch canary); path auto or native would switch the server instead.
-            fields = {"target_path": target_dir}
-            if policy.mode != "prod" and policy.path == "auto":
-                fields["path"] = "local"
-            update_policy(endpoint=endpoint, **fields)
+        register_demo_drafts(
+            drafts={"draft": draft_dir, **(extra_drafts or {})}, eagle_dir=eagle_dir, target_name=DEMO_MODEL_NAME
+        )
+        _demo_policy(endpoint, target_dir=target_dir, created=created)
     except ValidationError as exc:
         say(f"demo endpoint not registered: {'; '.join(exc.messages)}")
         return None
     return endpoint
+
+
+def _demo_policy(endpoint, *, target_dir: str, created: bool) -> None:
+    """Kept in the change history, by no user. Path local: prod on the demo is ACE's own speculation with the
+    target in the worker, against the plain managed instance (the CPU vLLM's own speculation fails the switch
+    canary); path auto or native would switch the server instead."""
+    from speculation.models import DraftKind, DraftModel
+    from speculation.services.policies import get_policy, update_policy
+
+    policy = get_policy(endpoint=endpoint)
+    fields: dict = {}
+    if policy.target_path != target_dir:
+        fields["target_path"] = target_dir
+        if policy.mode != "prod" and policy.path == "auto":
+            fields["path"] = "local"
+    if created:
+        draft = DraftModel.objects.get(name=DEMO_DRAFT)
+        fields.update(mechanism=DraftKind.DRAFT_MODEL, draft=draft, auto_pairing=True)
+    if fields:
+        update_policy(endpoint=endpoint, **fields)
 
 
 def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:

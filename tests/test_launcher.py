@@ -78,3 +78,69 @@ def test_a_demo_endpoint_registered_by_url_becomes_managed(demo_pair, admin, pat
     assert endpoint.base_url == NOT_STARTED_URL and endpoint.owner == admin
     assert ManagedServer.objects.get(endpoint=endpoint).served_name == DEMO_MODEL_NAME
     assert get_policy(endpoint=endpoint).mode == mode_after
+
+
+@pytest.fixture
+def demo_candidates(demo_pair, tmp_path):
+    """A second demo draft (the demo draft's files under another label) and an (untrained) EAGLE head saved for
+    the demo target, as a demo version with two drafts and a built head has them."""
+    import shutil
+
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+
+    code_dir = shutil.copytree(demo_pair.draft_dir, tmp_path / "draft-code")
+    head = EagleHead(EagleConfig.for_target(demo_pair.target_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "demo-eagle")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):  # as training saves it
+        if (demo_pair.target_dir / name).is_file():
+            shutil.copy(demo_pair.target_dir / name, tmp_path / "demo-eagle" / name)
+    return {"extra_drafts": {"draft-code": str(code_dir)}, "eagle_dir": str(tmp_path / "demo-eagle")}
+
+
+def test_the_demo_gets_every_candidate_and_a_new_demo_drafts_with_auto(demo_pair, admin, demo_candidates):
+    from ace.demo_drafts import DEMO_EAGLE
+
+    endpoint = register_demo_endpoint(
+        target_dir=str(demo_pair.target_dir), draft_dir=str(demo_pair.draft_dir), **demo_candidates
+    )
+
+    drafts = {d.name: d for d in DraftModel.objects.all()}
+    assert set(drafts) == {DEMO_DRAFT, "demo-draft-code", DEMO_EAGLE}
+    assert drafts["demo-draft-code"].path == demo_candidates["extra_drafts"]["draft-code"]
+    assert (drafts[DEMO_EAGLE].kind, drafts[DEMO_EAGLE].target_name) == ("eagle_head", DEMO_MODEL_NAME)
+    # the same tokenizer: shadow replays both drafts as candidates of the demo endpoint
+    assert drafts[DEMO_DRAFT].tokenizer_fingerprint == drafts["demo-draft-code"].tokenizer_fingerprint
+    policy = get_policy(endpoint=endpoint)
+    assert (policy.mechanism, policy.draft.name, policy.auto_pairing, policy.path) == (
+        "draft_model",
+        DEMO_DRAFT,
+        True,
+        "local",
+    )
+
+
+def test_a_head_not_built_yet_is_trained_in_the_background_and_registered_later(demo_pair, admin, tmp_path):
+    from ace.demo_drafts import DEMO_EAGLE, eagle_ready, eagle_training_argv
+
+    missing = str(tmp_path / "no-head-yet")
+    register_demo_endpoint(target_dir=str(demo_pair.target_dir), draft_dir=str(demo_pair.draft_dir), eagle_dir=missing)
+
+    assert not eagle_ready(missing) and not DraftModel.objects.filter(name=DEMO_EAGLE).exists()
+    argv = eagle_training_argv(target_dir=str(demo_pair.target_dir), eagle_dir=missing, target_name=DEMO_MODEL_NAME)
+    assert argv[argv.index("manage.py") + 1] == "train_eagle"
+    assert argv[argv.index("--out") + 1] == missing and argv[argv.index("--name") + 1] == DEMO_EAGLE
+
+
+def test_a_demo_draft_of_an_earlier_demo_version_follows_the_current_one(demo_pair, admin, demo_candidates):
+    _register(demo_pair)
+    other = demo_candidates["extra_drafts"]["draft-code"]  # stands in for a rebuilt version's draft
+
+    register_demo_endpoint(target_dir=str(demo_pair.target_dir), draft_dir=other)
+
+    draft = DraftModel.objects.get(name=DEMO_DRAFT)
+    assert draft.path == other and DraftModel.objects.filter(name=DEMO_DRAFT).count() == 1
+    policy = get_policy(endpoint=Endpoint.objects.get(name=DEMO_ENDPOINT))
+    assert policy.draft_id == draft.pk  # the policy keeps drafting with it

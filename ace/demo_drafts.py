@@ -1,0 +1,85 @@
+"""The run command's candidates for the demo target, so that auto-pairing has a choice that matters on the demo.
+
+- `demo-draft`: the demo pair's main draft (speculation.offline.demo: distilled mostly on English);
+- `demo-<label>` for each other draft of the demo version (`DemoPair.extra_drafts`, e.g. `demo-draft-code`:
+  the same tokenizer, distilled on code only), when the version has them;
+- `demo-eagle`: an EAGLE head for the demo target, cached in `$ACE_HOME/models/<version>-eagle`
+  (speculation.offline.eagle.demo_head). Registered when it is there; otherwise the launcher trains it in the
+  background with `manage.py train_eagle` (a training run the dashboard shows, registered as `demo-eagle` when
+  done; a run cut short resumes at the next start), niced, so the product serves meanwhile.
+
+A draft registered by an earlier run that points elsewhere (an older demo version) follows the current one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEMO_DRAFT = "demo-draft"
+DEMO_EAGLE = "demo-eagle"
+# The recipe of the demo target's trained head (docs/BENCHMARKS.md, "EAGLE"): about 8 min on this 2-core CPU.
+EAGLE_RECIPE = (
+    *("--prompts", "spec_bench,stdlib", "--max-prompts", "96", "--epochs", "4"),
+    *("--new-tokens", "48", "--text-windows", "256", "--seed", "0"),
+)
+
+
+def draft_name(label: str) -> str:
+    """The registered name of a demo draft labelled `label` in DemoPair.drafts ("draft" is the main one)."""
+    return DEMO_DRAFT if label == "draft" else f"demo-{label}"
+
+
+def ensure_draft(*, name: str, kind: str, path: str, target_name: str):
+    """The draft `name` at `path`: registered, or moved there (facts re-read) when it pointed elsewhere."""
+    from speculation.models import DraftModel
+    from speculation.services.drafts import inspect_draft_dir, register_draft
+
+    found = DraftModel.objects.filter(name=name).first()
+    if found is None:
+        return register_draft(name=name, kind=kind, path=path, node_class="cpu", target_name=target_name)
+    facts = inspect_draft_dir(path, kind=kind)
+    if found.path == facts["path"] and found.kind == kind:
+        return found
+    for field, value in facts.items():
+        setattr(found, field, value)
+    found.kind = kind
+    found.full_clean()
+    found.save()
+    return found
+
+
+def register_demo_drafts(*, drafts: dict[str, str], eagle_dir: str, target_name: str) -> list:
+    """Every demo draft ({label: directory}, the main one first) and the EAGLE head when it is built."""
+    from django.core.exceptions import ValidationError
+
+    from speculation.models import DraftKind
+
+    found = [
+        ensure_draft(name=draft_name(label), kind=DraftKind.DRAFT_MODEL, path=path, target_name=target_name)
+        for label, path in drafts.items()
+    ]
+    if eagle_ready(eagle_dir):
+        try:
+            found.append(
+                ensure_draft(name=DEMO_EAGLE, kind=DraftKind.EAGLE_HEAD, path=eagle_dir, target_name=target_name)
+            )
+        except ValidationError as exc:  # the endpoint and its drafts stand without the head
+            logger.warning("the demo EAGLE head in %s not registered: %s", eagle_dir, "; ".join(exc.messages))
+    return found
+
+
+def eagle_ready(eagle_dir: str) -> bool:
+    return (Path(eagle_dir) / "config.json").is_file()
+
+
+def eagle_training_argv(*, target_dir: str, eagle_dir: str, target_name: str) -> list[str]:
+    """`manage.py train_eagle` for the demo head, niced (the web, the worker and vLLM come first)."""
+    return [
+        *("nice", "-n", "10", sys.executable, "manage.py", "train_eagle"),
+        *("--target", target_dir, "--out", eagle_dir, "--name", DEMO_EAGLE, "--target-name", target_name),
+        *EAGLE_RECIPE,
+    ]
