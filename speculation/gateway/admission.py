@@ -14,7 +14,16 @@ import redis.asyncio as aioredis
 
 from speculation.gateway import background
 from speculation.gateway.channel import ChannelError, client
-from speculation.jobs.admission import ADMIT_LUA, CANCEL_TTL_S, cancel_key, inflight_key, workers_key
+from speculation.jobs.admission import (
+    ADMIT_LUA,
+    CANCEL_TTL_S,
+    cancel_key,
+    inflight_key,
+    single_inflight_key,
+    single_workers_key,
+    workers_key,
+)
+from speculation.models import DraftKind, VerificationPath
 
 logger = logging.getLogger(__name__)
 
@@ -25,28 +34,46 @@ class Admission:
     declared: bool  # some worker declared capacity for this node class
     in_flight: int
     capacity: int
+    single: bool = False  # counted among the single-stream jobs
 
     def reason(self, node_class: str) -> str:
-        return f"worker at capacity: {self.in_flight} of {self.capacity} prod slots on gpu.{node_class} in use"
+        slots = "single-stream prod slots (remote path, EAGLE)" if self.single else "prod slots"
+        return f"worker at capacity: {self.in_flight} of {self.capacity} {slots} on gpu.{node_class} in use"
 
 
-async def admit(*, node_class: str, request_id: str, hold_s: float) -> Admission:
-    """Take a slot for this job, atomically with the count. Without any declared worker the job is let through
-    (the start timeout then decides), so a worker that declares nothing still serves."""
+def single_stream(*, path: str, mechanism: str) -> bool:
+    """Whether the worker runs this job alone rather than in its batch (speculation.worker.batching.serves: the
+    batch serves the local path with a draft model or n-gram lookup)."""
+    return path != VerificationPath.LOCAL or mechanism == DraftKind.EAGLE_HEAD
+
+
+async def _admit(workers: str, inflight: str, request_id: str, hold_s: float) -> tuple[int, int, int]:
     try:
-        status, busy, capacity = await client().eval(
-            ADMIT_LUA, 2, workers_key(node_class), inflight_key(node_class), request_id, hold_s
-        )
+        status, busy, capacity = await client().eval(ADMIT_LUA, 2, workers, inflight, request_id, hold_s)
     except (aioredis.RedisError, OSError) as exc:
         raise ChannelError(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
-    status = int(status)
-    return Admission(admitted=status != 0, declared=status != -1, in_flight=int(busy), capacity=int(capacity))
+    return int(status), int(busy), int(capacity)
+
+
+async def admit(*, node_class: str, request_id: str, hold_s: float, single: bool = False) -> Admission:
+    """Take a slot for this job, atomically with the count (a single-stream job: among the single-stream jobs where
+    the workers declare them apart, else with the rest). Without any declared worker the job is let through (the
+    start timeout then decides), so a worker that declares nothing still serves."""
+    if single:
+        status, busy, capacity = await _admit(
+            single_workers_key(node_class), single_inflight_key(node_class), request_id, hold_s
+        )
+        if status != -1:
+            return Admission(admitted=status == 1, declared=True, in_flight=busy, capacity=capacity, single=True)
+    status, busy, capacity = await _admit(workers_key(node_class), inflight_key(node_class), request_id, hold_s)
+    return Admission(admitted=status != 0, declared=status != -1, in_flight=busy, capacity=capacity)
 
 
 async def _cancel(node_class: str, request_id: str) -> None:
     pipe = client().pipeline(transaction=False)
     pipe.set(cancel_key(request_id), 1, ex=CANCEL_TTL_S)
     pipe.zrem(inflight_key(node_class), request_id)
+    pipe.zrem(single_inflight_key(node_class), request_id)
     await pipe.execute()
 
 

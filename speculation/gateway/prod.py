@@ -138,7 +138,10 @@ async def serve(call: Call):
     try:
         await channel.check()
         slot = await admission.admit(
-            node_class=route.node_class, request_id=call.request_id, hold_s=START_TIMEOUT_S + SLOT_SLACK_S
+            node_class=route.node_class,
+            request_id=call.request_id,
+            hold_s=START_TIMEOUT_S + SLOT_SLACK_S,
+            single=admission.single_stream(path=route.path, mechanism=route.mechanism),
         )
     except ChannelError as exc:
         return await plain(call, action=Action.FELL_BACK, reason=str(exc))

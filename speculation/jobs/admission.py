@@ -8,6 +8,11 @@
   forward with every step and removes it when the job ends. A member past its deadline (a dead worker, an
   expired job) no longer counts. A request that finds every slot taken goes plain at once (skipped
   "worker at capacity") instead of waiting for a worker that is busy.
+- single-stream jobs (the remote path, EAGLE heads: each runs alone, one at a time per worker process, not in the
+  batch) have their own count, so that a queue of them does not take the batch's slots: a worker that batches
+  also declares ace:workers:<node_class>:single "<hostname>|<processes>", and the gateway admits such a job
+  against ace:inflight:<node_class>:single. Where no worker declares it (batching off: every job is one process's),
+  they share the node class's count as before.
 - cancel: SET ace:prod:cancel:<request_id> by the gateway when the client went away or it stopped waiting;
   the worker reads it before it starts and in the same round trip as every step's tokens, and stops.
 
@@ -38,6 +43,14 @@ def inflight_key(node_class: str) -> str:
     return f"ace:inflight:{node_class}"
 
 
+def single_workers_key(node_class: str) -> str:
+    return f"ace:workers:{node_class}:single"
+
+
+def single_inflight_key(node_class: str) -> str:
+    return f"ace:inflight:{node_class}:single"
+
+
 def cancel_key(request_id: str) -> str:
     return f"ace:prod:cancel:{request_id}"
 
@@ -60,11 +73,13 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 return {1, busy + 1, capacity}
 """
 
-# KEYS: inflight, cancel. ARGV: request id, hold seconds. Pushes the slot's deadline forward (only if the
-# gateway admitted it) and returns whether the job was cancelled.
+# KEYS: inflight, cancel, single-stream inflight. ARGV: request id, hold seconds. Pushes the slot's deadline
+# forward in whichever count the gateway admitted it to (XX: only an existing member) and returns whether the job
+# was cancelled.
 STEP_LUA = """
 local t = redis.call('TIME')
 redis.call('ZADD', KEYS[1], 'XX', tonumber(t[1]) + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[3], 'XX', tonumber(t[1]) + tonumber(ARGV[2]), ARGV[1])
 return redis.call('EXISTS', KEYS[2])
 """
 
@@ -79,7 +94,7 @@ class JobSlot:
     def __init__(self, client: redis.Redis, *, request_id: str, node_class: str, hold_s: float) -> None:
         self.client = client
         self.request_id = request_id
-        self.keys = [inflight_key(node_class), cancel_key(request_id)]
+        self.keys = [inflight_key(node_class), cancel_key(request_id), single_inflight_key(node_class)]
         self.hold_s = hold_s
         self.step = client.register_script(STEP_LUA)
 
@@ -98,20 +113,28 @@ class JobSlot:
     def release(self, pipe: Any = None) -> None:
         if pipe is not None:
             pipe.zrem(self.keys[0], self.request_id)
+            pipe.zrem(self.keys[2], self.request_id)
             return
         try:
-            self.client.zrem(self.keys[0], self.request_id)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.keys[0], self.request_id)
+            pipe.zrem(self.keys[2], self.request_id)
+            pipe.execute()
         except redis.RedisError as exc:  # the slot expires by itself
             logger.warning("could not release the prod slot of %s: %s", self.request_id, exc)
 
 
 class CapacityHeartbeat:
-    """Declares this worker's prod capacity for each node class it consumes, until stopped."""
+    """Declares this worker's prod capacity for each node class it consumes, until stopped: `concurrency` jobs at
+    once, and, when it batches, `single` single-stream jobs (its processes) counted apart."""
 
-    def __init__(self, *, redis_url: str, node_classes: list[str], member: str, concurrency: int) -> None:
+    def __init__(
+        self, *, redis_url: str, node_classes: list[str], member: str, concurrency: int, single: int = 0
+    ) -> None:
         self.redis_url = redis_url
         self.node_classes = node_classes
         self.member = f"{member}|{concurrency}"
+        self.single_member = f"{member}|{single}" if single > 0 else ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ace-capacity", daemon=True)
 
@@ -125,12 +148,16 @@ class CapacityHeartbeat:
                 now = float(client.time()[0])
                 for node_class in self.node_classes:
                     client.zadd(workers_key(node_class), {self.member: now + WORKER_TTL_S})
+                    if self.single_member:
+                        client.zadd(single_workers_key(node_class), {self.single_member: now + WORKER_TTL_S})
             except redis.RedisError as exc:
                 logger.warning("capacity heartbeat: %s", exc)
             self._stop.wait(HEARTBEAT_S)
         try:
             for node_class in self.node_classes:
                 client.zrem(workers_key(node_class), self.member)
+                if self.single_member:
+                    client.zrem(single_workers_key(node_class), self.single_member)
         except redis.RedisError:
             pass
         client.close()

@@ -37,9 +37,13 @@ def _declare_capacity(sender: Any = None, **_: Any) -> None:
         return
     from speculation.worker import batching
 
-    concurrency = batching.capacity(int(getattr(sender.controller, "concurrency", 1) or 1))  # batch slots
+    processes = int(getattr(sender.controller, "concurrency", 1) or 1)
     _heartbeat = CapacityHeartbeat(
-        redis_url=settings.REDIS_URL, node_classes=node_classes, member=sender.hostname, concurrency=concurrency
+        redis_url=settings.REDIS_URL,
+        node_classes=node_classes,
+        member=sender.hostname,
+        concurrency=batching.capacity(processes),  # batch slots
+        single=processes if batching.enabled() else 0,  # remote-path and EAGLE jobs: one at a time per process
     )
     _heartbeat.start()
 
