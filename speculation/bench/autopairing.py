@@ -7,10 +7,14 @@ K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: e
 multiplier per request uses costs measured here once per candidate (speculation.engine.costs: the target's
 verification of n tokens and the draft's step, medians): the local path's cost model.
 
-Auto-pairing is simulated online, as the product learns it: request r of workload w uses the (candidate, K) with
-the best mean projected multiplier over the earlier requests of w once w has MIN_EVIDENCE of them, else the best
-over all earlier requests (the first request: the first candidate at K = 5). The workload is the key the gateway
-gives the prompt (the automatic category: speculation.workloads.classifier). Compared, on the same requests:
+Auto-pairing is simulated online with the product's own rule (speculation.selectors.autopairing: the table
+aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request
+r of workload w runs `workload_choice` over the requests before it (w's winner once it has PROD_MIN_REQUESTS
+measured requests and clears the policy's pairing, else the policy's pairing), and the policy's pairing itself
+moves as `draft: auto` moves it (speculation.services.autopairing.auto_decision: the pooled winner, with its minimum
+of evidence and margin), starting from the first draft at K = 5. Every candidate is replayed on every request (as
+shadow does), so the choice learns from full information. The workload is the key the gateway gives the prompt
+(the automatic category: speculation.workloads.classifier). Compared, on the same requests:
 - best single: the one (candidate, K) with the best mean over all requests (in hindsight);
 - oracle: per workload, the (candidate, K) with the best mean over that workload's requests (in hindsight).
 overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's.
@@ -22,22 +26,23 @@ import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, NgramProposer, generate
 from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.projection import StepCosts
-from speculation.models import DraftKind, DraftModel
+from speculation.models import CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
-from speculation.worker.candidates import K_RANGE, Candidate, replay
+from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
+from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
+from speculation.worker.candidates import K_RANGE, NGRAM, Candidate, replay
 from speculation.worker.paths import resources
 from speculation.workloads.classifier import classify
 
 logger = logging.getLogger(__name__)
 
-MIN_EVIDENCE = 5
 DEFAULT_K = 5
 CONTEXT_TOKENS = 64
 
@@ -47,6 +52,24 @@ class Measured:
     workload: str
     multiplier: dict[tuple[str, int], float]  # (candidate, K) -> projected multiplier on this request
     tokens_per_step: dict[tuple[str, int], float]
+    kinds: dict[str, str] = field(default_factory=dict)  # candidate -> kind (default: ngram / draft_model by name)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """This request's rows in the auto-pairing table's shape (one per candidate, K = 1..8)."""
+        names = dict.fromkeys(name for name, _ in self.multiplier)
+        return [
+            {
+                "workload": self.workload,
+                "candidate": name,
+                "kind": self.kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL),
+                "draft_id": None,
+                "status": CandidateStatus.MEASURED,
+                "multiplier": [self.multiplier.get((name, k)) for k in K_RANGE],
+                "mean_accepted_len": [self.tokens_per_step.get((name, k)) for k in K_RANGE],
+                "counts": [],
+            }
+            for name in names
+        ]
 
 
 def mixed_prompts(*, requests: int, seed: int, code_share: float) -> list[str]:
@@ -85,6 +108,7 @@ def measure(
     target = LocalTarget(loaded.model)
     encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
     costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1])
+    kinds = {c.name: c.kind for c in candidates}
     measured = []
     for prompt, prompt_ids in zip(prompts, encoded, strict=True):
         output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
@@ -96,33 +120,34 @@ def measure(
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
                 mult[(candidate.name, k)] = costs[candidate.name].multiplier(tokens_per_step=steps, k=k_mean)
                 tau[(candidate.name, k)] = steps
-        measured.append(Measured(workload=classify(prompt), multiplier=mult, tokens_per_step=tau))
+        measured.append(Measured(workload=classify(prompt), multiplier=mult, tokens_per_step=tau, kinds=kinds))
     return measured, costs
 
 
-def _best(sums: dict[tuple[str, int], float], counts: dict[tuple[str, int], int]) -> tuple[str, int]:
-    return max(sums, key=lambda key: (sums[key] / counts[key], -key[1], key[0]))
+def _policy(choice: Choice) -> SpeculationPolicy:
+    """An unsaved policy holding a pairing (what auto_decision reads: mechanism, draft name, K)."""
+    draft = None if choice.kind == DraftKind.NGRAM else DraftModel(name=choice.candidate, kind=choice.kind)
+    return SpeculationPolicy(mechanism=choice.kind, draft=draft, k=choice.k)
 
 
 def simulate(measured: list[Measured], *, first: tuple[str, int]) -> list[tuple[str, int]]:
-    """The (candidate, K) auto-pairing uses on each request, learnt from the requests before it only."""
-    per_workload: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
-    seen: dict[str, int] = defaultdict(int)
-    overall: dict[tuple[str, int], float] = defaultdict(float)
+    """The (candidate, K) auto-pairing uses on each request, learnt from the requests before it only, by the
+    product's rule (workload_choice over the table; the policy's pairing moved by auto_decision)."""
+    rows: list[dict[str, Any]] = []
+    kinds = measured[0].kinds if measured else {}
+    name, k = first
+    current = Choice(name, kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL), None, k, "",
+                     from_evidence=False)  # fmt: skip
     chosen = []
-    for n, request in enumerate(measured):
-        w = request.workload
-        if seen[w] >= MIN_EVIDENCE:
-            choice = _best(per_workload[w], dict.fromkeys(per_workload[w], seen[w]))
-        elif n:
-            choice = _best(overall, dict.fromkeys(overall, n))
-        else:
-            choice = first
-        chosen.append(choice)
-        for key, value in request.multiplier.items():
-            per_workload[w][key] += value
-            overall[key] += value
-        seen[w] += 1
+    for request in measured:
+        table = table_from_rows(rows)
+        recommendation, _why = auto_decision(policy=_policy(current), table=table)
+        if recommendation is not None:
+            current = replace(current, candidate=recommendation.candidate, kind=recommendation.kind,
+                              k=recommendation.k)  # fmt: skip
+        choice = workload_choice(table, workload=request.workload, current=current)
+        chosen.append((choice.candidate, choice.k))
+        rows += request.rows()
     return chosen
 
 
@@ -185,7 +210,7 @@ def run(
     started = time.perf_counter()
     prompts = mixed_prompts(requests=requests, seed=seed, code_share=code_share)
     measured, costs = measure(target_dir=target_dir, candidates=candidates, prompts=prompts, max_tokens=max_tokens)
-    chosen = simulate(measured, first=(candidates[-1].name, DEFAULT_K))
+    chosen = simulate(measured, first=(candidates[min(1, len(candidates) - 1)].name, DEFAULT_K))  # the main draft
     result = report(measured, chosen)
     result["candidates"] = {name: {"c": round(c.c, 4), "v(K=5)": round(c.v(5), 4)} for name, c in costs.items()}
     result["setup"] = {
@@ -194,7 +219,8 @@ def run(
         "seed": seed,
         "code_share": code_share,
         "k_range": [K_RANGE[0], K_RANGE[-1]],
-        "min_evidence": MIN_EVIDENCE,
+        "prod_min_requests": PROD_MIN_REQUESTS,
+        "auto_min_requests": AUTO_MIN_REQUESTS,
         "seconds": round(time.perf_counter() - started, 1),
     }
     return result

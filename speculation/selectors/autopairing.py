@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -147,12 +148,19 @@ def pairing_table(*, endpoint_id: int, since: datetime | None = None) -> dict:
     rows = (
         CandidateMeasurement.objects.filter(endpoint_id=endpoint_id, created_at__gte=since)
         .order_by("-created_at", "-id")
-        .values("workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts")[
-            :MAX_ROWS
-        ]
+        .values(*ROW_FIELDS)[:MAX_ROWS]
     )
+    return table_from_rows(rows)
+
+
+ROW_FIELDS = ("workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts")
+
+
+def table_from_rows(rows: Iterable[dict]) -> dict:
+    """pairing_table's aggregation of CandidateMeasurement rows given as dicts of ROW_FIELDS (benchmarks feed
+    their own replays through it, so they apply the product's rule to the same figures)."""
     accs: dict[tuple[str, str], _Acc] = {}
-    for row in rows:  # at most MAX_ROWS
+    for row in rows:
         for workload in (row["workload"], OVERALL):
             key = (workload, row["candidate"])
             if key not in accs:

@@ -1,37 +1,48 @@
-"""bench_autopairing's arithmetic: online auto-pairing learns per workload from earlier requests only, and the
-report compares it with the best single candidate and the per-workload oracle on the same requests."""
+"""bench_autopairing's arithmetic: online auto-pairing learns per workload from earlier requests only, by the
+product's rule (a workload's winner from PROD_MIN_REQUESTS requests; the policy's pairing moved by draft: auto),
+and the report compares it with the best single candidate and the per-workload oracle on the same requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from speculation.bench.autopairing import MIN_EVIDENCE, Measured, report, simulate
+from speculation.bench.autopairing import Measured, report, simulate
+from speculation.selectors.autopairing import PROD_MIN_REQUESTS
+from speculation.services.autopairing import AUTO_MIN_REQUESTS
 
-KEYS = [("ngram", 4), ("draft", 4)]
 
-
-def request(workload: str, ngram: float, draft: float) -> Measured:
-    values = {("ngram", 4): ngram, ("draft", 4): draft}
+def request(workload: str, ngram: float, draft: float, *, i: int = 0) -> Measured:
+    jitter = 0.01 if (i // 2) % 2 else -0.01  # draws alternate within each workload: the interval has a width
+    values = {("ngram", 4): ngram + jitter, ("draft", 4): draft + jitter}
     return Measured(workload=workload, multiplier=values, tokens_per_step={key: 2 * v for key, v in values.items()})
 
 
 def test_auto_pairing_learns_a_different_winner_per_workload_from_earlier_requests_only():
     # given: code favours n-gram (2.0 vs 1.2), english the draft (1.5 vs 1.0), alternating
-    stream = [request("code", 2.0, 1.2) if i % 2 else request("english", 1.0, 1.5) for i in range(40)]
+    n = 2 * PROD_MIN_REQUESTS + 20
+    stream = [request("code", 2.0, 1.2, i=i) if i % 2 else request("english", 1.0, 1.5, i=i) for i in range(2 * n)]
 
     chosen = simulate(stream, first=("draft", 4))
 
-    # then: once a workload has MIN_EVIDENCE requests its own winner is used
-    late = {stream[i].workload: chosen[i] for i in range(2 * MIN_EVIDENCE + 2, 40)}
-    assert late == {"code": ("ngram", 4), "english": ("draft", 4)}
+    # then: code keeps the policy's draft until it has PROD_MIN_REQUESTS requests, then runs its own winner
+    code = [chosen[i] for i in range(2 * n) if stream[i].workload == "code"]
+    assert code[:PROD_MIN_REQUESTS] == [("draft", 4)] * PROD_MIN_REQUESTS
+    assert set(code[PROD_MIN_REQUESTS:]) == {("ngram", 4)}
+    assert {chosen[i] for i in range(2 * n) if stream[i].workload == "english"} == {("draft", 4)}
     result = report(stream, chosen)
-    assert result["best_single"] == "ngram@K4"  # 20 * 2.0 + 20 * 1.0 > 20 * 1.2 + 20 * 1.5
+    assert result["best_single"] == "ngram@K4"  # n * 2.0 + n * 1.0 > n * 1.2 + n * 1.5
     assert result["workloads"]["english"]["oracle"] == "draft@K4"
     assert result["overall_gain"] > 1.0 and 0.0 <= result["regret"] < 0.1
     english = result["workloads"]["english"]
     assert english["best_single_projected"] == pytest.approx(1.0) and english["oracle_projected"] == pytest.approx(1.5)
 
 
-def test_the_first_request_uses_the_given_default_and_then_the_overall_best():
-    stream = [request("a", 1.0, 3.0), request("b", 1.0, 3.0)]
-    assert simulate(stream, first=("ngram", 4)) == [("ngram", 4), ("draft", 4)]
+def test_a_workload_short_of_evidence_runs_the_policys_pairing_which_draft_auto_moves_to_the_pooled_winner():
+    # given: one big workload where n-gram is far better, and a rare one seen twice at the end
+    stream = [request("a", 3.0, 1.0, i=i) for i in range(AUTO_MIN_REQUESTS + 2)] + [request("rare", 1.0, 1.0)] * 2
+
+    chosen = simulate(stream, first=("draft", 4))
+
+    # then: the rare workload runs the policy's pairing, which draft: auto moved to n-gram after its minimum
+    assert chosen[0] == ("draft", 4)
+    assert chosen[-2:] == [("ngram", 4), ("ngram", 4)]
