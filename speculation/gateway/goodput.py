@@ -269,11 +269,16 @@ class PlainSample:
                 self.usage = int(found.group(1))
         return self.inner.on_chunk(chunk) if self.inner is not None else chunk
 
+    def tokens(self) -> int:
+        if self.usage is not None:
+            return self.usage
+        role_event = 1 if self.call.kind == "chat" else 0  # a chat stream's first event carries the role only
+        return max(0, self.events - role_event)
+
     async def on_done(self, status: int, error: str = "") -> None:
         if self.inner is not None:
             await self.inner.on_done(status, error)
-        role_event = 1 if self.call.kind == "chat" else 0  # a chat stream's first event carries the role only
-        tokens = self.usage if self.usage is not None else max(0, self.events - role_event)
+        tokens = self.tokens()
         if status != 200 or error or not tokens:
             end(self.call)
             return

@@ -290,3 +290,21 @@ def test_a_request_the_guard_sends_plain_is_skipped_with_the_reason_and_answered
     # and: the server saw the request as off sends it (no tokenize call: the guard decides before)
     paths = [r.path for r in gateway.upstream.requests]
     assert paths == ["/v1/completions"] * (MIN_SAMPLES + 1)
+
+
+def test_a_plain_sample_counts_tokens_from_the_usage_or_else_the_streamed_events():
+    def sample(kind: str) -> goodput.PlainSample:
+        return goodput.PlainSample(SimpleNamespace(kind=kind))
+
+    whole = sample("completion")
+    body = json.dumps(COMPLETION).encode()
+    assert whole.on_body(200, body) == body and whole.tokens() == 4
+    chat = sample("chat")  # a stream without usage: one event per token after the role event
+    events = [{"choices": [{"delta": {"role": "assistant"}}]}] + [{"choices": [{"delta": {"content": "x"}}]}] * 3
+    stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+    assert chat.on_chunk(stream[:40]) + chat.on_chunk(stream[40:]) == stream
+    assert chat.tokens() == 3
+    with_usage = sample("completion")
+    with_usage.on_chunk(b'data: {"choices": [{"text": "a"}]}\n\n')
+    with_usage.on_chunk(b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\n')
+    assert with_usage.tokens() == 7
