@@ -101,95 +101,126 @@ def generate(
     so its acceptance and cost estimates carry over; by default each request starts a fresh one.
     """
     max_context = check_request(target, prompt_ids, config)
-    params = config.sampling
-    generator = torch.Generator(device=target.device).manual_seed(config.seed)
-    stats = SpecStats()
     if not config.dynamic_k:
         lookahead = None
     elif lookahead is None:
         lookahead = DynamicLookahead(k_max=config.k, k_start=config.k)
-    is_stop = _stop_check(frozenset(config.stop_token_ids), ends_after)
-    suppress = torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=target.device)
-    wants_hidden = bool(proposer is not None and proposer.wants_hidden)
-    committed = list(prompt_ids)
-    out: list[int] = []
-    k_history: list[int] = []
+    run = _Run(target, proposer, config, ends_after)
+    committed, out, k_history = list(prompt_ids), [], []
     finish = "length"
-
     started = time.perf_counter()
-    prefilled = target.prefill(committed, return_hidden=True) if wants_hidden else target.prefill(committed)
-    if proposer is not None:
-        proposer.begin(committed)
-        if wants_hidden and prefilled is not None and prefilled.hidden is not None:
-            # EAGLE: the prompt's features, all of them true (as if every token were accepted).
-            proposer.observe_target(prefilled.hidden, prefilled.hidden.shape[0] - 1)
-    stats.prefill_s = time.perf_counter() - started
-
+    run.start(committed)
+    run.stats.prefill_s = time.perf_counter() - started
     while True:
         k = step_lookahead(
             lookahead.choose() if lookahead else config.k, len(out), len(committed), config.max_new_tokens, max_context
         )
         if len(out) >= config.max_new_tokens or len(committed) >= max_context:
             break
+        step = run.step(committed, k, produced=len(out))
+        if lookahead is not None:
+            reached = min(step.accepted + 1, step.drafted)
+            lookahead.observe(
+                drafted=step.drafted,
+                accepted=step.accepted,
+                reached=reached,
+                draft_s=step.draft_s,
+                verify_s=step.verify_s,
+            )
+            k_history.append(step.drafted)
+        committed.extend(step.new)
+        out.extend(step.new)
+        if on_tokens is not None and on_tokens(step.new):
+            step.stopped = True  # the caller ended the request (a stop string matched)
+        if step.stopped:
+            finish = "stop"
+            break
+    run.stats.output_tokens = len(out)
+    run.stats.elapsed_s = time.perf_counter() - started
+    return GenerationResult(tokens=out, stats=run.stats, finish_reason=finish, k_history=k_history)
+
+
+@dataclass
+class _Step:
+    new: list[int]  # the committed tokens (cut at the request's end)
+    accepted: int  # accepted drafts (before the cut: what the lookahead learns from)
+    drafted: int  # drafts (a tree: its depth)
+    draft_s: float
+    verify_s: float
+    stopped: bool
+
+
+class _Run:
+    """One request's state inside ``generate``: draft, verify in one target pass, cut, commit, roll back."""
+
+    def __init__(self, target: Target, proposer: Proposer | None, config: GenerationConfig, ends_after) -> None:
+        self.target, self.proposer, self.config = target, proposer, config
+        self.params = config.sampling
+        self.generator = torch.Generator(device=target.device).manual_seed(config.seed)
+        self.stats = SpecStats()
+        self.is_stop = _stop_check(frozenset(config.stop_token_ids), ends_after)
+        self.suppress = torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=target.device)
+        # what features the proposer reads: False, True (the final-norm feature) or layer indices (EAGLE-3)
+        self.hidden_request = (proposer.wants_hidden or False) if proposer is not None else False
+
+    def start(self, committed: list[int]) -> None:
+        wants = self.hidden_request
+        prefilled = self.target.prefill(committed, return_hidden=wants) if wants else self.target.prefill(committed)
+        if self.proposer is not None:
+            self.proposer.begin(committed)
+            if wants and prefilled is not None and prefilled.hidden is not None:
+                # EAGLE: the prompt's features, all of them true (as if every token were accepted).
+                self.proposer.observe_target(prefilled.hidden, prefilled.hidden.shape[0] - 1)
+
+    def step(self, committed: list[int], k: int, *, produced: int) -> _Step:
+        proposer, target = self.proposer, self.target
         t0 = time.perf_counter()
-        proposal = proposer.propose(committed, k, params, generator) if proposer and k > 0 else _EMPTY
-        drafts = proposal.tokens.to(target.device)
-        drafted = int(drafts.shape[0])  # shape only: no device read
+        proposal = proposer.propose(committed, k, self.params, self.generator) if proposer and k > 0 else _EMPTY
         t1 = time.perf_counter()
         if proposal.tree is not None:  # a draft tree: one pass over all its nodes, the accepted path kept
             drafted = proposal.tree.depth
-            verdict = verify_tree_step(
-                target,
-                committed[-1],
-                proposal.tree,
-                params,
-                generator,
-                produced=len(out),
-                min_tokens=config.min_tokens,
-                suppress=suppress,
-                return_hidden=wants_hidden,
-            )
-            accepted, new, hidden = verdict.num_accepted, verdict.tokens, verdict.hidden
+            accepted, new, hidden = self._verify_tree(committed[-1], proposal, produced)
         else:
-            last = torch.tensor([committed[-1]], device=target.device)
-            result = target.forward(torch.cat([last, drafts]), return_hidden=wants_hidden)  # [K+1, V]
-            logits = _suppress_before_min_tokens(result.logits, len(out), config.min_tokens, suppress)
-            if params.greedy:
-                num_accepted, tokens = verify_greedy(drafts, logits)
-            else:
-                p = probs_from_logits(logits, params)
-                num_accepted, tokens = verify_sampled(drafts, proposal.q, p, generator)
-            step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
-            accepted, new, hidden = step[0], step[1 : step[0] + 2], result.hidden
+            drafted = int(proposal.tokens.shape[0])  # shape only: no device read
+            accepted, new, hidden = self._verify_chain(committed[-1], proposal, produced)
         t2 = time.perf_counter()
-        new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, is_stop)
+        new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, self.is_stop)
         target.rollback(len(committed) + accepted)  # keeps [last committed, accepted drafts]
         if proposer is not None:
             proposer.on_verified(accepted, drafted)
-            if wants_hidden and hidden is not None:
+            if self.hidden_request and hidden is not None:
                 proposer.observe_target(hidden, accepted)
-        stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
-        stats.draft_s += t1 - t0
-        stats.verify_s += t2 - t1
-        if lookahead is not None:
-            lookahead.observe(
-                drafted=drafted,
-                accepted=accepted,
-                reached=min(accepted + 1, drafted),
-                draft_s=t1 - t0,
-                verify_s=t2 - t1,
-            )
-            k_history.append(drafted)
-        committed.extend(new)
-        out.extend(new)
-        if on_tokens is not None and on_tokens(new):
-            stopped = True  # the caller ended the request (a stop string matched)
-        if stopped:
-            finish = "stop"
-            break
-    stats.output_tokens = len(out)
-    stats.elapsed_s = time.perf_counter() - started
-    return GenerationResult(tokens=out, stats=stats, finish_reason=finish, k_history=k_history)
+        self.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
+        self.stats.draft_s += t1 - t0
+        self.stats.verify_s += t2 - t1
+        return _Step(new, accepted, drafted, t1 - t0, t2 - t1, stopped)
+
+    def _verify_chain(self, last_token: int, proposal: Proposal, produced: int):
+        drafts = proposal.tokens.to(self.target.device)
+        last = torch.tensor([last_token], device=self.target.device)
+        result = self.target.forward(torch.cat([last, drafts]), return_hidden=self.hidden_request)  # [K+1, V]
+        logits = _suppress_before_min_tokens(result.logits, produced, self.config.min_tokens, self.suppress)
+        if self.params.greedy:
+            num_accepted, tokens = verify_greedy(drafts, logits)
+        else:
+            p = probs_from_logits(logits, self.params)
+            num_accepted, tokens = verify_sampled(drafts, proposal.q, p, self.generator)
+        step = torch.cat([num_accepted.view(1), tokens]).tolist()  # the one device read of the step
+        return step[0], step[1 : step[0] + 2], result.hidden
+
+    def _verify_tree(self, last_token: int, proposal: Proposal, produced: int):
+        verdict = verify_tree_step(
+            self.target,
+            last_token,
+            proposal.tree,
+            self.params,
+            self.generator,
+            produced=produced,
+            min_tokens=self.config.min_tokens,
+            suppress=self.suppress,
+            return_hidden=self.hidden_request,
+        )
+        return verdict.num_accepted, verdict.tokens, verdict.hidden
 
 
 def generate_plain(

@@ -129,10 +129,16 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+# What a forward returns as features: False none, True the final-norm output [T, D] (EAGLE-1's feature), or a
+# tuple of layer indices: those layers' outputs and the final-norm output concatenated, [T, (n + 1) * D] (EAGLE-3's
+# low / mid / high features).
+HiddenRequest = bool | tuple[int, ...]
+
+
 @dataclass
 class ForwardOutput:
     logits: Tensor  # [T, V] float32
-    hidden: Tensor | None  # [T, D]: the final-norm output that feeds the LM head (EAGLE's feature)
+    hidden: Tensor | None  # [T, D] or [T, (n + 1) * D]: the features asked for (HiddenRequest)
 
 
 class Transformer(nn.Module):
@@ -167,12 +173,12 @@ class Transformer(nn.Module):
         self,
         tokens: Tensor,
         start: int,
-        return_hidden: bool = False,
+        return_hidden: HiddenRequest = False,
         *,
         positions: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> ForwardOutput:
-        """tokens: [T] ids at positions start..start+T-1 -> logits [T, V] (and hidden [T, D]).
+        """tokens: [T] ids at positions start..start+T-1 -> logits [T, V] (and the features return_hidden asks for).
 
         A draft tree (engine/tree.py) passes its nodes' RoPE ``positions`` [T] and the ``mask`` [T, start + T]
         (bool: the cached and new slots each new token sees); the cache slots stay start..start+T-1.
@@ -188,12 +194,18 @@ class Transformer(nn.Module):
             cos, sin = self._cos[positions], self._sin[positions]
         if mask is None and t > 1:  # new token i sees every cached position and the new ones up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        taps = () if isinstance(return_hidden, bool) else return_hidden
+        tapped = []
         x = self.tok_embeddings(tokens.view(1, t))  # [1, T, D]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x = layer(x, start, cos, sin, mask)
+            if i in taps:
+                tapped.append(x[0])
         hidden = self.norm(x)[0]  # [T, D]
         logits = self.output(hidden).float()  # [T, V]
-        return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
+        if not return_hidden:
+            return ForwardOutput(logits=logits, hidden=None)
+        return ForwardOutput(logits=logits, hidden=torch.cat([*tapped, hidden], dim=-1) if tapped else hidden)
 
     def keep_cache_slots(self, slots: Tensor, start: int) -> None:
         """Move the cache slots [n] to start..start+n-1 in every layer (what a draft tree's accepted path keeps)."""

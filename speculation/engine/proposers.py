@@ -28,7 +28,7 @@ class Proposal:
 
 @runtime_checkable
 class Proposer(Protocol):
-    wants_hidden: bool
+    wants_hidden: bool | tuple[int, ...]  # the target features it reads (engine.model.HiddenRequest)
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A new request starts with these prompt tokens."""

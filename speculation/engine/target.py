@@ -12,13 +12,13 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from speculation.engine.model import Transformer
+from speculation.engine.model import HiddenRequest, Transformer
 
 
 @dataclass
 class TargetOutput:
     logits: Tensor  # [T, V]
-    hidden: Tensor | None  # [T, D] final-norm features, when asked for
+    hidden: Tensor | None  # [T, D] final-norm features (or several layers', model.HiddenRequest), when asked for
 
 
 @runtime_checkable
@@ -54,14 +54,14 @@ class LocalTarget:
         self.length = 0
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], *, return_hidden: bool = False) -> TargetOutput | None:
+    def prefill(self, prompt_ids: list[int], *, return_hidden: HiddenRequest = False) -> TargetOutput | None:
         self.length = 0
         if len(prompt_ids) > 1:
             return self.forward(torch.tensor(prompt_ids[:-1], device=self.device), return_hidden=return_hidden)
         return None
 
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
+    def forward(self, tokens: Tensor, *, return_hidden: HiddenRequest = False) -> TargetOutput:
         out = self.model(tokens, self.length, return_hidden=return_hidden)
         self.length += tokens.shape[0]
         return TargetOutput(logits=out.logits, hidden=out.hidden)

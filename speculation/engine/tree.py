@@ -232,7 +232,7 @@ def _emitted(tree: DraftTree, num_accepted: Tensor, rows: Tensor, final: Tensor)
 class TreeStep:
     num_accepted: int
     tokens: list[int]  # the accepted drafts, then the recovered or bonus token
-    hidden: Tensor | None  # [num_accepted + 1, D]: the target's features along the path (for EAGLE)
+    hidden: Tensor | None  # [num_accepted + 1, D or (n + 1) * D]: the target's features along the path (EAGLE)
 
 
 def verify_tree_step(
@@ -245,7 +245,7 @@ def verify_tree_step(
     produced: int = 0,
     min_tokens: int = 0,
     suppress: Tensor | None = None,
-    return_hidden: bool = False,
+    return_hidden: bool | tuple[int, ...] = False,
 ) -> TreeStep:
     """Score [last committed, tree] in one target pass, verify, and keep only the accepted path cached.
 
