@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ace import heartbeat
-from ace.celery import gpu_queue
+from ace.celery import gpu_queue, node_class_of
 from speculation.jobs import admission
 from speculation.selectors import metrics as stage_metrics
 
@@ -130,7 +130,7 @@ class QueueCollector:
             for queue in queues:
                 for suffix in PRIORITY_SUFFIXES:
                     pipe.llen(queue + suffix)
-            node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
+            node_classes = [c for c in map(node_class_of, queues) if c is not None]
             for node_class in node_classes:
                 pipe.zrangebyscore(admission.workers_key(node_class), now, "+inf")
                 pipe.zcount(admission.inflight_key(node_class), now, "+inf")

@@ -138,13 +138,17 @@ def test_queue_depth_and_worker_saturation_come_from_redis(client, redis_url):
     r.lpush("gpu.cpu", "a", "b")
     r.lpush("gpu.cpu\x06\x166", "c")
     now = time.time()
-    heartbeat.publish(r, "live@host", {"ts": now, "queues": ["control", "gpu.cpu"], "processes": 2, "busy": 1})
+    r.lpush("gpu.cpu.background", "d")  # a calibration waiting: its own depth, not a node class of its own
+    queues = ["control", "gpu.cpu", "gpu.cpu.background"]
+    heartbeat.publish(r, "live@host", {"ts": now, "queues": queues, "processes": 2, "busy": 1})
     heartbeat.publish(r, "dead@host", {"ts": now - 60, "queues": ["gpu.cpu"], "processes": 4, "busy": 4})
     # when
     found = samples(client.get("/metrics").content.decode())
     # then
     assert found[("ace_queue_depth", (("queue", "gpu.cpu"),))] == 3
     assert found[("ace_queue_depth", (("queue", "control"),))] == 0
+    assert found[("ace_queue_depth", (("queue", "gpu.cpu.background"),))] == 1
+    assert not [key for key in found if key[0] == "ace_prod_slots" and "background" in str(key[1])]
     assert found[("ace_worker_processes", (("queue", "gpu.cpu"),))] == 2
     assert found[("ace_worker_busy", (("queue", "gpu.cpu"),))] == 1
     assert found[("ace_worker_saturation", (("queue", "gpu.cpu"),))] == 0.5
@@ -190,4 +194,6 @@ def test_a_real_worker_publishes_its_heartbeat(celery_worker, redis_server):
     assert beats, r.hgetall(heartbeat.WORKERS_KEY)
     assert beats[0].processes >= 1
     assert 0 <= beats[0].busy <= beats[0].processes
-    assert json.loads(r.hget(heartbeat.WORKERS_KEY, beats[0].hostname))["queues"] == ["control", "gpu.cpu"]
+    # started with -Q control,gpu.cpu: it consumes the node class's background queue too (ace.celery)
+    queues = json.loads(r.hget(heartbeat.WORKERS_KEY, beats[0].hostname))["queues"]
+    assert queues == ["control", "gpu.cpu", "gpu.cpu.background"]

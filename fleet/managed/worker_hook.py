@@ -35,9 +35,9 @@ def start_supervisors(sender=None, **_: object) -> None:
     queues = sorted(q.name for q in getattr(sender.task_consumer, "queues", []) or [])
     log_dir = Path(settings.DATA_DIR) / "logs"
     for queue in queues:
-        if not queue.startswith(GPU_PREFIX):
-            continue
         node_class = queue[len(GPU_PREFIX) :]
+        if not queue.startswith(GPU_PREFIX) or "." in node_class:  # not gpu.<class>.background (ace.celery)
+            continue
         argv = [
             sys.executable,
             str(processes.REPO_ROOT / "manage.py"),

@@ -21,16 +21,33 @@ def fresh_calibration(
     *, endpoint_id: int, node_class: str, path: str, draft_id: int | None, max_age_s: float
 ) -> CostCalibration | None:
     """The newest calibration of this endpoint, node class, path and draft younger than max_age_s."""
+    return newest_calibration(
+        endpoint_id=endpoint_id, node_class=node_class, path=path, draft_id=draft_id, max_age_s=max_age_s
+    )
+
+
+ANY_DRAFT = object()  # newest_calibration(draft_id=ANY_DRAFT): the server's costs, whichever draft was timed
+
+
+def newest_calibration(
+    *, endpoint_id: int, node_class: str, path: str, draft_id: Any, max_age_s: float | None = None
+) -> CostCalibration | None:
+    """The newest calibration of this endpoint, node class, path and draft (ANY_DRAFT: any), of any age unless
+    max_age_s is given."""
+    rows = CostCalibration.objects.filter(endpoint_id=endpoint_id, node_class=node_class, path=path)
+    if draft_id is not ANY_DRAFT:
+        rows = rows.filter(draft_id=draft_id)
+    if max_age_s is not None:
+        rows = rows.filter(measured_at__gte=timezone.now() - timedelta(seconds=max_age_s))
+    return rows.order_by("-measured_at", "-id").first()
+
+
+def projection_basis(row: CostCalibration, *, k: float) -> str:
+    """How a projection from this calibration was made, for a shadow record's reason."""
+    costs = row.step_costs()
     return (
-        CostCalibration.objects.filter(
-            endpoint_id=endpoint_id,
-            node_class=node_class,
-            path=path,
-            draft_id=draft_id,
-            measured_at__gte=timezone.now() - timedelta(seconds=max_age_s),
-        )
-        .order_by("-measured_at", "-id")
-        .first()
+        f"projection for the {row.path} path with c={costs.c:.3f}, v={costs.v(k):.3f} measured on {row.node_class} "
+        f"at {row.measured_at:%H:%M:%S} ({row.repeats} timings each)"
     )
 
 
@@ -54,7 +71,7 @@ def measured_costs(*, endpoint: Any, k: int | None = None) -> dict:
             "v_per_k": {},
             "target_step_ms": (endpoint.capabilities or {}).get("tpot_ms"),
             "draft_step_ms": None,
-            "missing": ["c and v: no calibration yet (the GPU worker measures them on the first shadow request)"],
+            "missing": ["c and v: no calibration yet (the first shadow request queues one on the GPU worker)"],
         }
     costs = row.step_costs()
     policy = getattr(endpoint, "policy", None)

@@ -23,3 +23,38 @@ def record_calibration(
         repeats=repeats,
         context_tokens=context_tokens,
     )
+
+
+PENDING_WINDOW_S = 3600  # records older than this that still wait for a calibration stay without a projection
+
+
+def project_pending_records(*, calibration: CostCalibration, tag: str, pending: str) -> int:
+    """Fill in the projection of the endpoint's shadow records that were made before any calibration of this key
+    existed (their reason holds `pending` and the key's tag): S = E[N] / (v(K) + K c) with E[N] and K as the
+    record counted them, exactly as shadow would have projected then. Returns how many were projected."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from speculation.models import Action, StageRecord
+    from speculation.selectors.costs import projection_basis
+
+    rows = StageRecord.objects.filter(
+        endpoint_id=calibration.endpoint_id,
+        action=Action.WOULD_SPECULATE,
+        multiplier__isnull=True,
+        reason__contains=f"{pending} [{tag}]",
+        created_at__gte=timezone.now() - timedelta(seconds=PENDING_WINDOW_S),
+    )
+    costs = calibration.step_costs()
+    done = 0
+    for record in rows:
+        k = record.drafted_tokens / record.target_passes if record.target_passes else float(record.k or 0)
+        multiplier = costs.multiplier(tokens_per_step=record.mean_accepted_len or 1.0, k=k)
+        head = record.reason.split(pending, 1)[0]
+        record.multiplier = multiplier
+        record.tok_s = record.baseline_tok_s * multiplier if record.baseline_tok_s else None
+        record.reason = f"{head}{projection_basis(calibration, k=k)}, stored after this record"
+        record.save(update_fields=["multiplier", "tok_s", "reason"])
+        done += 1
+    return done

@@ -1,20 +1,28 @@
 """Every candidate on a shadowed request: full-information feedback at no extra target call.
 
-In shadow the target's output is known, so each candidate compatible with the endpoint (n-gram prompt lookup, and
-every registered draft model with the endpoint's tokenizer fingerprint) is replayed on the same request at every
-K in K_RANGE with the engine's greedy replay (speculation.engine.replay: exact for greedy traffic; one
-teacher-forced pass per draft model serves all K). One CandidateMeasurement per request x candidate holds, per K,
-the tokens per verification step, the projected multiplier (S = E[N] / (v(K) + K c), the shadow projection's cost
-model with the candidate's own measured c: speculation.worker.costs), the counts and the per-position acceptance.
+In shadow the target's output is known, so each candidate compatible with the endpoint is replayed on the same
+request at every K in K_RANGE, and one CandidateMeasurement per request x candidate holds, per K, the tokens per
+verification step, the projected multiplier (S = E[N] / (v(K) + K c), the shadow projection's cost model with the
+candidate's own measured c: speculation.worker.costs), the counts and the per-position acceptance.
 
-Not replayed here: EAGLE heads (they read the target's hidden states, so the target must be loaded in the worker)
-and sampled traffic (its acceptance is an expectation over both distributions; shadow's own record covers the
-policy's draft).
+The candidates: n-gram prompt lookup, every registered draft model with the endpoint's tokenizer fingerprint, and,
+where the worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained for
+that target (a head drafts from the target's features: one teacher-forced target pass gives them for the whole
+request, ReplayTarget hands them to the head; without the target's weights in the worker there are no features, so
+EAGLE heads are not candidates on a remote-only policy).
+- Greedy requests: the engine's exact replay (speculation.engine.replay; one teacher-forced pass per draft model or
+  target serves all K).
+- Sampled requests (temperature > 0): draft models only, with the expected acceptance sum_x min(p, q) of both
+  distributions processed as the request asked (speculation.worker.sampled: exact where the worker holds the
+  target, else a lower bound from the server's top-N, read once for all candidates); per K the i.i.d. mean accepted
+  length and expected counts. n-gram lookup has no draft distribution and an EAGLE head's would need its own
+  sampled drafting pass: neither is replayed on sampled requests.
 
-Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE candidate replays (one candidate on one
-request, every K) per minute, counted in Redis across worker processes. What the budget sheds is a row with status
-"shed" and the reason, so the auto-pairing table says how much evidence was given up; which candidates a request
-keeps rotates with the request, so shedding does not starve one candidate.
+Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
+shadow measurement (never inside it). Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE
+candidate replays (one candidate on one request, every K) per minute, counted in Redis across worker processes.
+What the budget sheds is a row with status "shed" and the reason, so the auto-pairing table says how much evidence
+was given up; which candidates a request keeps rotates with the request, so shedding does not starve one candidate.
 """
 
 from __future__ import annotations
@@ -26,12 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import torch
 from django.conf import settings
 
 from fleet.models import Endpoint
-from speculation.engine import NgramProposer, SpecStats
-from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
-from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals
+from speculation.engine import NgramProposer, SamplingParams, SpecStats
+from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
+from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.models import CandidateMeasurement, CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.selectors import capabilities
 from speculation.worker.costs import current_costs
@@ -51,18 +60,38 @@ class Candidate:
     draft: DraftModel | None = None
 
 
-def compatible_candidates(endpoint: Endpoint) -> list[Candidate]:
-    """n-gram lookup, then every draft model sharing the endpoint's tokenizer fingerprint (by name)."""
-    found = [Candidate(NGRAM, DraftKind.NGRAM)]
+def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled: bool = False) -> list[Candidate]:
+    """n-gram lookup, then every draft model sharing the endpoint's tokenizer fingerprint, then (with the target
+    in the worker) every EAGLE head trained for that target (by name). Sampled: the draft models only."""
+    found = [] if sampled else [Candidate(NGRAM, DraftKind.NGRAM)]
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
-    if fingerprint:
-        drafts = DraftModel.objects.filter(kind=DraftKind.DRAFT_MODEL, tokenizer_fingerprint=fingerprint)
-        found += [Candidate(d.name, d.kind, d) for d in drafts.order_by("name")]
+    if not fingerprint:
+        return found
+    same = DraftModel.objects.filter(tokenizer_fingerprint=fingerprint).order_by("name")
+    found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.DRAFT_MODEL)]
+    if target_path and not sampled:
+        found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
 
 
+def _fits(head: DraftModel, target_path: str) -> bool:
+    """Whether the EAGLE head was trained for the target in target_path (its config names the target's
+    fingerprint; a head that cannot be read is no candidate)."""
+    try:
+        resources.eagle_head(head.path, target_dir=target_path)
+    except Exception as exc:  # noqa: BLE001 - EagleHeadError (another target) or an unreadable directory
+        logger.info("EAGLE head %s is no candidate for %s: %s", head.name, target_path, exc)
+        return False
+    return True
+
+
 def replay(
-    candidate: Candidate, *, prompt_ids: list[int], output_ids: list[int], max_tokens: int | None
+    candidate: Candidate,
+    *,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    max_tokens: int | None,
+    target_path: str = "",
 ) -> dict[int, SpecStats]:
     """The candidate's greedy speculation on this request at every K (exact: the engine's replay)."""
     sequence = prompt_ids + output_ids
@@ -74,9 +103,27 @@ def replay(
             return lookup.lookup(sequence[:n], drafted)
 
         return {k: replay_proposals(propose, sequence, k, **common) for k in K_RANGE}
+    if candidate.kind == DraftKind.EAGLE_HEAD:
+        return _replay_eagle(candidate, sequence, target_path=target_path, common=common)
     model = resources.model(candidate.draft.path).model
     predictions = draft_greedy_predictions(model, sequence)  # one teacher-forced pass serves every K
     return {k: replay_greedy(predictions, sequence, k, **common) for k in K_RANGE}
+
+
+@torch.inference_mode()
+def _replay_eagle(
+    candidate: Candidate, sequence: list[int], *, target_path: str, common: dict[str, Any]
+) -> dict[int, SpecStats]:
+    """An EAGLE head's greedy speculation: the target's features of the known sequence from one teacher-forced
+    pass, handed to the head by the replay's ReplayTarget (exact, as prod's local path drafts)."""
+    from speculation.engine.eagle import EagleProposer
+
+    if not target_path:
+        raise ValueError("an EAGLE head reads the target's features: the worker needs the target (target_path)")
+    target = resources.model(target_path).model
+    head = resources.eagle_head(candidate.draft.path, target_dir=target_path)
+    hidden = target(torch.tensor(sequence, device=target.output.weight.device), 0, return_hidden=True).hidden
+    return {k: replay_proposer(EagleProposer(head, target), sequence, k, hidden=hidden, **common) for k in K_RANGE}
 
 
 def take_budget(endpoint_id: int, wanted: int) -> tuple[int, str]:
@@ -117,16 +164,42 @@ def measured_fields(per_k: dict[int, SpecStats], costs: StepCosts | None) -> dic
         mult.append(round(costs.multiplier(tokens_per_step=tau, k=k_mean), 4) if costs is not None else None)
         counts.append([stats.drafted_tokens, stats.accepted_tokens, stats.target_passes])
         positions.append([round(a, 4) for a in stats.alpha_per_position])
-    known = [(m, k) for k, m in zip(K_RANGE, mult, strict=True) if m is not None]
+    return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
+
+
+def expected_fields(alpha: float, *, output_tokens: int, costs: StepCosts | None) -> dict[str, Any]:
+    """A sampled request's per-K lists from its expected per-position acceptance alpha (i.i.d. positions):
+    E[N] = (1 - alpha^(K+1)) / (1 - alpha) tokens per step, and the expected counts over the output (drafted,
+    accepted, verification steps; not integers)."""
+    alpha = min(1.0, max(0.0, alpha))
+    mal, mult, counts, positions = [], [], [], []
+    for k in K_RANGE:
+        tau = expected_tokens(alpha=alpha, k=k)
+        steps = output_tokens / tau
+        mal.append(round(tau, 4))
+        mult.append(round(costs.multiplier(tokens_per_step=tau, k=k), 4) if costs is not None else None)
+        counts.append([round(k * steps, 2), round((tau - 1.0) * steps, 2), round(steps, 2)])
+        positions.append([round(alpha ** (j + 1), 4) for j in range(k)])
+    return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
+
+
+def _with_best(fields: dict[str, Any]) -> dict[str, Any]:
+    known = [(m, k) for k, m in zip(K_RANGE, fields["multiplier"], strict=True) if m is not None]
     best = max(known, key=lambda t: (t[0], -t[1])) if known else None  # the smallest K on a tie
-    return {
-        "mean_accepted_len": mal,
-        "multiplier": mult,
-        "counts": counts,
-        "per_position": positions,
-        "best_k": best[1] if best else None,
-        "best_multiplier": best[0] if best else None,
-    }
+    return {**fields, "best_k": best[1] if best else None, "best_multiplier": best[0] if best else None}
+
+
+@dataclass
+class Replayed:
+    """One request under candidate replay: what every candidate is compared on."""
+
+    endpoint: Endpoint
+    policy: SpeculationPolicy
+    prompt_ids: list[int]
+    output_ids: list[int]
+    max_tokens: int | None
+    params: SamplingParams | None = None  # None: greedy
+    view: Any = None  # speculation.worker.sampled.TargetView, read once for every candidate of a sampled request
 
 
 def measure_candidates(
@@ -138,13 +211,19 @@ def measure_candidates(
     prompt_ids: list[int],
     output_ids: list[int],
     max_tokens: int | None,
+    sampling: dict[str, Any] | None = None,
     budgeted: bool = True,
 ) -> list[CandidateMeasurement]:
-    """Replay every compatible candidate on one greedy request within the budget; one row each (shed ones too).
-    budgeted=False: every candidate (an operator's calibration run, not live traffic)."""
+    """Replay every compatible candidate on one request within the budget; one row each (shed ones too).
+    sampling: the request's temperature / top_k / top_p (None: greedy). budgeted=False: every candidate (an
+    operator's calibration run, not live traffic)."""
     if budgeted and settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
         return []
-    candidates = compatible_candidates(endpoint)
+    params = SamplingParams(**sampling) if sampling and float(sampling.get("temperature") or 0) > 0 else None
+    request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params)
+    candidates = compatible_candidates(endpoint, target_path=policy.target_path or "", sampled=params is not None)
+    if not candidates:
+        return []
     start = zlib.crc32(request_id.encode()) % len(candidates)  # which ones a partial budget keeps rotates
     candidates = candidates[start:] + candidates[:start]
     granted, shed_reason = take_budget(endpoint.pk, len(candidates)) if budgeted else (len(candidates), "")
@@ -162,35 +241,58 @@ def measure_candidates(
         if i >= granted:
             row.status, row.reason = CandidateStatus.SHED, shed_reason
         else:
-            _fill(row, endpoint, policy, candidate, prompt_ids, output_ids, max_tokens)
+            _fill(row, request, candidate)
         rows.append(row)
     return CandidateMeasurement.objects.bulk_create(rows)
 
 
-def _fill(
-    row: CandidateMeasurement,
-    endpoint: Endpoint,
-    policy: SpeculationPolicy,
-    candidate: Candidate,
-    prompt_ids: list[int],
-    output_ids: list[int],
-    max_tokens: int | None,
-) -> None:
+def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) -> None:
     try:
-        per_k = replay(candidate, prompt_ids=prompt_ids, output_ids=output_ids, max_tokens=max_tokens)
+        replayed = _replayed(request, candidate)
     except Exception as exc:  # noqa: BLE001 - one candidate's failure (a missing directory) never stops the rest
         logger.warning("request %s: candidate %s not replayed: %s", row.request_id, candidate.name, exc)
         row.status, row.reason = CandidateStatus.FAILED, f"replay failed: {type(exc).__name__}: {exc}"
         return
     costs = None
     try:
-        costs = _costs(endpoint, policy, candidate, prompt_ids)
+        costs = _costs(request.endpoint, request.policy, candidate, request.prompt_ids)
     except Exception as exc:  # noqa: BLE001 - the acceptance still counts, without a projection
         row.reason = f"no projection: the costs could not be measured ({type(exc).__name__}: {exc})"
-    for name, value in measured_fields(per_k, costs).items():
+    if request.params is None:
+        fields, how = measured_fields(replayed, costs), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
+    else:
+        fields = expected_fields(replayed.alpha, output_tokens=len(request.output_ids), costs=costs)
+        how = (
+            f"sampled (temperature {request.params.temperature:g}, top_k {request.params.top_k}, top_p "
+            f"{request.params.top_p:g}): expected acceptance {replayed.alpha:.4f} {replayed.source}; i.i.d. mean "
+            "accepted length and expected counts"
+        )
+    for name, value in fields.items():
         setattr(row, name, value)
-    if costs is not None:
-        row.reason = f"greedy replay (exact) at K = 1..{K_RANGE[-1]}; c={costs.c:.3f}"
+    row.reason = f"{how}; c={costs.c:.3f}" if costs is not None else f"{how}; {row.reason}"
+
+
+def _replayed(request: Replayed, candidate: Candidate) -> Any:
+    """Greedy: the candidate's replay at every K. Sampled: its expected acceptance (speculation.worker.sampled)."""
+    if request.params is None:
+        return replay(
+            candidate,
+            prompt_ids=request.prompt_ids,
+            output_ids=request.output_ids,
+            max_tokens=request.max_tokens,
+            target_path=request.policy.target_path or "",
+        )
+    from speculation.worker.sampled import draft_acceptance, target_view
+
+    if request.view is None:  # the target's side once for every candidate (one scoring call at most)
+        request.view = target_view(
+            endpoint=request.endpoint,
+            target_path=request.policy.target_path or "",
+            prompt_ids=request.prompt_ids,
+            output_ids=request.output_ids,
+            params=request.params,
+        )
+    return draft_acceptance(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
 
 
 AUTO_CHECK_KEY = "ace:auto-pairing-checked:{endpoint_id}"
@@ -212,12 +314,29 @@ def maybe_auto_apply(endpoint: Endpoint, policy: SpeculationPolicy) -> None:
     auto_apply(endpoint=endpoint)
 
 
-def measure_candidates_after_shadow(**kwargs: Any) -> None:
-    """shadow's hook: never lets a candidate replay (or auto-pairing) fail the request's own measurement."""
+def request_candidates(*, endpoint: Endpoint, **job: Any) -> None:
+    """shadow's hook: queue the candidate replays of one measured request on the node class's background queue
+    (speculation.worker.tasks.replay_candidates_task); never fails the request's own measurement."""
+    if settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
+        return
+    from speculation.worker.tasks import enqueue_candidates
+
     try:
-        rows = measure_candidates(**kwargs)
+        enqueue_candidates(node_class=endpoint.node_class, endpoint_id=endpoint.pk, **job)
+    except Exception as exc:  # noqa: BLE001 - the broker down: the stage record is already written
+        logger.warning("request %s: candidate replays not queued: %s", job.get("request_id"), exc)
+
+
+def replay_candidates_for_request(*, endpoint_id: int, **job: Any) -> None:
+    """The background task's body: every candidate on one request within the budget, then auto-pairing."""
+    endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+    policy = SpeculationPolicy.objects.select_related("draft").filter(endpoint_id=endpoint_id).first()
+    if endpoint is None or policy is None:
+        return  # deleted meanwhile
+    try:
+        rows = measure_candidates(endpoint=endpoint, policy=policy, **job)
         if rows:
-            logger.info("request %s: %d candidate rows", kwargs.get("request_id"), len(rows))
-            maybe_auto_apply(kwargs["endpoint"], kwargs["policy"])
+            logger.info("request %s: %d candidate rows", job.get("request_id"), len(rows))
+            maybe_auto_apply(endpoint, policy)
     except Exception:  # noqa: BLE001 - logged with the request id; the stage record is already written
-        logger.exception("request %s: candidate replays or auto-pairing failed", kwargs.get("request_id"))
+        logger.exception("request %s: candidate replays or auto-pairing failed", job.get("request_id"))

@@ -6,10 +6,19 @@ the server's step: the median, as the server runs under its own load):
   generation, so prefill, HTTP round trip and request overhead cancel (not a request's latency per token);
 - the draft step: this worker's draft proposing over a warm cache (0 for n-gram lookup);
 - verify(n): one verification of n tokens on prod's path: the target loaded in this worker (local), or the
-  server's scoring call (remote).
+  server's scoring call (remote: prod's own RemoteTarget).
 c = draft step / target step, v(K) = verify(K + 1) / target step: the same cost model as the lookahead
-controller (speculation.engine.projection.StepCosts). A calibration is reused for COST_REFRESH_S, then measured
-again on the next shadow request, so a noisy moment is not kept forever.
+controller (speculation.engine.projection.StepCosts). The server step and verify(n) do not depend on the draft, so
+a calibration of another draft on the same endpoint, path and node class younger than COST_REFRESH_S lends them:
+a second candidate costs only its own draft-step timing.
+
+Where it runs: never inside the shadow task. A shadow measurement projects with the newest stored calibration
+(`shadow_costs`) and, when that is older than COST_REFRESH_S or missing, queues one refresh (`request_calibration`)
+on the node class's background queue (ace.celery.background_queue: speculation.worker.tasks.calibrate_costs_task).
+A record made before any calibration existed says "calibration pending" and gets its projection when the
+calibration is stored (speculation.services.costs.project_pending_records). One calibration per endpoint, node
+class, path and draft runs at a time across workers (a Redis lock with a TTL), and a refresh queued twice measures
+once (the second finds the first's row fresh).
 """
 
 from __future__ import annotations
@@ -18,22 +27,28 @@ import logging
 import statistics
 import threading
 import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import httpx
+import redis
 from django.conf import settings
+from django.utils import timezone
 
 from fleet.adapters import Unsupported, WireError, wire_for
 from fleet.models import Endpoint
 from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
 from speculation.engine.costs import REPEATS, time_draft_step, time_verify
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
-from speculation.engine.target import TargetOutput
-from speculation.models import CostCalibration, Mechanism, SpeculationPolicy, VerificationPath
+from speculation.models import CostCalibration, DraftModel, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
+from speculation.worker.costs_batch import BatchRowDraft, BatchRowTarget
 from speculation.worker.paths import resources
+from speculation.worker.paths.remote import RemoteTarget, RemoteVerificationError
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +57,10 @@ SERVER_REPEATS = 3
 CONTEXT_TOKENS = 64  # the context the timings run after (the request's prompt, cut)
 VERIFY_SIZES = (1, 2, 3, 5, MAX_PROJECTED_K + 1)  # tokens verified; the others are interpolated
 SERVER_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=30.0)
+LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191 s at load 30), freed if a worker dies
+QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
+TIMING_VOCAB = 1 << 17  # logits width when timing remote verification of an n-gram policy without a tokenizer
+PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
 _measuring = threading.Lock()  # one calibration at a time per worker process
 
@@ -50,52 +69,256 @@ class CalibrationError(RuntimeError):
     """The costs could not be measured now (the server unreachable, an unexpected answer)."""
 
 
+@dataclass(frozen=True)
+class CostKey:
+    """What one calibration is for: an endpoint on a node class, prod's path and a draft (None: n-gram)."""
+
+    endpoint_id: int
+    node_class: str
+    path: str
+    draft_id: int | None
+
+    @property
+    def tag(self) -> str:
+        return f"{self.path}/{self.draft_id or 'ngram'}"
+
+    def redis_key(self, what: str) -> str:
+        return f"ace:calibration-{what}:{self.endpoint_id}:{self.node_class}:{self.tag}"
+
+
 def projected_path(*, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
     """The path shadow projects for: local when prod would verify in the worker, else the server's scoring."""
     path = effective_path(policy=policy, endpoint=endpoint)
     return VerificationPath.LOCAL if path == VerificationPath.LOCAL and policy.target_path else VerificationPath.REMOTE
 
 
-def current_costs(*, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]) -> CostCalibration:
-    """The newest calibration of this endpoint, draft and path on this node class, measured now if none is fresh."""
+def cost_key(*, endpoint: Endpoint, policy: SpeculationPolicy) -> CostKey:
     path = projected_path(policy=policy, endpoint=endpoint)
-    key = dict(endpoint_id=endpoint.pk, node_class=endpoint.node_class, path=path, draft_id=policy.draft_id)
-    found = cost_selectors.fresh_calibration(**key, max_age_s=settings.COST_REFRESH_S)
-    if found is not None:
-        return found
-    with _measuring:
-        found = cost_selectors.fresh_calibration(**key, max_age_s=settings.COST_REFRESH_S)
-        if found is not None:  # another thread of this process measured it meanwhile
-            return found
-        costs = measure(endpoint=endpoint, policy=policy, path=path, context=context[:CONTEXT_TOKENS])
-        return cost_service.record_calibration(
-            endpoint=endpoint,
-            draft=policy.draft,
-            path=path,
-            costs=costs,
-            repeats=REPEATS,
-            context_tokens=min(len(context), CONTEXT_TOKENS),
-        )
+    return CostKey(endpoint.pk, endpoint.node_class, path, policy.draft_id)
+
+
+def stored_costs(key: CostKey) -> tuple[CostCalibration | None, bool]:
+    """The newest calibration for the key (any age), and whether it is younger than COST_REFRESH_S."""
+    row = cost_selectors.newest_calibration(
+        endpoint_id=key.endpoint_id, node_class=key.node_class, path=key.path, draft_id=key.draft_id
+    )
+    fresh = row is not None and row.measured_at >= timezone.now() - timedelta(seconds=settings.COST_REFRESH_S)
+    return row, fresh
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=2)
+
+
+def request_calibration(*, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]) -> str:
+    """Queue one calibration of the policy's costs on the node class's background queue, unless one is queued
+    already (QUEUED_TTL_S); returns what happened, for the record's reason."""
+    from speculation.worker.tasks import enqueue_calibration
+
+    key = cost_key(endpoint=endpoint, policy=policy)
+    try:
+        if not _redis().set(key.redis_key("queued"), 1, nx=True, ex=QUEUED_TTL_S):
+            return "a calibration is queued"
+        enqueue_calibration(node_class=endpoint.node_class, **calibration_job(key, policy, context))
+    except Exception as exc:  # noqa: BLE001 - Redis or the broker down: the measurement is recorded anyway
+        logger.warning("queueing a cost calibration of endpoint %s failed: %s", endpoint.pk, exc)
+        return f"the calibration could not be queued ({type(exc).__name__})"
+    return "a calibration was queued"
+
+
+def calibration_job(key: CostKey, policy: SpeculationPolicy, context: list[int]) -> dict[str, Any]:
+    """The calibration task's arguments (JSON): enough to rebuild the policy's draft and path in the worker."""
+    return {
+        "endpoint_id": key.endpoint_id,
+        "path": key.path,
+        "mechanism": policy.mechanism,
+        "draft_id": policy.draft_id,
+        "target_path": policy.target_path or "",
+        "context": list(context[:CONTEXT_TOKENS]),
+    }
+
+
+def shadow_costs(*, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]) -> tuple[Any, str]:
+    """The newest stored calibration for shadow's projection (None before the first one), and a note for the
+    record; a stale or missing one queues a refresh. Never measures here: shadow stays cheap."""
+    row, fresh = stored_costs(cost_key(endpoint=endpoint, policy=policy))
+    if fresh:
+        return row, ""
+    queued = request_calibration(endpoint=endpoint, policy=policy, context=context)
+    return row, f"older than {settings.COST_REFRESH_S} s, {queued}" if row is not None else queued
+
+
+def calibrate(
+    *, endpoint_id: int, path: str, mechanism: str, draft_id: int | None, target_path: str, context: list[int]
+) -> CostCalibration | None:
+    """The background task's body: measure and store one calibration, unless a fresh one exists or another worker
+    holds the key's lock (None then). Records that waited for it get their projection."""
+    endpoint = Endpoint.objects.get(pk=endpoint_id)
+    draft = DraftModel.objects.filter(pk=draft_id).first() if draft_id else None
+    policy = SpeculationPolicy(endpoint=endpoint, mechanism=mechanism, draft=draft, target_path=target_path)
+    key = CostKey(endpoint.pk, endpoint.node_class, path, draft.pk if draft else None)
+    try:
+        row = _measure_once(key, endpoint=endpoint, policy=policy, context=context)
+    finally:
+        _redis().delete(key.redis_key("queued"))  # a later stale read may queue the next refresh
+    if row is not None:
+        projected = cost_service.project_pending_records(calibration=row, tag=key.tag, pending=PENDING)
+        if projected:
+            logger.info("calibration %s: projected %d records that waited for it", row.pk, projected)
+    return row
+
+
+def current_costs(*, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]) -> CostCalibration:
+    """For background work (candidate replays, the calibrate command): the fresh calibration, else measured now
+    under the key's lock; while another worker measures it, the newest stored one (CalibrationError if none)."""
+    key = cost_key(endpoint=endpoint, policy=policy)
+    row, fresh = stored_costs(key)
+    if fresh:
+        return row
+    measured = _measure_once(key, endpoint=endpoint, policy=policy, context=context)
+    if measured is not None:
+        return measured
+    newest, _ = stored_costs(key)
+    if newest is None:
+        raise CalibrationError("another worker is measuring these costs now")
+    return newest
+
+
+def _measure_once(
+    key: CostKey, *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]
+) -> CostCalibration | None:
+    """Measure and store under the key's Redis lock; the row found fresh, or None while another worker holds it."""
+    client, token = _redis(), uuid.uuid4().hex
+    lock = key.redis_key("lock")
+    try:
+        if not client.set(lock, token, nx=True, ex=LOCK_TTL_S):
+            return None
+    except (redis.RedisError, OSError) as exc:
+        raise CalibrationError(f"the calibration lock could not be taken (Redis: {type(exc).__name__})") from exc
+    try:
+        with _measuring:
+            row, fresh = stored_costs(key)
+            if fresh:  # measured meanwhile (a refresh queued twice)
+                return row
+            costs = measure(endpoint=endpoint, policy=policy, path=key.path, context=context[:CONTEXT_TOKENS])
+            return cost_service.record_calibration(
+                endpoint=endpoint,
+                draft=policy.draft,
+                path=key.path,
+                costs=costs,
+                repeats=REPEATS,
+                context_tokens=min(len(context), CONTEXT_TOKENS),
+            )
+    finally:
+        if client.get(lock) == token.encode():
+            client.delete(lock)
 
 
 def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int]) -> StepCosts:
+    """Time the three costs now; the server step and verify(n) borrowed from a fresh calibration of another
+    draft on the same endpoint, node class and path when there is one."""
+    batched = batched_path(policy=policy, path=path)
+    draft_step, vocab = _draft_step(policy, context, batched=batched)
+    shared = cost_selectors.newest_calibration(
+        endpoint_id=endpoint.pk,
+        node_class=endpoint.node_class,
+        path=path,
+        draft_id=cost_selectors.ANY_DRAFT,
+        max_age_s=settings.COST_REFRESH_S,
+    )
+    if shared is not None:
+        borrowed = shared.step_costs()
+        return StepCosts(target_step_s=borrowed.target_step_s, draft_step_s=draft_step, verify_s=borrowed.verify_s)
+    return StepCosts(
+        target_step_s=_server_step(endpoint, context),
+        draft_step_s=draft_step,
+        verify_s=_verify_costs(
+            endpoint=endpoint, policy=policy, path=path, context=context, vocab=vocab, batched=batched
+        ),
+    )
+
+
+def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
+    """Whether prod runs this policy in the worker's batch loop (speculation.worker.batching.serves): the local
+    path with a draft model or n-gram lookup while batching is on. Its costs are then timed on the batch engine."""
+    from speculation.worker import batching
+
+    local = path == VerificationPath.LOCAL and bool(policy.target_path)
+    return local and batching.enabled() and policy.mechanism in (Mechanism.DRAFT_MODEL, Mechanism.NGRAM)
+
+
+def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool) -> tuple[float, int | None]:
+    """Seconds per drafted token of the policy's mechanism as prod runs it, and its vocabulary (None: n-gram)."""
+    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
+        return time_draft_step(NgramProposer(), context), None
+    if policy.mechanism == Mechanism.EAGLE_HEAD:
+        from speculation.engine.eagle import EagleProposer
+
+        if not policy.target_path:
+            raise CalibrationError("an EAGLE head drafts from the target's features: it needs the target in the worker")
+        target = resources.model(policy.target_path).model
+        head = resources.eagle_head(policy.draft.path, target_dir=policy.target_path)
+        proposer = _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
+        return time_draft_step(proposer, context), target.vocab_size
+    model = resources.model(policy.draft.path).model
+    proposer: Any = BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
+    return time_draft_step(proposer, context), model.vocab_size
+
+
+class _FeaturesFed:
+    """An EAGLE proposer timed outside the decode loop: after each step it is fed one feature row for the token
+    committed next, as the loop's verification would (the values do not change what a draft step costs)."""
+
+    wants_hidden = False
+
+    def __init__(self, inner: Any, *, width: int) -> None:
+        import torch
+
+        self.inner = inner
+        self.row = torch.zeros(1, width, device=inner.device)  # [1, D]
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.inner.begin(prompt_ids)
+
+    def propose(self, committed: list[int], k: int, params: Any, generator: Any) -> Any:
+        return self.inner.propose(committed, k, params, generator)
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        self.inner.on_verified(num_accepted, num_drafted)
+        self.inner.observe_target(self.row, 0)
+
+
+def _server_step(endpoint: Endpoint, context: list[int]) -> float:
     from speculation.worker.generation import _headers, http
 
-    target_step = server_step_seconds(client=http(), endpoint=endpoint, headers=_headers(endpoint), prompt_ids=context)
-    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
-        draft_step = time_draft_step(NgramProposer(), context)
-    else:
-        model = resources.model(policy.draft.path).model
-        draft_step = time_draft_step(DraftModelProposer(model, target_vocab_size=model.vocab_size), context)
+    return server_step_seconds(client=http(), endpoint=endpoint, headers=_headers(endpoint), prompt_ids=context)
+
+
+def _verify_costs(
+    *, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int], vocab: int | None, batched: bool
+) -> dict[int, float]:
+    """verify(n) on prod's path: the target in this worker (on the batch engine when prod batches), or prod's
+    RemoteTarget over the server's scoring call."""
     if path == VerificationPath.LOCAL:
-        target: Any = LocalTarget(resources.model(policy.target_path).model)
-    else:
-        target = ScoringCallTarget(client=http(), endpoint=endpoint, headers=_headers(endpoint))
+        model = resources.model(policy.target_path).model
+        return time_verify(BatchRowTarget(model) if batched else LocalTarget(model), context, VERIFY_SIZES)
+    from speculation.worker.generation import _headers, http
+
+    if vocab is None:  # n-gram: the tokenizer's size where the worker has one (prod needs it too)
+        vocab = len(resources.tokenizer(policy.target_path)) if policy.target_path else TIMING_VOCAB
+    target = RemoteTarget(
+        client=http(),
+        base_url=endpoint.base_url,
+        model=endpoint.served_model,
+        headers=_headers(endpoint),
+        wire=wire_for(endpoint.kind),
+        vocab_size=vocab,
+        max_context=int((endpoint.capabilities or {}).get("max_context") or 1 << 30),
+    )
     try:
-        verify = time_verify(target, context, VERIFY_SIZES, repeats=REPEATS)
-    except (httpx.HTTPError, WireError, Unsupported) as exc:
+        return time_verify(target, context, VERIFY_SIZES, repeats=REPEATS)
+    except (httpx.HTTPError, WireError, Unsupported, RemoteVerificationError) as exc:
         raise CalibrationError(f"timing the server's scoring call failed: {type(exc).__name__}: {exc}") from exc
-    return StepCosts(target_step_s=target_step, draft_step_s=draft_step, verify_s=verify)
 
 
 def server_step_seconds(
@@ -131,56 +354,23 @@ def server_step_seconds(
     return step
 
 
-class ScoringCallTarget:
-    """The engine's Target protocol over the server's scoring call, for timing only: forward() scores the context
-    and the new tokens in one call, as the remote path verifies a step (speculation.worker.paths.remote)."""
-
-    def __init__(self, *, client: httpx.Client, endpoint: Endpoint, headers: dict[str, str]) -> None:
-        import torch
-
-        self.client, self.endpoint, self.headers = client, endpoint, headers
-        self.wire = wire_for(endpoint.kind)
-        self.device = torch.device("cpu")
-        self.vocab_size = 0
-        self.max_context = int((endpoint.capabilities or {}).get("max_context") or 1 << 30)
-        self.tokens: list[int] = []
-
-    def prefill(self, prompt_ids: list[int]) -> None:
-        self.tokens = list(prompt_ids[:-1])
-
-    def forward(self, tokens: Any, *, return_hidden: bool = False) -> TargetOutput:
-        import torch
-
-        ids = self.tokens + [int(t) for t in tokens.tolist()]
-        request = self.wire.score(model=self.endpoint.served_model, token_ids=ids, top_n=1)
-        response = self.client.request(
-            request.method,
-            self.endpoint.base_url.rstrip("/") + request.path,
-            json=request.json,
-            headers=self.headers,
-            timeout=SERVER_TIMEOUT,
-        )
-        response.raise_for_status()
-        self.wire.parse_score(response.json(), token_ids=ids, top_n=1)
-        self.tokens = ids
-        return TargetOutput(logits=torch.zeros(tokens.shape[0], 1), hidden=None)  # [T, 1]: timing only
-
-    def rollback(self, length: int) -> None:
-        del self.tokens[length:]
-
-
 def projection(
     *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int], tokens_per_step: float, k: float
 ) -> tuple[float | None, str]:
-    """Shadow's projected multiplier S = E[N] / (v(K) + K c) from this worker's calibration, and how it was made
-    (for the record's reason); None with the reason when the costs cannot be measured now."""
+    """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, and how it was
+    made (for the record's reason); None with PENDING and the key's tag before the first calibration is stored."""
     try:
-        row = current_costs(endpoint=endpoint, policy=policy, context=context)
+        row, note = shadow_costs(endpoint=endpoint, policy=policy, context=context)
     except Exception as exc:  # noqa: BLE001 - the measurement is still recorded, without a projection
-        logger.warning("cost calibration of endpoint %s failed: %s", endpoint.pk, exc)
-        return None, f"no projection: the costs could not be measured ({type(exc).__name__}: {exc})"
-    costs = row.step_costs()
-    return costs.multiplier(tokens_per_step=tokens_per_step, k=k), (
-        f"projection for the {row.path} path with c={costs.c:.3f}, v={costs.v(k):.3f} measured on {row.node_class} "
-        f"at {row.measured_at:%H:%M:%S} ({row.repeats} timings each)"
-    )
+        logger.warning("reading the costs of endpoint %s failed: %s", endpoint.pk, exc)
+        return None, f"no projection: the costs could not be read ({type(exc).__name__}: {exc})"
+    if row is None:
+        key = cost_key(endpoint=endpoint, policy=policy)
+        return None, f"{PENDING} [{key.tag}]: projected when the worker has measured c and v ({note})"
+    return projected(row, tokens_per_step=tokens_per_step, k=k, note=note)
+
+
+def projected(row: CostCalibration, *, tokens_per_step: float, k: float, note: str = "") -> tuple[float, str]:
+    """S from a stored calibration, with the basis for the record's reason."""
+    basis = cost_selectors.projection_basis(row, k=k) + (f"; {note}" if note else "")
+    return row.step_costs().multiplier(tokens_per_step=tokens_per_step, k=k), basis

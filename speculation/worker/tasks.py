@@ -1,16 +1,24 @@
-"""Celery tasks of the speculation stage, on the endpoint's GPU node queue. Thin: they call services.
+"""Celery tasks of the speculation stage. Thin: they call services.
 
+On the endpoint's GPU node queue gpu.<class>: prod generation and shadow measurement. On its background queue
+gpu.<class>.background (ace.celery; the same workers consume it): cost calibrations and auto-pairing's candidate
+replays, work that may take minutes on a loaded node. A background task yields to foreground work: while jobs wait
+on gpu.<class> it goes back on its queue for BACKGROUND_DEFER_S, at most MAX_DEFERS times (so it is delayed by
+about a minute at most, never starved).
 Models are loaded once per worker process and kept (speculation.worker.paths.resources).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
-from ace.celery import gpu_queue
+from ace.celery import background_queue, gpu_queue, node_class_of
+
+logger = logging.getLogger(__name__)
 
 
 @worker_process_init.connect
@@ -32,7 +40,7 @@ def _declare_capacity(sender: Any = None, **_: Any) -> None:
     from speculation.jobs.admission import CapacityHeartbeat
 
     queues = list(sender.app.amqp.queues.consume_from or {})
-    node_classes = [q.removeprefix("gpu.") for q in queues if q.startswith("gpu.")]
+    node_classes = [c for c in map(node_class_of, queues) if c is not None]
     if not node_classes:
         return
     from speculation.worker import batching
@@ -78,6 +86,74 @@ def shadow_measure_task(**kwargs: Any) -> None:
 
     with single_stream():  # it uses the loaded models' own KV caches
         measure_shadow(**kwargs)
+
+
+BACKGROUND_DEFER_S = 2.0
+MAX_DEFERS = 30
+
+
+def _foreground_waiting(node_class: str) -> bool:
+    """Whether prod or shadow jobs wait on the node class's queue (kombu keeps a Redis list per queue)."""
+    import redis
+    from django.conf import settings
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+        return bool(client.llen(gpu_queue(node_class)))
+    except (redis.RedisError, OSError):
+        return False
+
+
+def _deferred(task: Any, *, node_class: str, defers: int, kwargs: dict[str, Any]) -> bool:
+    """Put a background task back on its queue for a moment while foreground work waits; True when it did."""
+    if defers >= MAX_DEFERS or not _foreground_waiting(node_class):
+        return False
+    task.apply_async(
+        kwargs={**kwargs, "node_class": node_class, "defers": defers + 1},
+        queue=background_queue(node_class),
+        countdown=BACKGROUND_DEFER_S,
+        retry=False,
+    )
+    return True
+
+
+@shared_task(name="speculation.tasks.calibrate_costs_task", bind=True, acks_late=True, ignore_result=True)
+def calibrate_costs_task(self: Any, *, node_class: str, defers: int = 0, **kwargs: Any) -> None:
+    """One cost calibration (speculation.worker.costs.calibrate), deduplicated across workers by a Redis lock."""
+    if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
+        return
+    from speculation.worker.batching import single_stream
+    from speculation.worker.costs import CalibrationError, calibrate
+
+    try:
+        with single_stream():  # the loaded models' own KV caches
+            calibrate(**kwargs)
+    except CalibrationError as exc:
+        logger.warning("cost calibration of endpoint %s (%s) failed: %s", kwargs.get("endpoint_id"), node_class, exc)
+
+
+@shared_task(name="speculation.tasks.replay_candidates_task", bind=True, acks_late=True, ignore_result=True)
+def replay_candidates_task(self: Any, *, node_class: str, defers: int = 0, **kwargs: Any) -> None:
+    """Every compatible candidate replayed on one shadowed request (speculation.worker.candidates)."""
+    if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
+        return
+    from speculation.worker.batching import single_stream
+    from speculation.worker.candidates import replay_candidates_for_request
+
+    with single_stream():
+        replay_candidates_for_request(**kwargs)
+
+
+def enqueue_calibration(*, node_class: str, **kwargs: Any) -> None:
+    calibrate_costs_task.apply_async(
+        kwargs={**kwargs, "node_class": node_class}, queue=background_queue(node_class), retry=False
+    )
+
+
+def enqueue_candidates(*, node_class: str, **kwargs: Any) -> None:
+    replay_candidates_task.apply_async(
+        kwargs={**kwargs, "node_class": node_class}, queue=background_queue(node_class), retry=False
+    )
 
 
 def enqueue_prod(*, job: dict[str, Any], node_class: str, expires_s: float) -> None:

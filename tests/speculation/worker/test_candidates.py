@@ -3,14 +3,18 @@ per-endpoint budget sheds (and records) what does not fit."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 import redis
+import torch
 from django.conf import settings
 
 from fleet.models import Endpoint, EndpointStatus
 from speculation.engine import NgramProposer
 from speculation.engine.projection import StepCosts
-from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals
+from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.models import CandidateMeasurement, SpeculationPolicy, StageRecord
 from speculation.services.drafts import register_draft
 from speculation.worker import candidates
@@ -20,6 +24,7 @@ pytestmark = pytest.mark.django_db
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 11]
 OUTPUT = [8, 5, 6, 7, 9, 10, 11, 8, 5, 6, 7, 12, 13]
+BACKGROUND = "gpu.cpu.background"
 COSTS = StepCosts(target_step_s=0.02, draft_step_s=0.002, verify_s={1: 0.02, 9: 0.03})
 
 
@@ -116,10 +121,23 @@ def test_no_budget_means_no_candidate_replays(endpoint, settings):
     assert _measure(endpoint, "req-1") == []
 
 
-def test_shadow_writes_its_record_and_the_candidates_rows_with_the_workload(endpoint, monkeypatch):
+def _queued_candidates(client: redis.Redis) -> list[dict]:
+    """The kwargs of every candidate-replay task on the background queue (kombu's JSON envelope, base64 body)."""
+    out = []
+    for raw in client.lrange(BACKGROUND, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "speculation.tasks.replay_candidates_task":
+            out.append(json.loads(base64.b64decode(message["body"]))[1])
+    return out
+
+
+def test_shadow_queues_the_candidates_in_the_background_and_the_task_writes_their_rows(endpoint, monkeypatch):
     from speculation.worker import shadow
+    from speculation.worker.tasks import replay_candidates_task
 
     monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(BACKGROUND)
 
     shadow.measure_shadow(
         endpoint_id=endpoint.pk,
@@ -135,6 +153,12 @@ def test_shadow_writes_its_record_and_the_candidates_rows_with_the_workload(endp
 
     record = StageRecord.objects.get(request_id="req-9")
     assert record.workload == "faq" and record.mechanism == "ngram"
+    # then: the shadow task itself replayed no candidate; one background task is queued for them
+    assert not CandidateMeasurement.objects.filter(request_id="req-9").exists()
+    [job] = _queued_candidates(client)
+    assert job["node_class"] == "cpu" and job["sampling"] is None
+    # when: the background task runs
+    replay_candidates_task.apply(kwargs=job)
     rows = CandidateMeasurement.objects.filter(request_id="req-9")
     assert sorted(rows.values_list("candidate", "workload")) == [("ngram", "faq"), ("tiny-draft", "faq")]
     # the policy's own replay (n-gram, K = 3) agrees with the n-gram candidate's row at K = 3
@@ -198,3 +222,92 @@ def test_a_mixed_stream_ends_with_a_different_winner_per_workload_matching_a_bru
     got = {w: (e["recommendation"].candidate, e["recommendation"].k) for w, e in table["workloads"].items()}
     assert got == brute
     assert got["code"][0] == "ngram" and got["english"][0] == "tiny-draft"  # different winners per workload
+
+
+def _eagle_head(target_dir, out_dir, fingerprint: str, name: str):
+    """An untrained EAGLE head saved for the target in target_dir, registered with the endpoint's tokenizer."""
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+    from speculation.models import DraftModel
+
+    head = EagleHead(EagleConfig.for_target(target_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(out_dir)
+    return DraftModel.objects.create(name=name, kind="eagle_head", path=str(out_dir), tokenizer_fingerprint=fingerprint)
+
+
+def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
+    endpoint, tiny_model_dir, other_model_dir, tmp_path
+):
+    from speculation.engine.eagle import EagleHead, EagleProposer
+
+    # given: a head for the policy's target, and one for another target (no candidate)
+    fingerprint = endpoint.capabilities["tokenizer_fingerprint"]
+    _eagle_head(tiny_model_dir, tmp_path / "head", fingerprint, "tiny-head")
+    _eagle_head(other_model_dir, tmp_path / "other-head", fingerprint, "other-head")
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(tiny_model_dir))
+    endpoint.refresh_from_db()
+    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "tiny-draft"]  # no target
+    listed = candidates.compatible_candidates(endpoint, target_path=str(tiny_model_dir))
+    assert [c.name for c in listed] == ["ngram", "tiny-draft", "tiny-head"]
+    # when
+    rows = {r.candidate: r for r in _measure(endpoint, "req-eagle")}
+    # then: the head's row equals the engine's replay with the target's teacher-forced features
+    model = resources.model(str(tiny_model_dir)).model
+    head = EagleHead.load(tmp_path / "head", target_dir=tiny_model_dir)
+    sequence = PROMPT + OUTPUT
+    hidden = model(torch.tensor(sequence), 0, return_hidden=True).hidden
+    want = [
+        replay_proposer(EagleProposer(head, model), sequence, k, prompt_len=len(PROMPT), hidden=hidden)
+        for k in range(1, 9)
+    ]
+    row = rows["tiny-head"]
+    assert row.status == "measured" and row.kind == "eagle_head", row.reason
+    assert row.counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
+    assert set(rows) == {"ngram", "tiny-draft", "tiny-head"}
+
+
+def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_of_shadow(
+    endpoint, tiny_model_dir, other_model_dir, monkeypatch
+):
+    from speculation.engine.projection import expected_tokens
+    from speculation.models import DraftModel
+    from speculation.worker import shadow
+    from speculation.worker.tasks import replay_candidates_task
+
+    # given: shadow on sampled traffic with the policy's draft and the target both in the worker (exact)
+    monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(
+        mechanism="draft_model", draft=DraftModel.objects.get(name="tiny-draft"), target_path=str(other_model_dir)
+    )
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(BACKGROUND)
+    shadow.measure_shadow(
+        endpoint_id=endpoint.pk,
+        request_id="req-sampled",
+        prompt_ids=PROMPT,
+        output_ids=OUTPUT,
+        finish_reason="length",
+        max_tokens=len(OUTPUT),
+        temperature=0.7,
+        top_p=0.9,
+        latency_ms=100.0,
+        workload="chat",
+    )
+    [job] = _queued_candidates(client)
+    assert job["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
+    # when
+    replay_candidates_task.apply(kwargs=job)
+    # then: one row, the draft model's (n-gram lookup has no draft distribution), at shadow's own alpha for every K
+    alpha = StageRecord.objects.get(request_id="req-sampled").alpha
+    assert 0.05 < alpha < 0.95
+    [row] = CandidateMeasurement.objects.filter(request_id="req-sampled")
+    assert row.candidate == "tiny-draft" and row.status == "measured" and "exact" in row.reason
+    taus = [expected_tokens(alpha=alpha, k=k) for k in range(1, 9)]
+    assert row.mean_accepted_len == [round(t, 4) for t in taus]
+    assert row.multiplier == [
+        round(COSTS.multiplier(tokens_per_step=t, k=k), 4) for k, t in zip(range(1, 9), taus, strict=True)
+    ]
+    drafted, accepted, steps = row.counts[2]
+    assert steps == pytest.approx(len(OUTPUT) / taus[2], abs=0.01) and accepted / drafted == pytest.approx(
+        (taus[2] - 1) / 3, abs=0.01
+    )

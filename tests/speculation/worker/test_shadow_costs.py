@@ -1,14 +1,19 @@
-"""Shadow's projection divides by costs the worker measured (speculation.worker.costs): c and v(K) from a stored
-calibration, refreshed when stale; the server's step read from plain generations of two lengths (not from the
-request's latency); medians, so one stall is not kept. Timings run on a fake clock: no wall-clock assert."""
+"""Shadow's projection divides by costs a worker measured (speculation.worker.costs): c and v(K) from the newest
+stored calibration. The calibration never runs inside the shadow task: a stale or missing one is queued on the node
+class's background queue (real Redis: the broker's own list), measured once however often it was queued, and a
+record made before the first one is projected when it is stored. The server's step is read from plain generations
+of two lengths (not from the request's latency), a median, so one stall is not kept. Timings run on a fake clock:
+no wall-clock assert."""
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 
 import httpx
 import pytest
+import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -17,6 +22,7 @@ from speculation.worker import costs as worker_costs
 from speculation.worker.shadow import measure_shadow
 
 PROMPT, OUTPUT = [1, 5, 9, 14, 20], [20, 31, 7, 7, 42, 100, 3, 250, 7, 9]
+BACKGROUND = "gpu.cpu.background"
 
 
 @pytest.fixture
@@ -24,7 +30,7 @@ def shadow_policy(db, tiny_model_dir, settings):
     from fleet.models import Endpoint
 
     # the policy's own projection only: other candidates' replays (auto-pairing, tests/speculation/worker/
-    # test_candidates.py) would calibrate their own costs too, wherever Redis happens to be up
+    # test_candidates.py) are queued apart
     settings.CANDIDATE_REPLAYS_PER_MINUTE = 0
     from speculation.models import DraftModel, SpeculationPolicy
 
@@ -36,6 +42,16 @@ def shadow_policy(db, tiny_model_dir, settings):
         endpoint=endpoint, defaults={"mode": "shadow", "mechanism": "draft_model", "draft": draft, "k": 3}
     )
     return policy
+
+
+@pytest.fixture
+def broker(redis_server):
+    """The test session's Redis, the background queue and this endpoint's calibration keys emptied."""
+    client = redis.Redis.from_url(redis_server.url)
+    for key in [BACKGROUND, *client.scan_iter("ace:calibration-*")]:
+        client.delete(key)
+    yield client
+    client.close()
 
 
 def _shadow(policy, request_id: str) -> None:
@@ -51,51 +67,145 @@ def _shadow(policy, request_id: str) -> None:
     )
 
 
+def _queued(client: redis.Redis) -> list[tuple[str, dict]]:
+    """(task name, kwargs) of every message on the background queue (kombu's JSON envelope, base64 body)."""
+    out = []
+    for raw in client.lrange(BACKGROUND, 0, -1):
+        message = json.loads(raw)
+        _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        out.append((message["headers"]["task"], kwargs))
+    return out
+
+
 MEASURED = StepCosts(target_step_s=0.010, draft_step_s=0.001, verify_s={1: 0.006, 4: 0.009, 9: 0.020})
 
 
-def test_greedy_shadow_projects_with_the_measured_c_and_v_and_reuses_a_fresh_calibration(shadow_policy, monkeypatch):
-    from speculation.models import CostCalibration, StageRecord
+def _store(policy, path: str = "remote", age_s: float = 0.0):
+    from speculation.models import CostCalibration
+    from speculation.services.costs import record_calibration
 
-    calls = []
-    monkeypatch.setattr(worker_costs, "measure", lambda **kw: calls.append(kw["path"]) or MEASURED)
+    row = record_calibration(
+        endpoint=policy.endpoint, draft=policy.draft, path=path, costs=MEASURED, repeats=5, context_tokens=5
+    )
+    CostCalibration.objects.filter(pk=row.pk).update(measured_at=timezone.now() - timedelta(seconds=age_s))
+    return row
+
+
+def _no_inline_measurement(monkeypatch) -> None:
+    def fail(**kwargs):
+        raise AssertionError("the shadow task measured costs inline")
+
+    monkeypatch.setattr(worker_costs, "measure", fail)
+
+
+def test_greedy_shadow_projects_with_the_stored_c_and_v(shadow_policy, broker, monkeypatch):
+    from speculation.models import StageRecord
+
+    _store(shadow_policy)
+    _no_inline_measurement(monkeypatch)
     # when: two shadow measurements within the refresh interval
     _shadow(shadow_policy, "r1")
     _shadow(shadow_policy, "r2")
-    # then: one calibration (remote: no target in the worker), used by both records
-    assert calls == ["remote"]
-    row = CostCalibration.objects.get()
-    assert (row.node_class, row.path, row.draft_id) == ("cpu", "remote", shadow_policy.draft_id)
+    # then: both projected with the stored costs (remote: no target in the worker), nothing queued
     record = StageRecord.objects.get(request_id="r2")
     k_mean = record.drafted_tokens / record.target_passes
     expected = record.mean_accepted_len / (MEASURED.v(k_mean) + k_mean * MEASURED.c)
     assert record.multiplier == pytest.approx(expected)
     assert f"c={MEASURED.c:.3f}" in record.reason and f"v={MEASURED.v(k_mean):.3f}" in record.reason
+    assert _queued(broker) == []
 
 
-def test_a_stale_calibration_is_measured_again(shadow_policy, monkeypatch):
+def test_a_stale_calibration_is_queued_on_the_background_queue_not_measured_in_the_shadow_task(
+    shadow_policy, broker, monkeypatch
+):
+    from speculation.models import CostCalibration, StageRecord
+
+    _store(shadow_policy, age_s=settings.COST_REFRESH_S + 1)
+    _no_inline_measurement(monkeypatch)
+    # when: two shadow measurements find the calibration stale
+    _shadow(shadow_policy, "r1")
+    _shadow(shadow_policy, "r2")
+    # then: each is projected with the newest stored costs meanwhile, and one refresh is queued for both
+    for request_id in ("r1", "r2"):
+        record = StageRecord.objects.get(request_id=request_id)
+        assert record.multiplier is not None and "older than" in record.reason
+    queued = _queued(broker)
+    assert [name for name, _ in queued] == ["speculation.tasks.calibrate_costs_task"]
+    assert queued[0][1]["endpoint_id"] == shadow_policy.endpoint_id and queued[0][1]["path"] == "remote"
+    assert queued[0][1]["draft_id"] == shadow_policy.draft_id and queued[0][1]["node_class"] == "cpu"
+    assert CostCalibration.objects.count() == 1
+
+
+def test_the_calibration_task_stores_one_calibration_even_if_queued_twice(shadow_policy, broker, monkeypatch):
+    from speculation.models import CostCalibration
+    from speculation.worker.tasks import calibrate_costs_task
+
+    _store(shadow_policy, age_s=settings.COST_REFRESH_S + 1)
+    _shadow(shadow_policy, "r1")
+    [(_, job)] = _queued(broker)
+    calls = []
+    monkeypatch.setattr(worker_costs, "measure", lambda **kw: calls.append(kw["path"]) or MEASURED)
+    # when: the same calibration runs twice (queued twice, e.g. by two workers' shadow tasks)
+    calibrate_costs_task.apply(kwargs=job)
+    calibrate_costs_task.apply(kwargs=job)
+    # then: measured and stored once; the second found the first's row fresh
+    assert calls == ["remote"]
+    assert CostCalibration.objects.count() == 2  # the stale one and one new
+
+
+def test_a_calibration_another_worker_is_running_is_not_run_again(shadow_policy, broker, monkeypatch):
     from speculation.models import CostCalibration
 
-    calls = []
-    monkeypatch.setattr(worker_costs, "measure", lambda **kw: calls.append(1) or MEASURED)
-    _shadow(shadow_policy, "r1")
-    CostCalibration.objects.update(measured_at=timezone.now() - timedelta(seconds=settings.COST_REFRESH_S + 1))
-    _shadow(shadow_policy, "r2")
-    assert len(calls) == 2
-    assert CostCalibration.objects.count() == 2
+    _no_inline_measurement(monkeypatch)
+    key = worker_costs.cost_key(endpoint=shadow_policy.endpoint, policy=shadow_policy)
+    broker.set(key.redis_key("lock"), "another-worker", ex=60)  # another worker holds the key's lock
+    job = worker_costs.calibration_job(key, shadow_policy, PROMPT)
+    # when
+    assert worker_costs.calibrate(**job) is None
+    # then
+    assert CostCalibration.objects.count() == 0 and broker.get(key.redis_key("lock")) == b"another-worker"
 
 
-def test_without_costs_the_measurement_is_recorded_with_the_reason_and_no_projection(shadow_policy, monkeypatch):
+def test_before_any_calibration_the_record_says_pending_and_is_projected_once_it_is_stored(
+    shadow_policy, broker, monkeypatch
+):
     from speculation.models import StageRecord
+    from speculation.worker.tasks import calibrate_costs_task
+
+    _no_inline_measurement(monkeypatch)
+    _shadow(shadow_policy, "r1")
+    record = StageRecord.objects.get(request_id="r1")
+    assert record.multiplier is None and "calibration pending" in record.reason
+    assert record.mean_accepted_len is not None  # the acceptance is recorded at once
+    # when: the queued calibration runs
+    [(_, job)] = _queued(broker)
+    monkeypatch.setattr(worker_costs, "measure", lambda **kw: MEASURED)
+    calibrate_costs_task.apply(kwargs=job)
+    # then: the record gets the projection shadow would have made with it
+    record.refresh_from_db()
+    k_mean = record.drafted_tokens / record.target_passes
+    assert record.multiplier == pytest.approx(record.mean_accepted_len / (MEASURED.v(k_mean) + k_mean * MEASURED.c))
+    assert "pending" not in record.reason and f"c={MEASURED.c:.3f}" in record.reason
+    assert record.tok_s == pytest.approx(record.baseline_tok_s * record.multiplier)
+
+
+def test_a_failed_calibration_leaves_the_record_pending_and_lets_the_next_request_queue_it_again(
+    shadow_policy, broker, monkeypatch
+):
+    from speculation.models import StageRecord
+    from speculation.worker.tasks import calibrate_costs_task
 
     def fail(**kw):
         raise worker_costs.CalibrationError("timing the server's plain decode step failed: ConnectError")
 
     monkeypatch.setattr(worker_costs, "measure", fail)
     _shadow(shadow_policy, "r1")
-    record = StageRecord.objects.get(request_id="r1")
-    assert record.action == "would_speculate" and record.mean_accepted_len is not None
-    assert record.multiplier is None and "no projection" in record.reason and "ConnectError" in record.reason
+    [(_, job)] = _queued(broker)
+    broker.delete(BACKGROUND)
+    calibrate_costs_task.apply(kwargs=job)  # logged as a warning, nothing stored
+    _shadow(shadow_policy, "r2")
+    assert StageRecord.objects.get(request_id="r1").multiplier is None
+    assert [name for name, _ in _queued(broker)] == ["speculation.tasks.calibrate_costs_task"]
 
 
 class FakeVllm:
@@ -113,7 +223,7 @@ class FakeVllm:
         self.calls += 1
         self.bodies.append(body)
         self.now += 2.0 if self.calls == 3 else 0.0
-        if body.get("prompt_logprobs"):  # a scoring call
+        if "prompt_logprobs" in body:  # a scoring call (None: only the greedy next token)
             self.now += 0.030 + 0.001 * len(body["prompt"])
             entries = [None] + [{str(t): {"logprob": -0.1, "rank": 1}} for t in body["prompt"][1:]]
             return httpx.Response(200, json={"choices": [{"token_ids": [7], "prompt_logprobs": entries}]})
@@ -137,7 +247,7 @@ def test_remote_calibration_times_the_servers_decode_step_and_scoring_calls(shad
     assert costs.verify_s == {
         n: pytest.approx(0.030 + 0.001 * (len(PROMPT) - 1 + n)) for n in worker_costs.VERIFY_SIZES
     }
-    generations = [b for b in fake.bodies if not b.get("prompt_logprobs")]
+    generations = [b for b in fake.bodies if "prompt_logprobs" not in b]
     assert sorted({b["max_tokens"] for b in generations}) == [1, 1 + worker_costs.SERVER_STEP_TOKENS]
     assert all(b["prompt"] == PROMPT and b["ignore_eos"] for b in generations)
 
@@ -148,3 +258,33 @@ def test_local_calibration_times_the_target_loaded_in_the_worker(shadow_policy, 
     costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
     assert set(costs.verify_s) == set(worker_costs.VERIFY_SIZES)
     assert all(s > 0 for s in costs.verify_s.values()) and costs.draft_step_s > 0
+
+
+@pytest.mark.parametrize("slots", [8, 0])
+def test_local_calibration_times_the_engine_prod_runs_the_request_on(
+    shadow_policy, tiny_model_dir, monkeypatch, settings, slots
+):
+    # given: batching on (prod serves the local path in the batch loop) or off (the single-stream loop)
+    settings.PROD_BATCH_SLOTS = slots
+    monkeypatch.setattr(worker_costs, "server_step_seconds", lambda **kw: 0.010)
+    timed = []
+    monkeypatch.setattr(worker_costs, "time_verify", lambda target, *a, **kw: timed.append(target) or {1: 0.01})
+    monkeypatch.setattr(worker_costs, "time_draft_step", lambda proposer, *a, **kw: timed.append(proposer) or 0.001)
+    shadow_policy.target_path = str(tiny_model_dir)
+    # when
+    worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
+    # then
+    names = sorted(type(x).__name__ for x in timed)
+    assert names == (["BatchRowDraft", "BatchRowTarget"] if slots else ["DraftModelProposer", "LocalTarget"])
+
+
+def test_a_second_draft_borrows_the_servers_costs_and_times_only_its_own_draft_step(shadow_policy, monkeypatch):
+    from speculation.models import DraftModel
+
+    _store(shadow_policy)  # the policy's draft, fresh
+    monkeypatch.setattr(worker_costs, "server_step_seconds", lambda **kw: pytest.fail("the server was timed again"))
+    other = DraftModel.objects.create(name="tiny-draft-2", kind="draft_model", path=shadow_policy.draft.path)
+    shadow_policy.draft = other
+    costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="remote", context=PROMPT)
+    assert costs.target_step_s == MEASURED.target_step_s and costs.verify_s == MEASURED.verify_s
+    assert costs.draft_step_s > 0 and costs.draft_step_s != MEASURED.draft_step_s

@@ -15,24 +15,6 @@ from speculation.worker.shadow import measure_shadow
 TEMPERATURE, TOP_P = 0.7, 0.9
 
 
-@pytest.fixture
-def other_model_dir(tiny_model_dir, tmp_path):
-    """The tiny model with perturbed weights (same tokenizer): a target that differs from the draft."""
-    import shutil
-
-    from transformers import LlamaForCausalLM
-
-    out = tmp_path / "tiny-target"
-    shutil.copytree(tiny_model_dir, out)
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.std())
-    model.save_pretrained(out)
-    return out
-
-
 def _processed(logits: torch.Tensor) -> torch.Tensor:
     """Temperature, then top-p (keep a token while the mass ranked before it is below top_p), by hand."""
     probs = torch.softmax(logits.double() / TEMPERATURE, -1)

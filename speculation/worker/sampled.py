@@ -1,0 +1,103 @@
+"""Expected acceptance of a draft on a finished sampled request, for shadow and for auto-pairing's candidates.
+
+sum_x min(p(x), q(x)) per output position with p (the target) and q (the draft) processed as the request asked
+(temperature, top-k, top-p): exact from the target's logits when the worker holds the target (the policy's
+target_path), else from the server's top-N log-probabilities (one scoring call; exact when 0 < top_k < N, otherwise
+a lower bound recorded with the mass it could not see: speculation.engine.acceptance). The target's side is read
+once per request (``TargetView``) and serves every draft compared with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fleet.models import Endpoint
+from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.worker.paths import resources
+from speculation.worker.paths.drafting import teacher_forced_logits
+
+SCORING_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """The target's side of sum_x min(p, q) on one request: p exactly ([n, V]), or the server's top-N."""
+
+    params: SamplingParams
+    p: torch.Tensor | None = None  # [n, V] processed, when the worker holds the target
+    top: list[dict[int, float]] | None = None  # per output position: token -> raw logprob, the top-N
+    top_n: int = 0
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    per_position: torch.Tensor  # [n]
+    unseen_mass: float | None  # None when exact
+    source: str  # for the record's reason
+
+    @property
+    def alpha(self) -> float:
+        return float(self.per_position.mean()) if self.per_position.numel() else 0.0
+
+
+def target_view(
+    *, endpoint: Endpoint, target_path: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams
+) -> TargetView:
+    """The target's processed distributions from its weights in the worker, else the server's top-N (one call)."""
+    if target_path:
+        target = resources.model(target_path).model
+        return TargetView(
+            params=params, p=probs_from_logits(teacher_forced_logits(target, prompt_ids, output_ids), params)
+        )
+    top, top_n = server_top_logprobs(endpoint, prompt_ids, output_ids)
+    return TargetView(params=params, top=top, top_n=top_n)
+
+
+def acceptance(view: TargetView, draft_logits: torch.Tensor) -> Acceptance:
+    """sum_x min(p, q) per position for a draft's teacher-forced logits [n, V]."""
+    from speculation.engine.acceptance import expected_acceptance_exact, expected_acceptance_from_top
+
+    q = probs_from_logits(draft_logits, view.params)  # [n, V]
+    if view.p is not None:
+        return Acceptance(expected_acceptance_exact(view.p, q), None, "exact, from the target's logits in the worker")
+    per_position, unseen, exact = expected_acceptance_from_top(view.top, q, view.params)
+    if exact:
+        return Acceptance(
+            per_position,
+            None,
+            f"exact, from the server's top-{view.top_n} log-probabilities (top_k {view.params.top_k} < {view.top_n})",
+        )
+    unseen_mass = float(unseen.mean()) if unseen.numel() else 0.0
+    return Acceptance(
+        per_position,
+        unseen_mass,
+        f"a lower bound from the server's top-{view.top_n} log-probabilities; mean unseen probability mass "
+        f"{unseen_mass:.4f}",
+    )
+
+
+def draft_acceptance(view: TargetView, draft_path: str, prompt_ids: list[int], output_ids: list[int]) -> Acceptance:
+    draft = resources.model(draft_path).model
+    return acceptance(view, teacher_forced_logits(draft, prompt_ids, output_ids))
+
+
+def server_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list[Any], int]:
+    """The server's top-N raw log-probabilities at every output position (one scoring call through the server
+    kind's wire format), and N. fleet.adapters.Unsupported when the server kind cannot score token ids."""
+    from fleet.adapters import wire_for
+    from speculation.worker.generation import _headers, http
+
+    wire = wire_for(endpoint.kind)
+    top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
+    sequence = prompt_ids + output_ids
+    request = wire.score(model=endpoint.served_model, token_ids=sequence, top_n=top_n)
+    url = endpoint.base_url.rstrip("/") + request.path
+    response = http().request(request.method, url, headers=_headers(endpoint), timeout=120, json=request.json)
+    response.raise_for_status()
+    scored = wire.parse_score(response.json(), token_ids=sequence, top_n=top_n)
+    # only the top-N by rank are a complete head (the output token's own log-probability is kept apart)
+    top = [{t.token_id: t.logprob for t in position.top} for position in scored.positions[len(prompt_ids) :]]
+    return top, top_n
