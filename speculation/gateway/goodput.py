@@ -3,9 +3,9 @@
 Whether speculation pays depends on the load and on the sampling: a server that batches well answers 32 streams
 far faster than one, while the worker's engine may not, and sampled requests accept less and verify at more cost
 than greedy ones. So per endpoint, traffic kind (greedy / sampled) and load bucket (the endpoint's requests in
-flight in this web process when one starts, itself included: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the
-newest WINDOW requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by the
-web processes).
+flight in this web process, itself included: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the newest WINDOW
+requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by the web processes).
+A request is decided by the load when it starts and its sample kept at the mean load it ran under.
 
 Plain samples come from every request the server answered as itself: off and shadow requests (plain serving by
 the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
@@ -78,10 +78,21 @@ Samples = Mapping[tuple[str, str, str], Sequence[float]]  # (traffic, bucket, SP
 @dataclass
 class _Flight:
     started: float
+    area: float  # the endpoint's load integral when it started (_Load)
     probe: tuple[str, str] | None = None  # (traffic, bucket) it speculates to learn
 
 
+@dataclass
+class _Load:
+    """The integral over time of an endpoint's requests in flight, so a request's mean load is known at its end."""
+
+    area: float = 0.0
+    at: float = 0.0
+
+
+_now = time.monotonic
 _in_flight: dict[int, dict[str, _Flight]] = defaultdict(dict)
+_load: dict[int, _Load] = defaultdict(_Load)
 _turns: dict[tuple[int, str, str], itertools.count] = defaultdict(itertools.count)
 
 
@@ -107,21 +118,40 @@ def traffic_of(body: Mapping[str, Any]) -> str:
     return SAMPLED
 
 
+def _advance(endpoint_id: int, now: float) -> _Load:
+    load = _load[endpoint_id]
+    load.area += len(_in_flight[endpoint_id]) * (now - load.at) if load.at else 0.0
+    load.at = now
+    return load
+
+
 def begin(call: Call) -> str:
-    """Count the request in flight for its endpoint; its load bucket (the request itself included)."""
-    now = time.monotonic()
+    """Count the request in flight for its endpoint; its load bucket (the request itself included), which the
+    guard decides by."""
+    now = _now()
+    load = _advance(call.route.endpoint_id, now)
     flying = _in_flight[call.route.endpoint_id]
     for request_id, flight in list(flying.items()):
         if now - flight.started > STALE_S:
             del flying[request_id]
-    flying[call.request_id] = _Flight(started=now)
+    flying[call.request_id] = _Flight(started=now, area=load.area)
     call.load_bucket = bucket_of(len(flying))
     call.traffic = traffic_of(call.body)
     return call.load_bucket
 
 
-def end(call: Call) -> None:
-    _in_flight[call.route.endpoint_id].pop(call.request_id, None)
+def end(call: Call) -> float | None:
+    """Count the request out of flight; the endpoint's mean load while it ran (None if it was not counted).
+
+    A sample is kept at the load it ran under: the first request of a burst starts alone but runs among all."""
+    now = _now()
+    load = _advance(call.route.endpoint_id, now)
+    flight = _in_flight[call.route.endpoint_id].pop(call.request_id, None)
+    if flight is None:
+        return None
+    if now - flight.started <= 0:
+        return float(len(_in_flight[call.route.endpoint_id]) + 1)
+    return (load.area - flight.area) / (now - flight.started)
 
 
 def _probing(endpoint_id: int, traffic: str, bucket: str) -> int:
@@ -223,9 +253,10 @@ async def decide(call: Call) -> Decision:
 
 
 async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:
-    """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) and count it out of flight."""
-    end(call)
-    bucket = getattr(call, "load_bucket", "")
+    """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) at the mean load it ran under, and count
+    it out of flight."""
+    mean_load = end(call)
+    bucket = bucket_of(max(1, round(mean_load))) if mean_load is not None else getattr(call, "load_bucket", "")
     if not bucket or not tokens or latency_ms <= 0:
         return
     key = KEY.format(endpoint_id=call.route.endpoint_id, traffic=call.traffic or SAMPLED, bucket=bucket, kind=kind)

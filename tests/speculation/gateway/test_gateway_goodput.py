@@ -145,11 +145,11 @@ def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> Sim
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    goodput._in_flight.clear()
-    goodput._turns.clear()
+    for state in (goodput._in_flight, goodput._turns, goodput._load):
+        state.clear()
     yield
-    goodput._in_flight.clear()
-    goodput._turns.clear()
+    for state in (goodput._in_flight, goodput._turns, goodput._load):
+        state.clear()
 
 
 async def _keep(endpoint_id: int, kind: str, tok_s: float, *, n: int, temperature: float = 0.0) -> None:
@@ -183,6 +183,33 @@ def test_samples_kept_per_bucket_and_traffic_turn_the_guard_on_there_only(guard_
     assert alone.plain and "10.0 vs 50.0" in alone.reason
     assert sampled.plain and "greedy speculation measured slower than plain at load 1" in sampled.reason
     assert not busier.plain and bucket == "2-4"
+
+
+def test_a_sample_is_kept_at_the_mean_load_it_ran_under(guard_on, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+
+    async def run():
+        # given: a request starts alone (decided at load 1), then 7 more join it at once and all run for 9 s
+        first = _call(9003, "first")
+        goodput.begin(first)
+        clock[0] += 1.0
+        others = [_call(9003, f"o{i}") for i in range(7)]
+        for call in others:
+            goodput.begin(call)
+        clock[0] += 9.0
+        # when: the first ends (mean load (1 x 1 s + 8 x 9 s) / 10 s = 7.3), then the others (8 each)
+        await goodput.observe(first, kind=PLAIN, tokens=10, latency_ms=10_000.0)
+        for call in others:
+            await goodput.observe(call, kind=PLAIN, tokens=10, latency_ms=9_000.0)
+        return first.load_bucket
+
+    decided_at = asyncio.run(run())
+
+    assert decided_at == "1"
+    assert _samples(9003, GREEDY, "1", PLAIN) == []
+    assert len(_samples(9003, GREEDY, "5-16", PLAIN)) == 8
+    assert goodput._in_flight[9003] == {}
 
 
 def test_the_guard_off_always_speculates(settings, redis_server):
