@@ -48,7 +48,7 @@ from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
 from speculation.worker.costs_batch import BatchRowDraft, BatchRowTarget
 from speculation.worker.paths import resources
-from speculation.worker.paths.remote import RemoteTarget, RemoteVerificationError
+from speculation.worker.paths.remote import RemoteVerificationError
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ VERIFY_SIZES = (1, 2, 3, 5, MAX_PROJECTED_K + 1)  # tokens verified; the others 
 SERVER_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=30.0)
 LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191 s at load 30), freed if a worker dies
 QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
-TIMING_VOCAB = 1 << 17  # logits width when timing remote verification of an n-gram policy without a tokenizer
 PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
 _measuring = threading.Lock()  # one calibration at a time per worker process
@@ -218,7 +217,7 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     """Time the three costs now; the server step and verify(n) borrowed from a fresh calibration of another
     draft on the same endpoint, node class and path when there is one."""
     batched = batched_path(policy=policy, path=path)
-    draft_step, vocab = _draft_step(policy, context, batched=batched)
+    draft_step = _draft_step(policy, context, batched=batched)
     shared = cost_selectors.newest_calibration(
         endpoint_id=endpoint.pk,
         node_class=endpoint.node_class,
@@ -232,9 +231,7 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     return StepCosts(
         target_step_s=_server_step(endpoint, context),
         draft_step_s=draft_step,
-        verify_s=_verify_costs(
-            endpoint=endpoint, policy=policy, path=path, context=context, vocab=vocab, batched=batched
-        ),
+        verify_s=_verify_costs(endpoint=endpoint, policy=policy, path=path, context=context, batched=batched),
     )
 
 
@@ -247,10 +244,10 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     return local and batching.enabled() and policy.mechanism in (Mechanism.DRAFT_MODEL, Mechanism.NGRAM)
 
 
-def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool) -> tuple[float, int | None]:
-    """Seconds per drafted token of the policy's mechanism as prod runs it, and its vocabulary (None: n-gram)."""
+def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool) -> float:
+    """Seconds per drafted token of the policy's mechanism as prod runs it."""
     if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
-        return time_draft_step(NgramProposer(), context), None
+        return time_draft_step(NgramProposer(), context)
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         from speculation.engine.eagle import EagleProposer
 
@@ -259,10 +256,10 @@ def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool)
         target = resources.model(policy.target_path).model
         head = resources.eagle_head(policy.draft.path, target_dir=policy.target_path)
         proposer = _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
-        return time_draft_step(proposer, context), target.vocab_size
+        return time_draft_step(proposer, context)
     model = resources.model(policy.draft.path).model
     proposer: Any = BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
-    return time_draft_step(proposer, context), model.vocab_size
+    return time_draft_step(proposer, context)
 
 
 class _FeaturesFed:
@@ -295,26 +292,19 @@ def _server_step(endpoint: Endpoint, context: list[int]) -> float:
 
 
 def _verify_costs(
-    *, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int], vocab: int | None, batched: bool
+    *, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int], batched: bool
 ) -> dict[int, float]:
     """verify(n) on prod's path: the target in this worker (on the batch engine when prod batches), or prod's
     RemoteTarget over the server's scoring call."""
     if path == VerificationPath.LOCAL:
         model = resources.model(policy.target_path).model
         return time_verify(BatchRowTarget(model) if batched else LocalTarget(model), context, VERIFY_SIZES)
-    from speculation.worker.generation import _headers, http
+    from speculation.worker.generation import PathUnavailable, build
 
-    if vocab is None:  # n-gram: the tokenizer's size where the worker has one (prod needs it too)
-        vocab = len(resources.tokenizer(policy.target_path)) if policy.target_path else TIMING_VOCAB
-    target = RemoteTarget(
-        client=http(),
-        base_url=endpoint.base_url,
-        model=endpoint.served_model,
-        headers=_headers(endpoint),
-        wire=wire_for(endpoint.kind),
-        vocab_size=vocab,
-        max_context=int((endpoint.capabilities or {}).get("max_context") or 1 << 30),
-    )
+    try:
+        target = build(endpoint, policy, VerificationPath.REMOTE).remote  # prod's own RemoteTarget
+    except PathUnavailable as exc:
+        raise CalibrationError(f"the remote path cannot run this policy: {exc}") from exc
     try:
         return time_verify(target, context, VERIFY_SIZES, repeats=REPEATS)
     except (httpx.HTTPError, WireError, Unsupported, RemoteVerificationError) as exc:
