@@ -42,7 +42,7 @@ COMPARED = ("eagle", "draft_model", "ngram")
 def head_step_s(proposer: EagleProposer, prompt_ids: list[int]) -> float:
     """Seconds per EAGLE draft step (the head's layer + the target's LM head): (t(3 drafts) - t(1 draft)) / 2."""
     drafter = proposer.drafter
-    hidden = proposer.target_model(torch.tensor(prompt_ids[:-1]), 0, return_hidden=True).hidden
+    hidden = proposer.target_model(torch.tensor(prompt_ids[:-1]), 0, return_hidden=proposer.wants_hidden).hidden
     next_tokens = torch.tensor(prompt_ids[1:])
 
     def timed(k: int) -> float:

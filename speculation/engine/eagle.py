@@ -12,6 +12,13 @@ directory also runs natively in vLLM with `method: "eagle"`.
 
 Saved as a small Hugging Face-style directory: config.json (a one-layer Llama config plus `ace_eagle`,
 naming the target it was trained for and that target's fingerprint) and model.safetensors.
+
+Multi-layer features (EAGLE-3, Li et al. 2025, arXiv 2503.01840): a head with ``feature_layers`` reads, for
+the target's true positions, the outputs of those target layers and the final-norm feature concatenated
+([low, mid, high], (n + 1) * H wide), which a linear layer ``fuse`` maps to H before ``fc``; drafted positions
+feed the head's own predicted feature (H wide) as before, so it is trained with its own predictions as inputs
+too (training-time test, speculation.offline.eagle.train). Such a head is saved as format 2 (format 1, EAGLE-1,
+still loads unchanged); its `fuse` is ACE's own layout, not vLLM's EAGLE-3 one, so it runs on ACE's local path.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.tree import TreeShape, expand_eagle_tree
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # EAGLE-1: vLLM's `method: "eagle"` layout
+FORMAT_MULTI_LAYER = 2  # EAGLE-3-style multi-layer features (a `fuse` layer): ACE's local path only
+FORMATS = (FORMAT_VERSION, FORMAT_MULTI_LAYER)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # The fingerprint reads the target's config and a fixed sample of its weight bytes: constant time for any size.
@@ -57,6 +66,17 @@ class EagleConfig:
     max_position_embeddings: int = 2048
     target_name: str = ""
     target_fingerprint: str = ""
+    # target layers whose outputs join the final-norm feature (EAGLE-3); () reads the final-norm feature only
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def feature_width(self) -> int:
+        """Width of a true target feature the head reads: (len(feature_layers) + 1) * hidden_size."""
+        return (len(self.feature_layers) + 1) * self.hidden_size
+
+    @property
+    def format(self) -> int:
+        return FORMAT_MULTI_LAYER if self.feature_layers else FORMAT_VERSION
 
     @property
     def head_dim(self) -> int:
@@ -76,11 +96,20 @@ class EagleConfig:
         )
 
     @classmethod
-    def for_target(cls, target_dir: Path, *, target_name: str = "", intermediate_size: int | None = None):
-        """A head shaped for the target in target_dir (HF Llama config.json)."""
+    def for_target(
+        cls,
+        target_dir: Path,
+        *,
+        target_name: str = "",
+        intermediate_size: int | None = None,
+        multi_layer: bool = False,
+    ):
+        """A head shaped for the target in target_dir (HF Llama config.json); multi_layer: EAGLE-3 features from
+        the layers default_feature_layers picks (a chain of final-norm features when the target is too shallow)."""
         config = json.loads((Path(target_dir) / CONFIG_FILE).read_text())
         heads = config["num_attention_heads"]
         return cls(
+            feature_layers=default_feature_layers(config["num_hidden_layers"]) if multi_layer else (),
             hidden_size=config["hidden_size"],
             intermediate_size=intermediate_size or config["intermediate_size"],
             num_attention_heads=heads,
@@ -92,6 +121,14 @@ class EagleConfig:
             target_name=target_name or default_target_name(target_dir),
             target_fingerprint=target_fingerprint(target_dir),
         )
+
+
+def default_feature_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low and mid layers for a target of n_layers (the high one is the final-norm feature): the outputs
+    of layers n/4 - 1 and n/2 - 1 (8 layers: 1 and 3); () when the target has fewer than 4 layers."""
+    if n_layers < 4:
+        return ()
+    return (n_layers // 4 - 1, n_layers // 2 - 1)
 
 
 def default_target_name(target_dir: Path) -> str:
@@ -138,6 +175,7 @@ _FUSED = {
 }
 _RENAMED = {
     "fc.weight": "fc.weight",
+    "fuse.weight": "fuse.weight",  # format 2 only
     "layers.0.attention.wo.weight": "layers.0.self_attn.o_proj.weight",
     "layers.0.feed_forward.w2.weight": "layers.0.mlp.down_proj.weight",
     "layers.0.ffn_norm.weight": "layers.0.post_attention_layernorm.weight",
@@ -156,6 +194,8 @@ class EagleHead(nn.Module):
         self.config = config
         self.args = config.model_args()
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        # EAGLE-3: the target's [low, mid, high] features -> one H-wide feature (format 2 heads only)
+        self.fuse = nn.Linear(config.feature_width, config.hidden_size, bias=False) if config.feature_layers else None
         block = Block(self.args)
         block.attention_norm = nn.Identity()
         self.layers = nn.ModuleList([block])
@@ -172,7 +212,7 @@ class EagleHead(nn.Module):
 
     def forward(
         self,
-        features: torch.Tensor,  # [B, T, H]: target features f_i (or the head's own predictions)
+        features: torch.Tensor,  # [B, T, H] (or [B, T, (n + 1) * H] true multi-layer ones): f_i or the head's g_i
         embeds: torch.Tensor,  # [B, T, H]: embeddings of x_{i+1}
         start: int = 0,
         use_cache: bool = False,
@@ -190,6 +230,8 @@ class EagleHead(nn.Module):
             block.attention.cache, start = self._no_cache, 0
         if mask is None and t > 1:  # position start + i sees every cached position and the new ones up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool, device=features.device).tril(diagonal=start)
+        if self.fuse is not None and features.shape[-1] != self.config.hidden_size:
+            features = self.fuse(features)  # true target features: [low, mid, high] -> H
         x = self.fc(torch.cat([embeds, features], dim=-1))
         if positions is None:
             cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
@@ -219,7 +261,7 @@ class EagleHead(nn.Module):
             "hidden_act": "silu",
             "tie_word_embeddings": False,
             "torch_dtype": "float32",
-            "ace_eagle": {"format": FORMAT_VERSION, **asdict(c), **(extra or {})},
+            "ace_eagle": {**asdict(c), "format": c.format, **(extra or {})},
         }
         (directory / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
         tensors = to_hf_tensors(self.state_dict())
@@ -263,7 +305,7 @@ def _split_sizes(tensor: torch.Tensor, n: int) -> list[int]:
 
 
 def from_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {ours: tensors[hf] for ours, hf in _RENAMED.items()}
+    out = {ours: tensors[hf] for ours, hf in _RENAMED.items() if ours != "fuse.weight" or hf in tensors}
     for ours, parts in _FUSED.items():
         out[ours] = torch.cat([tensors[_hf_name(part)] for part in parts])
     return out
@@ -275,10 +317,12 @@ def read_head_config(directory: Path) -> EagleConfig:
         meta = json.loads(path.read_text())["ace_eagle"]
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         raise EagleHeadError(f"{directory} is not an ACE EAGLE head directory (no ace_eagle in config.json)") from exc
-    if meta.get("format") != FORMAT_VERSION:
-        raise EagleHeadError(f"{directory}: head format {meta.get('format')} is not {FORMAT_VERSION}")
+    if meta.get("format") not in FORMATS:
+        raise EagleHeadError(f"{directory}: head format {meta.get('format')} is not one of {FORMATS}")
     fields = EagleConfig.__dataclass_fields__
-    return EagleConfig(**{k: v for k, v in meta.items() if k in fields})
+    config = {k: v for k, v in meta.items() if k in fields}
+    config["feature_layers"] = tuple(int(i) for i in config.get("feature_layers") or ())
+    return EagleConfig(**config)
 
 
 def check_target(config: EagleConfig, target_dir: Path) -> None:
@@ -305,6 +349,8 @@ def init_weights(head: EagleHead, generator: torch.Generator, std: float = 0.02)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
         head.fc.weight[:, h:] += torch.eye(h)
+        if head.fuse is not None:
+            head.fuse.weight[:, -h:] += torch.eye(h)  # starts as the final-norm feature: the EAGLE-1 start
         block = head.layers[0]
         block.attention.wo.weight.mul_(1 / math.sqrt(2))
         block.feed_forward.w2.weight.mul_(1 / math.sqrt(2))
@@ -420,6 +466,12 @@ class EagleProposer:
             raise EagleHeadError(
                 f"the head reads features of size {config.hidden_size}; the target's are {target_model.args.dim}"
             )
+        if any(not 0 <= i < target_model.args.n_layers for i in config.feature_layers):
+            raise EagleHeadError(
+                f"the head reads target layers {config.feature_layers}; the target has {target_model.args.n_layers}"
+            )
+        # the target features the loop hands over: the final-norm feature, or [low, mid, high] (EAGLE-3)
+        self.wants_hidden = config.feature_layers or True
         self.head = head.eval()
         self.target_model = target_model
         self.device = target_model.output.weight.device
@@ -453,7 +505,7 @@ class EagleProposer:
     ) -> Proposal:
         if not self._pending and self.drafter.observed_length == 0 and len(committed) > 1:
             prompt = torch.tensor(committed[:-1], device=self.device)
-            self._pending.append(self.target_model(prompt, 0, return_hidden=True).hidden)
+            self._pending.append(self.target_model(prompt, 0, return_hidden=self.wants_hidden).hidden)
         if self._pending:
             features = torch.cat(self._pending)  # [n, H]
             self._pending.clear()

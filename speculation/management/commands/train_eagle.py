@@ -1,6 +1,7 @@
 """Train an EAGLE head for a target and register it as a draft:
 
     python manage.py train_eagle --target DIR --out DIR [--prompts spec_bench|FILE] [--epochs N] [--seed S]
+        [--multi-layer] [--unroll N]
 
 Prints progress (stages, then one line per epoch: loss, held-out alpha and mean accepted length). Running
 the same command again after a crash resumes the run recorded for that out directory from its last epoch.
@@ -67,6 +68,14 @@ class Command(BaseCommand):
         parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
         parser.add_argument(
+            "--multi-layer", action="store_true",
+            help="EAGLE-3 features: the target's low, mid and final layers (a format 2 head, ACE's local path only)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--unroll", type=int, default=1,
+            help="training-time test: drafting steps trained from the head's own predictions (1-4; 1: EAGLE-1)",
+        )  # fmt: skip
+        parser.add_argument(
             "--threads", type=int, default=1, help="torch CPU threads (default 1: best on a shared CPU; 0: torch's)"
         )
         parser.add_argument("--node-class", default="cpu")
@@ -84,6 +93,10 @@ class Command(BaseCommand):
             options["token_weight"] = opts["token_weight"]
         if opts["patience"]:
             options["patience"] = opts["patience"]
+        if opts["multi_layer"]:
+            options["multi_layer"] = True
+        if opts["unroll"] != 1:
+            options["unroll"] = opts["unroll"]
         fields = {
             "target_dir": opts["target"], "out_dir": opts["out"], "name": opts["name"],
             "target_name": opts["target_name"], "prompts": opts["prompts"], "epochs": opts["epochs"],

@@ -2,7 +2,8 @@
 
 Training on the target's own continuations (not on fixed text) shows the head the sequences it will draft
 for at inference time. Features are the final-norm output of the target's last layer, which is what its LM
-head reads (and what vLLM hands an EAGLE head).
+head reads (and what vLLM hands an EAGLE head); with ``feature_layers`` (EAGLE-3) the outputs of those layers
+come first, concatenated: [low, mid, high], as the engine's Transformer returns them (engine.model).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def collect(
     new_tokens: int = 64,
     batch_size: int = 16,
     progress=None,
+    feature_layers: tuple[int, ...] = (),
 ) -> Sequences:
     """Greedy-continue each prompt with the target (batched, left padded), then record its features."""
     device = next(model.parameters()).device
@@ -104,7 +106,7 @@ def collect(
                 continuation = continuation[: continuation.index(eos_id) + 1]
             sequences.append(torch.tensor(seq + continuation, dtype=torch.long))
         for prompt, seq, prompt_ids in zip(chunk, sequences, encoded, strict=True):
-            hidden = model.model(input_ids=seq[None].to(device)).last_hidden_state[0].cpu()  # [T, H]
+            hidden = features_of(model, seq[None].to(device), feature_layers)[0].cpu()  # [T, (n + 1) * H]
             out.tokens.append(seq)
             out.features.append(hidden)
             out.prompt_lens.append(len(prompt_ids))
@@ -115,9 +117,25 @@ def collect(
     return out
 
 
+def features_of(model, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """[B, T] ids -> [B, T, (n + 1) * H]: the outputs of feature_layers, then the final-norm feature."""
+    if not feature_layers:
+        return model.model(input_ids=input_ids).last_hidden_state
+    out = model.model(input_ids=input_ids, output_hidden_states=True)
+    # hidden_states[0] is the embedding output, hidden_states[i + 1] layer i's output (the last one normed)
+    return torch.cat([*(out.hidden_states[i + 1] for i in feature_layers), out.last_hidden_state], dim=-1)
+
+
 @torch.no_grad()
 def collect_text_windows(
-    model, tokenizer, text: str, *, windows: int, window_tokens: int = 128, batch_size: int = 16
+    model,
+    tokenizer,
+    text: str,
+    *,
+    windows: int,
+    window_tokens: int = 128,
+    batch_size: int = 16,
+    feature_layers: tuple[int, ...] = (),
 ) -> Sequences:
     """Teacher-forced features over evenly spaced windows of text: one batched target pass, no generation.
 
@@ -133,7 +151,7 @@ def collect_text_windows(
     out = Sequences()
     for first in range(0, len(starts), batch_size):
         batch = torch.tensor([ids[s : s + window_tokens] for s in starts[first : first + batch_size]])
-        hidden = model.model(input_ids=batch.to(device)).last_hidden_state.cpu()  # [B, T, H]
+        hidden = features_of(model, batch.to(device), feature_layers).cpu()  # [B, T, (n + 1) * H]
         for row in range(batch.shape[0]):
             out.tokens.append(batch[row])
             out.features.append(hidden[row].clone())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from speculation.engine.eagle import EagleConfig, EagleHead, param_count
+from speculation.engine.eagle import EagleConfig, EagleHead, default_feature_layers, param_count
 from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.offline.eagle.prompts import read_prompts, split_prompts
 from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress, kept_report
@@ -45,7 +45,9 @@ def _collected(
     def report(done: int, total: int) -> None:
         progress.stage("collect", f"{done}/{total} prompts")
 
-    options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens}
+    layers = feature_layers(settings, model)
+    options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens,
+               "feature_layers": layers}  # fmt: skip
     train = collect(model, tokenizer, train_prompts, progress=report, **options)
     test = collect(model, tokenizer, test_prompts, progress=report, **options)
     if settings.text_windows:
@@ -54,13 +56,23 @@ def _collected(
         progress.stage("collect", f"{settings.text_windows} teacher-forced text windows")
         text = stdlib_corpus().train_text(settings.text_windows * settings.window_tokens * 6)
         windows = collect_text_windows(
-            model, tokenizer, text, windows=settings.text_windows, window_tokens=settings.window_tokens
+            model,
+            tokenizer,
+            text,
+            windows=settings.text_windows,
+            window_tokens=settings.window_tokens,
+            feature_layers=layers,
         )
         train.extend(windows)
     train.save(train_file)
     test.save(test_file)
     key_file.write_text(json.dumps(key))
     return train, test
+
+
+def feature_layers(settings: PipelineSettings, model) -> tuple[int, ...]:
+    """The target layers the head reads besides the final-norm feature (EAGLE-3 when settings.multi_layer)."""
+    return default_feature_layers(model.config.num_hidden_layers) if settings.multi_layer else ()
 
 
 def run_pipeline(
@@ -76,7 +88,10 @@ def run_pipeline(
     embed, lm_head = target_weights(model)
     train, held_out = _collected(model, tokenizer, settings, work, progress)
     config = EagleConfig.for_target(
-        target_dir, target_name=target_name, intermediate_size=settings.intermediate_size or None
+        target_dir,
+        target_name=target_name,
+        intermediate_size=settings.intermediate_size or None,
+        multi_layer=settings.multi_layer,
     )
     head = EagleHead(config)
     progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens")
@@ -95,6 +110,8 @@ def run_pipeline(
                 "mean_accepted_len_interval": list(kept.mean_accepted_len_interval),
                 "epoch": kept.epoch,
                 "eval_k": settings.train.eval_k,
+                "unroll": settings.train.unroll,
+                "new_tokens": settings.new_tokens,
                 "train_tokens": train.total_tokens,
                 "prompts": settings.prompts,
             }

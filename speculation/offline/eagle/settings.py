@@ -25,6 +25,13 @@ class TrainSettings:
     # Early stopping on held-out acceptance: stop after this many epochs without a better held-out mean
     # accepted length (0: train every epoch). Either way the head kept is the best epoch's.
     patience: int = 0
+    # Training-time test (EAGLE-3): the head also drafts unroll - 1 more steps from its own predicted features,
+    # as it does at inference, each step's loss counted (1: teacher-forced inputs only, EAGLE-1).
+    unroll: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.unroll <= 4:
+            raise ValueError(f"unroll must be between 1 and 4, got {self.unroll}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class PipelineSettings:
     # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
     text_windows: int = 0
     window_tokens: int = 128
+    # EAGLE-3 features: the head reads the target's low / mid / high layers (eagle.default_feature_layers)
+    multi_layer: bool = False
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def collect_key(self) -> dict:
@@ -73,6 +82,7 @@ class PipelineSettings:
             "new_tokens",
             "text_windows",
             "window_tokens",
+            "multi_layer",
         )
         return {**{k: getattr(self, k) for k in keys}, "seed": self.train.seed}
 

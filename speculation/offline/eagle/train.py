@@ -54,22 +54,69 @@ def _batches(data: Sequences, order: list[int], batch_size: int):
 
 
 def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: TrainSettings, generator=None):
-    """(total, feature, token) losses of one batch; tokens [B, T], features [B, T, H], valid [B, T-1]."""
+    """(total, feature, token) losses of one batch; tokens [B, T], features [B, T, W], valid [B, T-1].
+
+    W is H, or (n + 1) * H for a multi-layer head (the final-norm feature last: what the head predicts). With
+    ``settings.unroll`` > 1 the later drafting steps' losses (training-time test) are averaged in.
+    """
     inputs = features[:, :-1]  # f_i
     if generator is not None and settings.noise > 0:
         scale = settings.noise * inputs.pow(2).mean().sqrt()
         # drawn on the CPU generator whatever the device, so a seed gives the same noise everywhere
         noise = (torch.rand(inputs.shape, generator=generator) * 2 - 1).to(inputs.device)
         inputs = inputs + noise * scale
-    target = features[:, 1:]  # f_{i+1}
-    predicted = head(inputs, F.embedding(tokens[:, 1:], embed))  # g_{i+1}  [B, T-1, H]
+    final = features[..., -head.config.hidden_size :]  # [B, T, H]: the final-norm features f
+    if settings.unroll == 1:
+        steps = [head(inputs, F.embedding(tokens[:, 1:], embed))]  # g_{i+1}  [B, T-1, H]
+    else:
+        steps = unrolled(head, embed, tokens, inputs, settings.unroll)
+    feature_loss = token_loss = 0.0
+    for s, predicted in enumerate(steps, start=1):  # step s predicts f_{i+s}
+        f_loss, t_loss = _step_losses(predicted[:, : final.shape[1] - s], final[:, s:], valid[:, s - 1 :], lm_head)
+        feature_loss, token_loss = feature_loss + f_loss / len(steps), token_loss + t_loss / len(steps)
+    return settings.feature_weight * feature_loss + settings.token_weight * token_loss, feature_loss, token_loss
+
+
+def _step_losses(predicted, target, valid, lm_head):
+    """SmoothL1 to the target's feature and cross-entropy to its distribution, over the valid positions."""
     count = valid.sum().clamp(min=1)
     feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * valid).sum() / count
     with torch.no_grad():
-        p = F.softmax(target @ lm_head.T, dim=-1)  # [B, T-1, V]
+        p = F.softmax(target @ lm_head.T, dim=-1)  # [B, T', V]
     log_q = F.log_softmax(predicted @ lm_head.T, dim=-1)
     token_loss = (-(p * log_q).sum(-1) * valid).sum() / count
-    return settings.feature_weight * feature_loss + settings.token_weight * token_loss, feature_loss, token_loss
+    return feature_loss, token_loss
+
+
+def unrolled(head: EagleHead, embed, tokens, inputs, steps: int) -> list[torch.Tensor]:
+    """Training-time test: the head's predictions after 1..steps drafting steps, [B, L, H] each (L = T - 1).
+
+    Step s at root j reads the head's own prediction from step s - 1 (step 1: the true feature f_j) with token
+    x_{j+s}, at position j + s - 1, and attends as at inference: to the true pairs up to j and to its own
+    earlier drafts from root j. All steps run as one sequence of segments with that attention mask.
+    """
+    b, length, _ = inputs.shape
+    padded = F.pad(tokens, (0, steps))  # tokens past the end: masked out of the losses
+    true = head.fuse(inputs) if head.fuse is not None else inputs  # [B, L, H]
+    embeds = [F.embedding(padded[:, s : s + length], embed) for s in range(1, steps + 1)]
+    features = [true]
+    for s in range(1, steps + 1):
+        mask, positions = unroll_mask(length, s, inputs.device)
+        out = head(torch.cat(features, dim=1), torch.cat(embeds[:s], dim=1), positions=positions, mask=mask)
+        outputs = out.split(length, dim=1)
+        if s < steps:
+            features.append(outputs[-1])
+    return list(outputs)
+
+
+def unroll_mask(length: int, segments: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask [S*L, S*L] and positions [S*L] of ``segments`` drafting steps over L roots (see ``unrolled``)."""
+    j = torch.arange(length, device=device)
+    causal, eye = j[None, :] <= j[:, None], torch.eye(length, dtype=torch.bool, device=device)
+    none = torch.zeros_like(eye)
+    rows = [torch.cat([causal] + [eye if r <= s else none for r in range(1, segments)], dim=1) for s in range(segments)]
+    positions = torch.cat([j + s for s in range(segments)])
+    return torch.cat(rows, dim=0), positions
 
 
 def _schedule(settings: TrainSettings, total_steps: int) -> Callable[[int], float]:
