@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--demo-version", help="demo pair to benchmark (default: speculation.offline.demo's DEMO_VERSION), e.g. demo-v4"
     )
+    parser.add_argument("--draft", default="draft", help="the pair's draft to run (DemoPair.drafts)")
     args = parser.parse_args(argv)
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
@@ -217,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import LlamaForCausalLM
 
     pair = ensure_demo_pair(version=args.demo_version)
+    if args.draft not in pair.drafts:
+        parser.error(f"{pair.root.name} has no draft {args.draft!r} (it has: {', '.join(pair.drafts)})")
+    draft_dir = pair.drafts[args.draft]
     tokenizer = Tokenizer.from_file(str(pair.target_dir / "tokenizer.json"))
     eos = tokenizer.token_to_id("</s>")
     max_new = args.max_new_tokens or (32 if args.quick else 128)
@@ -224,10 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer, args.questions, per_category=1 if args.quick else 3, code_prompts=1 if args.quick else 6
     )
     target_model = load_causal_lm(pair.target_dir, max_len=1024)
-    draft_model = load_causal_lm(pair.draft_dir, max_len=1024)
+    draft_model = load_causal_lm(draft_dir, max_len=1024)
     target = LocalTarget(target_model)
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
-    hf_draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+    hf_draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
 
     # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle" (a chain) and "eagle_tree"
     eagle = eagle_proposer_for(pair, target_model)
@@ -376,6 +380,7 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
         ),
         "model": {
             "demo_version": pair.root.name,
+            "draft": getattr(args, "draft", "draft"),
             "target_params": info.get("target_params"),
             "draft_params": info.get("draft_params"),
             "alpha_heldout_text": info.get("alpha_heldout_text"),

@@ -71,6 +71,7 @@ class Recipe:
     english: bool = False
     english_sources: tuple[str, ...] = ()  # Corpus.english_text's sources (all when empty)
     paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
+    code_draft: bool = False  # a second draft, "draft-code", distilled on code only; "draft" then on prose only
 
 
 _V4 = Recipe(
@@ -106,10 +107,16 @@ RECIPES = {
     # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
     "demo-v4": _V4,
     "demo-v5": _V5,
-    # v6: as v5 on twice the steps, the English from docstrings and the reference manual only (v5's loops
-    # were mostly licence and changelog phrases: "the License, and the License, ..."). NOT yet built or
-    # measured (the loaded machine ran out of time on 2026-11-30); build with ensure_demo_pair(version=...)
-    "demo-v6": replace(_V5, plan=replace(_V5.plan, target_steps=320), english_sources=("docstrings", "pydoc topics")),
+    # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
+    # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
+    # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
+    # ("draft-code", distilled on code only; "draft" on English only)
+    "demo-v6": replace(
+        _V5,
+        plan=replace(_V5.plan, target_steps=240, seq_ul_every=2, seq_ul_from=80),
+        english_sources=("docstrings", "pydoc topics"),
+        code_draft=True,
+    ),
 }
 DEFAULT_DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
 DEMO_VERSION = os.environ.get("ACE_DEMO_VERSION") or DEFAULT_DEMO_VERSION
@@ -203,9 +210,61 @@ def _encode(tokenizer, text: str) -> torch.Tensor:
 
 def _build(out: Path, name: str, recipe: Recipe) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
-    plan = recipe.plan
     torch.manual_seed(SEED)
     corpus = stdlib_corpus()
+    tokenizer, ids, prose_ids = _tokenize(corpus, recipe)
+    held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
+    logger.info(
+        "tokenizer: %d tokens of training text, %d held out (%.0fs)",
+        ids.numel(),
+        held_ids.numel(),
+        time.perf_counter() - started,
+    )
+    special = {
+        "bos_id": tokenizer.token_to_id(BOS),
+        "eos_id": tokenizer.token_to_id(EOS),
+        "pad_id": tokenizer.token_to_id(PAD),
+    }
+    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, ids, prose_ids)
+    target = models["target"]
+    held_prose = None
+    if recipe.english:
+        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
+    info: dict = {}
+    for label, draft in models.items():
+        if label == "target":
+            continue
+        suffix = "" if label == "draft" else f"_{label.replace('-', '_')}"
+        info.update(_evaluate(target, draft, held_ids, recipe.plan, seed=SEED + 5, suffix=suffix))
+        if held_prose is not None:
+            info.update(_evaluate(target, draft, held_prose, recipe.plan, seed=SEED + 6, suffix=f"_prose{suffix}"))
+    info.update(
+        name=name,
+        seed=SEED,
+        vocab_size=tokenizer.get_vocab_size(),
+        **losses,
+        target_params=sum(p.numel() for p in target.parameters()),
+        draft_params=sum(p.numel() for p in models["draft"].parameters()),
+        train_tokens=ids.numel(),
+        held_out_tokens=held_ids.numel(),
+        build_seconds=round(time.perf_counter() - started, 1),
+        build_cpu_seconds=round(time.process_time() - cpu_started, 1),  # wall time also counts others' jobs
+        torch_threads=torch.get_num_threads(),
+    )
+    for label, model in models.items():
+        directory = out / label
+        model.save_pretrained(directory, safe_serialization=True)
+        GenerationConfig(
+            bos_token_id=special["bos_id"], eos_token_id=special["eos_id"], pad_token_id=special["pad_id"]
+        ).save_pretrained(directory)
+        save_tokenizer(tokenizer, directory, model_max_length=MAX_POSITIONS)
+    (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    logger.info("demo pair built in %.0fs: %s", info["build_seconds"], info)
+    return info
+
+
+def _tokenize(corpus, recipe: Recipe):
+    """The tokenizer (half code, half prose when the recipe has English), the code ids and the prose ids."""
     train_text = corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes))
     if recipe.english:  # English: the tokenizer sees half code, half prose; the target trains on both
         prose = corpus.english_text(recipe.prose_bytes, sources=recipe.english_sources)
@@ -222,57 +281,31 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
         )
     else:
         prose_ids = _encode(tokenizer, prose)
-    held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
-    logger.info(
-        "tokenizer: %d tokens of training text, %d held out (%.0fs)",
-        ids.numel(),
-        held_ids.numel(),
-        time.perf_counter() - started,
-    )
-    special = {
-        "bos_id": tokenizer.token_to_id(BOS),
-        "eos_id": tokenizer.token_to_id(EOS),
-        "pad_id": tokenizer.token_to_id(PAD),
-    }
-    vocab = tokenizer.get_vocab_size()
+    return tokenizer, ids, prose_ids
 
+
+def _train_models(recipe: Recipe, vocab: int, special: dict, ids: torch.Tensor, prose_ids: torch.Tensor):
+    """The target, then its drafts: ``draft`` distilled on code and prose (on prose only when the recipe has a
+    code draft), ``draft-code`` on code only."""
+    plan = recipe.plan
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
     target_loss = train_target(target, ids, plan, seed=SEED + 2, prose_ids=prose_ids if recipe.english else None)
-    torch.manual_seed(SEED + 3)
-    draft = LlamaForCausalLM(llama_config(recipe.draft_shape, vocab_size=vocab, **special))
-    bigram_init(draft, torch.cat([ids, prose_ids]) if recipe.english else ids)
-    draft_kl = distill_draft(draft, target, ids, plan, seed=SEED + 4, prose_ids=prose_ids)
-
-    info = _evaluate(target, draft, held_ids, plan, seed=SEED + 5)
-    if recipe.english:
-        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
-        info.update(_evaluate(target, draft, held_prose, plan, seed=SEED + 6, suffix="_prose"))
-    info.update(
-        name=name,
-        seed=SEED,
-        vocab_size=vocab,
-        target_final_loss=round(target_loss, 4),
-        draft_final_kl=round(draft_kl, 4),
-        target_params=sum(p.numel() for p in target.parameters()),
-        draft_params=sum(p.numel() for p in draft.parameters()),
-        train_tokens=ids.numel(),
-        held_out_tokens=held_ids.numel(),
-        build_seconds=round(time.perf_counter() - started, 1),
-        build_cpu_seconds=round(time.process_time() - cpu_started, 1),  # wall time also counts others' jobs
-        torch_threads=torch.get_num_threads(),
-    )
-    for name, model in (("target", target), ("draft", draft)):
-        directory = out / name
-        model.save_pretrained(directory, safe_serialization=True)
-        GenerationConfig(
-            bos_token_id=special["bos_id"], eos_token_id=special["eos_id"], pad_token_id=special["pad_id"]
-        ).save_pretrained(directory)
-        save_tokenizer(tokenizer, directory, model_max_length=MAX_POSITIONS)
-    (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    logger.info("demo pair built in %.0fs: %s", info["build_seconds"], info)
-    return info
+    models = {"target": target}
+    losses = {"target_final_loss": round(target_loss, 4)}
+    # (main draft's text, its second stream) and the code draft's
+    jobs = [("draft", prose_ids, None, SEED + 3)] if recipe.code_draft else [("draft", ids, prose_ids, SEED + 3)]
+    if recipe.code_draft:
+        jobs.append(("draft-code", ids, None, SEED + 7))
+    for label, text, second, seed in jobs:
+        torch.manual_seed(seed)
+        draft = LlamaForCausalLM(llama_config(recipe.draft_shape, vocab_size=vocab, **special))
+        bigram_init(draft, text if second is None or not recipe.english else torch.cat([text, second]))
+        kl = distill_draft(draft, target, text, plan, seed=seed + 1, prose_ids=second)
+        models[label] = draft
+        losses[f"{label.replace('-', '_')}_final_kl"] = round(kl, 4)
+    return models, losses
 
 
 def _evaluate(

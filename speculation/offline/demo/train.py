@@ -47,6 +47,15 @@ class TrainPlan:
     gen_new_tokens: int = 112
     prose_share: float = 0.0  # share of target training windows drawn from English prose (demo-v4 on)
     unlikelihood: float = 0.0  # weight of token-level unlikelihood on tokens already in the window (v4 on)
+    # sequence-level unlikelihood (v6 on): every ``seq_ul_every``-th step from ``seq_ul_from`` on, the target
+    # continues ``seq_ul_prompts`` prompts greedily and is penalised on the tokens of repeated n-grams
+    seq_ul_every: int = 0
+    seq_ul_from: int = 0
+    seq_ul_weight: float = 1.0
+    seq_ul_prompts: int = 8
+    seq_ul_prompt_len: int = 24
+    seq_ul_new_tokens: int = 64
+    seq_ul_n: int = 4
 
 
 def llama_config(shape: ModelShape, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
@@ -124,6 +133,48 @@ def unlikelihood_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor
     return penalty.sum(-1).mean()
 
 
+def repeated_ngram_mask(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, N] bool: the tokens of every n-gram that already occurred earlier in its row (Welleck et al.'s
+    candidates for sequence-level unlikelihood)."""
+    mask = torch.zeros(tokens.shape, dtype=torch.bool)
+    for b, row in enumerate(tokens.tolist()):
+        seen: set[tuple[int, ...]] = set()
+        for t in range(n - 1, len(row)):
+            gram = tuple(row[t - n + 1 : t + 1])
+            if gram in seen:
+                mask[b, t - n + 1 : t + 1] = True
+            seen.add(gram)
+    return mask
+
+
+def sequence_unlikelihood_loss(model: LlamaForCausalLM, prompts: torch.Tensor, plan: TrainPlan) -> torch.Tensor:
+    """Sequence-level unlikelihood (Welleck et al. 2019, arXiv 1908.04319, section 5.2): the model's own greedy
+    continuations of ``prompts``; -log(1 - p(x_t)) on each continuation token inside a repeated n-gram,
+    averaged over the continuation's positions. Greedy loops are what this penalises, where they start."""
+    model.eval()
+    sequences = greedy_continuations(model, prompts, plan.seq_ul_new_tokens).clone()
+    model.train()
+    start = prompts.shape[1]
+    logits = model(input_ids=sequences).logits[:, start - 1 : -1]
+    continuation = sequences[:, start:]
+    mask = repeated_ngram_mask(continuation, plan.seq_ul_n)
+    probs = F.softmax(logits.float(), dim=-1).gather(-1, continuation.unsqueeze(-1)).squeeze(-1)
+    return (-torch.log1p(-probs.clamp(max=1 - 1e-5)) * mask).sum() / mask.numel()
+
+
+def _paragraph_prompts(prose_ids: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Prompts shaped as a request arrives: BOS (the first token of ``prose_ids``) and a paragraph's start."""
+    starts = (prose_ids[: prose_ids.numel() - length] == prose_ids[0]).nonzero().flatten()
+    chosen = starts[torch.randint(0, starts.numel(), (count,), generator=generator)]
+    return torch.stack([prose_ids[s : s + length] for s in chosen.tolist()])
+
+
+def _seq_ul_prompts(ids: torch.Tensor, prose_ids: torch.Tensor, plan: TrainPlan, generator) -> torch.Tensor:
+    prose_rows = round(plan.seq_ul_prompts * plan.prose_share)
+    code = _random_windows(ids, plan.seq_ul_prompts - prose_rows, plan.seq_ul_prompt_len, generator)
+    return torch.cat([_paragraph_prompts(prose_ids, prose_rows, plan.seq_ul_prompt_len, generator), code])
+
+
 def train_target(
     model: LlamaForCausalLM,
     ids: torch.Tensor,
@@ -147,6 +198,9 @@ def train_target(
         loss = out.loss
         if plan.unlikelihood:
             loss = loss + plan.unlikelihood * unlikelihood_loss(out.logits, batch)
+        if plan.seq_ul_every and prose_ids is not None and step >= plan.seq_ul_from and step % plan.seq_ul_every == 0:
+            prompts = _seq_ul_prompts(ids, prose_ids, plan, generator)
+            loss = loss + plan.seq_ul_weight * sequence_unlikelihood_loss(model, prompts, plan)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
