@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import DraftKind
@@ -84,6 +85,21 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
     if draft_kind != DraftKind.NGRAM and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
+    if draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) != 1:
+        raise NativeFlagsError(
+            "this EAGLE head reads several target layers (ACE's multi-layer format 2): it runs on ACE's local path "
+            "only; vLLM's and SGLang's EAGLE load single-feature heads (train one without --multi-layer)"
+        )
+
+
+def _head_format(draft_path: str) -> int:
+    """The ACE head format in the directory's config.json (1 when it is not an ACE head or not readable here:
+    the directory may lie on the server's machine only)."""
+    try:
+        meta = json.loads((Path(draft_path) / "config.json").read_text()).get("ace_eagle") or {}
+    except (OSError, ValueError):
+        return 1
+    return int(meta.get("format") or 1)
 
 
 def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:

@@ -185,3 +185,10 @@ def test_a_managed_sglang_endpoint_in_prod_is_launched_with_the_policys_tree(db)
     # a chain policy's launch spec is unchanged (a running chain server is not switched for nothing)
     policy.eagle_tree = {}
     assert "tree" not in speculation_of(policy)
+
+
+def test_a_multi_layer_head_has_no_native_flags(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"ace_eagle": {"format": 2, "feature_layers": [1, 3]}}))
+    for server_kind in ("vllm", "sglang"):
+        with pytest.raises(NativeFlagsError, match="local path only"):
+            native_flags(server_kind=server_kind, draft_kind="eagle_head", draft_path=str(tmp_path), k=5)
