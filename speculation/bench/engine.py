@@ -40,7 +40,7 @@ from speculation.engine import (
 from speculation.engine.eagle import EagleProposer
 from speculation.offline.demo import ensure_demo_pair
 from speculation.offline.demo.corpus import stdlib_corpus
-from speculation.offline.eagle.demo_head import eagle_proposer_for
+from speculation.offline.eagle.demo_head import default_head_dir, eagle_proposer_for
 from speculation.offline.eagle.prompts import spec_bench_path
 
 DEFAULT_QUESTIONS = spec_bench_path()
@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "--demo-version", help="demo pair to benchmark (default: speculation.offline.demo's DEMO_VERSION), e.g. demo-v4"
     )
     parser.add_argument("--draft", default="draft", help="the pair's draft to run (DemoPair.drafts)")
+    parser.add_argument("--eagle-head", type=Path, help="EAGLE head directory (default: $ACE_HOME/models/<pair>-eagle)")
     args = parser.parse_args(argv)
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
 
     # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle" (a chain) and "eagle_tree"
-    eagle = eagle_proposer_for(pair, target_model)
+    eagle = eagle_proposer_for(pair, target_model, args.eagle_head)
     eagle_trees = {}
     if eagle is not None:
         eagle_trees = {
@@ -385,6 +386,7 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
             "draft_params": info.get("draft_params"),
             "alpha_heldout_text": info.get("alpha_heldout_text"),
             "alpha_heldout_generated": info.get("alpha_heldout_generated"),
+            "eagle_head": trees.head_entry(getattr(args, "eagle_head", None) or default_head_dir(pair)),
         },
         "runs": runs,
         "categories": categories,

@@ -9,7 +9,9 @@ EAGLE configuration against the draft model at K=5, overall and per category (an
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
+from pathlib import Path
 
 from speculation.engine import SpecStats
 from speculation.engine.tree import TreeShape
@@ -37,6 +39,16 @@ TREES_BY_LABEL = {tree_label(shape): shape for shape in EAGLE_TREES}
 def tree_entry(label: str) -> dict:
     """The JSON of a tree run's shape (added to its ``runs`` entry)."""
     return {"tree": asdict(TREES_BY_LABEL[label])}
+
+
+def head_entry(head_dir: Path) -> dict | None:
+    """The EAGLE head a run used: its directory, format, feature layers and training figures (None: no head)."""
+    try:
+        meta = json.loads((Path(head_dir) / "config.json").read_text())["ace_eagle"]
+    except (OSError, ValueError, KeyError):
+        return None
+    keys = ("format", "feature_layers", "target_name", "trained")
+    return {"dir": str(head_dir), **{key: meta.get(key) for key in keys}}
 
 
 def figures(stats: SpecStats, plain: SpecStats) -> dict:

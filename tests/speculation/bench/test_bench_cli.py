@@ -50,6 +50,7 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys)
     if eagle:
         assert eagle == {("eagle", 5)} | {("eagle_tree", label) for label in trees.TREES_BY_LABEL}
         assert report["eagle_vs_draft"]["categories"] == len(report["categories"])
+        assert report["model"]["eagle_head"]["format"] in (1, 2)  # which head ran, with its training figures
         assert all("eagle_tree:" + label in cat["mechanisms"] for label in trees.TREES_BY_LABEL
                    for cat in report["categories"].values())  # fmt: skip
     assert runs - eagle == {
