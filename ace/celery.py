@@ -51,5 +51,6 @@ def _consume_background_queues(sender: str, instance, **_: object) -> None:
     queues = instance.app.amqp.queues
     for name in list(queues.consume_from or {}):
         node_class = node_class_of(name)
-        if node_class is not None:
-            queues.select_add(background_queue(node_class))
+        if node_class is not None:  # bound like a -Q queue: its own direct exchange, its name as the routing key
+            name = background_queue(node_class)
+            queues.select_add(name, exchange=name, routing_key=name)
