@@ -28,6 +28,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -40,7 +41,7 @@ from django.utils import timezone
 from fleet.adapters import Unsupported, WireError, wire_for
 from fleet.models import Endpoint
 from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
-from speculation.engine.costs import REPEATS, time_draft_step, time_verify
+from speculation.engine.costs import REPEATS, non_decreasing, time_draft_step, time_verify
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.models import CostCalibration, DraftModel, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.selectors import costs as cost_selectors
@@ -59,6 +60,8 @@ VERIFY_SIZES = (1, 2, 3, 5, MAX_PROJECTED_K + 1)  # tokens verified; the others 
 SERVER_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=30.0)
 LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191 s at load 30), freed if a worker dies
 QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
+QUIET_WAIT_S = 5.0  # per timing round of the worker's own costs: how long it waits for the server to idle
+QUIET_POLL_S = 0.05
 PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
 _measuring = threading.Lock()  # one calibration at a time per worker process
@@ -217,7 +220,9 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     """Time the three costs now; the server step and verify(n) borrowed from a fresh calibration of another
     draft on the same endpoint, node class and path when there is one."""
     batched = batched_path(policy=policy, path=path)
-    draft_step = _draft_step(policy, context, batched=batched)
+    local = path == VerificationPath.LOCAL
+    proposer = _draft_proposer(policy, batched=batched)
+    draft_step = min(_quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local))
     shared = cost_selectors.newest_calibration(
         endpoint_id=endpoint.pk,
         node_class=endpoint.node_class,
@@ -244,10 +249,10 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     return local and batching.enabled() and policy.mechanism in (Mechanism.DRAFT_MODEL, Mechanism.NGRAM)
 
 
-def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool) -> float:
-    """Seconds per drafted token of the policy's mechanism as prod runs it."""
+def _draft_proposer(policy: SpeculationPolicy, *, batched: bool) -> Any:
+    """The policy's drafting as prod runs it, for timing a draft step."""
     if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
-        return time_draft_step(NgramProposer(), context)
+        return NgramProposer()
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         from speculation.engine.eagle import EagleProposer
 
@@ -255,11 +260,45 @@ def _draft_step(policy: SpeculationPolicy, context: list[int], *, batched: bool)
             raise CalibrationError("an EAGLE head drafts from the target's features: it needs the target in the worker")
         target = resources.model(policy.target_path).model
         head = resources.eagle_head(policy.draft.path, target_dir=policy.target_path)
-        proposer = _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
-        return time_draft_step(proposer, context)
+        return _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
     model = resources.model(policy.draft.path).model
-    proposer: Any = BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
-    return time_draft_step(proposer, context)
+    return BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
+
+
+def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, rounds: int = REPEATS) -> list[Any]:
+    """`timing` (one repeat) run `rounds` times; with quiet, each after waiting (at most QUIET_WAIT_S) until the
+    server serves nothing. The worker's own costs on the local path are what prod pays once the worker serves the
+    traffic itself and the server no longer does; on a node the two share, timings taken while the server serves
+    shadow's traffic carry the server's work too (measured: 5-20x prod's own steps at load 20)."""
+    results = []
+    for _ in range(rounds):
+        if quiet:
+            _wait_until_server_idle(endpoint)
+        results.append(timing())
+    return results
+
+
+def _wait_until_server_idle(endpoint: Endpoint) -> bool:
+    """Poll the server's running + waiting requests (its kind's wire format) until 0, at most QUIET_WAIT_S; False
+    when it stayed busy or cannot say (the timing then runs anyway)."""
+    from speculation.worker.generation import _headers, http
+
+    wire = wire_for(endpoint.kind)
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while True:
+        try:
+            request = wire.in_flight()
+            response = http().request(
+                request.method, endpoint.base_url.rstrip("/") + request.path, headers=_headers(endpoint), timeout=2
+            )
+            busy = wire.parse_in_flight(response.text) if response.status_code == 200 else 0.0
+        except Exception:  # noqa: BLE001 - a kind without the gauge, the server unreachable: time anyway
+            return False
+        if busy <= 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(QUIET_POLL_S)
 
 
 class _FeaturesFed:
@@ -298,7 +337,9 @@ def _verify_costs(
     RemoteTarget over the server's scoring call."""
     if path == VerificationPath.LOCAL:
         model = resources.model(policy.target_path).model
-        return time_verify(BatchRowTarget(model) if batched else LocalTarget(model), context, VERIFY_SIZES)
+        target = BatchRowTarget(model) if batched else LocalTarget(model)
+        rounds = _quietly(endpoint, lambda: time_verify(target, context, VERIFY_SIZES, repeats=1), quiet=True)
+        return non_decreasing({n: min(r[n] for r in rounds) for n in rounds[0]})
     from speculation.worker.generation import PathUnavailable, build
 
     try:

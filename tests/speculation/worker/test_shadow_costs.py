@@ -274,8 +274,35 @@ def test_local_calibration_times_the_engine_prod_runs_the_request_on(
     # when
     worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
     # then
-    names = sorted(type(x).__name__ for x in timed)
+    names = sorted({type(x).__name__ for x in timed})
     assert names == (["BatchRowDraft", "BatchRowTarget"] if slots else ["DraftModelProposer", "LocalTarget"])
+
+
+def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(shadow_policy, tiny_model_dir, monkeypatch):
+    from speculation.worker import generation
+
+    # given: a server that reports a running request on its first three polls, then none
+    polls = []
+
+    def metrics(request: httpx.Request) -> httpx.Response:
+        polls.append(request.url.path)
+        running = 1 if len(polls) <= 3 else 0
+        return httpx.Response(200, text=f'vllm:num_requests_running{{model_name="tiny"}} {running}.0\n')
+
+    client = httpx.Client(transport=httpx.MockTransport(metrics))
+    monkeypatch.setattr(generation, "http", lambda: client)
+    monkeypatch.setattr(worker_costs, "QUIET_POLL_S", 0.0)
+    monkeypatch.setattr(worker_costs, "server_step_seconds", lambda **kw: 0.010)
+    started_after = []
+    monkeypatch.setattr(worker_costs, "time_draft_step", lambda *a, **kw: started_after.append(len(polls)) or 0.001)
+    monkeypatch.setattr(worker_costs, "time_verify", lambda *a, **kw: started_after.append(len(polls)) or {1: 0.01})
+    shadow_policy.target_path = str(tiny_model_dir)
+    # when
+    costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
+    # then: no timing round started before the server said it was idle, and each round asked again
+    assert polls[0] == "/metrics" and started_after[0] == 4
+    assert len(started_after) == 2 * worker_costs.REPEATS and started_after == sorted(started_after)
+    assert costs.draft_step_s == 0.001 and costs.verify_s == {1: 0.01}
 
 
 def test_a_second_draft_borrows_the_servers_costs_and_times_only_its_own_draft_step(shadow_policy, monkeypatch):
