@@ -315,3 +315,23 @@ def test_a_second_draft_borrows_the_servers_costs_and_times_only_its_own_draft_s
     costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="remote", context=PROMPT)
     assert costs.target_step_s == MEASURED.target_step_s and costs.verify_s == MEASURED.verify_s
     assert costs.draft_step_s > 0 and costs.draft_step_s != MEASURED.draft_step_s
+
+
+def test_an_eagle_heads_draft_step_is_timed_on_the_target_in_the_worker(shadow_policy, tiny_model_dir, tmp_path):
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+    from speculation.models import DraftModel
+
+    head = EagleHead(EagleConfig.for_target(tiny_model_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "head")
+    shadow_policy.mechanism = "eagle_head"
+    shadow_policy.draft = DraftModel.objects.create(name="tiny-head", kind="eagle_head", path=str(tmp_path / "head"))
+    shadow_policy.target_path = str(tiny_model_dir)
+    proposer = worker_costs._draft_proposer(shadow_policy, batched=False)
+    # each timed proposal drafts (the loop's features for the committed token are fed in between), so a step costs
+    assert worker_costs.time_draft_step(proposer, PROMPT) > 0
+    shadow_policy.target_path = ""
+    with pytest.raises(worker_costs.CalibrationError, match="target"):
+        worker_costs._draft_proposer(shadow_policy, batched=False)
