@@ -131,31 +131,36 @@ def _queued_candidates(client: redis.Redis) -> list[dict]:
     return out
 
 
-def test_shadow_queues_the_candidates_in_the_background_and_the_task_writes_their_rows(endpoint, monkeypatch):
+def _shadowed(endpoint: Endpoint, request_id: str, monkeypatch, **fields) -> dict:
+    """Shadow measures the known request (its projection stubbed); the one candidate task it queued."""
     from speculation.worker import shadow
-    from speculation.worker.tasks import replay_candidates_task
 
     monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(BACKGROUND)
-
     shadow.measure_shadow(
         endpoint_id=endpoint.pk,
-        request_id="req-9",
+        request_id=request_id,
         prompt_ids=PROMPT,
         output_ids=OUTPUT,
         finish_reason="length",
         max_tokens=len(OUTPUT),
-        temperature=0.0,
         latency_ms=100.0,
-        workload="faq",
+        **fields,
     )
+    [job] = _queued_candidates(client)
+    return job
+
+
+def test_shadow_queues_the_candidates_in_the_background_and_the_task_writes_their_rows(endpoint, monkeypatch):
+    from speculation.worker.tasks import replay_candidates_task
+
+    job = _shadowed(endpoint, "req-9", monkeypatch, temperature=0.0, workload="faq")
 
     record = StageRecord.objects.get(request_id="req-9")
     assert record.workload == "faq" and record.mechanism == "ngram"
     # then: the shadow task itself replayed no candidate; one background task is queued for them
     assert not CandidateMeasurement.objects.filter(request_id="req-9").exists()
-    [job] = _queued_candidates(client)
     assert job["node_class"] == "cpu" and job["sampling"] is None
     # when: the background task runs
     replay_candidates_task.apply(kwargs=job)
@@ -271,29 +276,13 @@ def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_o
 ):
     from speculation.engine.projection import expected_tokens
     from speculation.models import DraftModel
-    from speculation.worker import shadow
     from speculation.worker.tasks import replay_candidates_task
 
     # given: shadow on sampled traffic with the policy's draft and the target both in the worker (exact)
-    monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(
         mechanism="draft_model", draft=DraftModel.objects.get(name="tiny-draft"), target_path=str(other_model_dir)
     )
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(BACKGROUND)
-    shadow.measure_shadow(
-        endpoint_id=endpoint.pk,
-        request_id="req-sampled",
-        prompt_ids=PROMPT,
-        output_ids=OUTPUT,
-        finish_reason="length",
-        max_tokens=len(OUTPUT),
-        temperature=0.7,
-        top_p=0.9,
-        latency_ms=100.0,
-        workload="chat",
-    )
-    [job] = _queued_candidates(client)
+    job = _shadowed(endpoint, "req-sampled", monkeypatch, temperature=0.7, top_p=0.9, workload="chat")
     assert job["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     # when
     replay_candidates_task.apply(kwargs=job)
