@@ -60,7 +60,7 @@ VERIFY_SIZES = (1, 2, 3, 5, MAX_PROJECTED_K + 1)  # tokens verified; the others 
 SERVER_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=30.0)
 LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191 s at load 30), freed if a worker dies
 QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
-QUIET_WAIT_S = 5.0  # per timing round of the worker's own costs: how long it waits for the server to idle
+QUIET_WAIT_S = 5.0  # per timing of the worker's own costs (its rounds together): how long it waits for an idle server
 QUIET_POLL_S = 0.05
 PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
@@ -266,25 +266,25 @@ def _draft_proposer(policy: SpeculationPolicy, *, batched: bool) -> Any:
 
 
 def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, rounds: int = REPEATS) -> list[Any]:
-    """`timing` (one repeat) run `rounds` times; with quiet, each after waiting (at most QUIET_WAIT_S) until the
-    server serves nothing. The worker's own costs on the local path are what prod pays once the worker serves the
-    traffic itself and the server no longer does; on a node the two share, timings taken while the server serves
-    shadow's traffic carry the server's work too (measured: 5-20x prod's own steps at load 20)."""
-    results = []
+    """`timing` (one repeat) run `rounds` times; with quiet, each after waiting until the server serves nothing, for
+    at most QUIET_WAIT_S in all (a server that stays busy does not hold the worker's process for long). The worker's
+    own costs on the local path are what prod pays once the worker serves the traffic itself and the server no
+    longer does; on a node the two share, timings taken while the server serves shadow's traffic carry the server's
+    work too (measured: 8-10x prod's own steps at load 7-20, docs/BENCHMARKS.md)."""
+    results, deadline = [], (time.monotonic() + QUIET_WAIT_S if quiet else 0.0)
     for _ in range(rounds):
         if quiet:
-            _wait_until_server_idle(endpoint)
+            _wait_until_server_idle(endpoint, deadline=deadline)
         results.append(timing())
     return results
 
 
-def _wait_until_server_idle(endpoint: Endpoint) -> bool:
-    """Poll the server's running + waiting requests (its kind's wire format) until 0, at most QUIET_WAIT_S; False
-    when it stayed busy or cannot say (the timing then runs anyway)."""
+def _wait_until_server_idle(endpoint: Endpoint, *, deadline: float) -> bool:
+    """Poll the server's running + waiting requests (its kind's wire format) until 0 or the deadline; False when it
+    stayed busy or cannot say (the timing then runs anyway)."""
     from speculation.worker.generation import _headers, http
 
     wire = wire_for(endpoint.kind)
-    deadline = time.monotonic() + QUIET_WAIT_S
     while True:
         try:
             request = wire.in_flight()
