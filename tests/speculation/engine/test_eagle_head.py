@@ -23,8 +23,8 @@ from speculation.engine.eagle import (
 )
 from speculation.engine.errors import VocabMismatchError
 from speculation.engine.sampling import SamplingParams, probs_from_logits
-from speculation.offline.eagle.collect import Sequences
 from speculation.offline.eagle.train import TrainSettings, train_head
+from tests.support.eagle import greedy_sequences
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -56,24 +56,6 @@ def random_head(vocab: int = 64, seed: int = 0) -> EagleHead:
     head = EagleHead(head_config(vocab))
     init_weights(head, torch.Generator().manual_seed(seed))
     return head.eval()
-
-
-def greedy_sequences(model: Transformer, n: int, seed: int, new_tokens: int = 32) -> Sequences:
-    target = LocalTarget(model)
-    generator = torch.Generator().manual_seed(seed)
-    data = Sequences()
-    for _ in range(n):
-        prompt = torch.randint(0, model.vocab_size, (8,), generator=generator).tolist()
-        tokens = torch.tensor(
-            prompt + generate_plain(target, prompt, GenerationConfig(max_new_tokens=new_tokens)).tokens
-        )
-        with torch.inference_mode():
-            features = model(tokens, 0, return_hidden=True).hidden.clone()
-        data.tokens.append(tokens)
-        data.features.append(features)
-        data.prompt_lens.append(len(prompt))
-        data.categories.append("random")
-    return data
 
 
 @pytest.fixture(scope="module")

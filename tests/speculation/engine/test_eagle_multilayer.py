@@ -24,8 +24,8 @@ from speculation.engine.eagle import (
     init_weights,
 )
 from speculation.engine.tree import TreeShape
-from speculation.offline.eagle.collect import Sequences
 from speculation.offline.eagle.train import TrainSettings, train_head, unroll_mask, unrolled
+from tests.support.eagle import greedy_sequences
 
 LAYERS = (0, 1)  # a 4-layer target's low and mid layers (default_feature_layers(4))
 
@@ -53,19 +53,6 @@ def head_config(layers: tuple[int, ...] = LAYERS) -> EagleConfig:
                        vocab_size=64, max_position_embeddings=128, feature_layers=layers)  # fmt: skip
 
 
-def greedy_sequences(model: Transformer, n: int, seed: int, layers=LAYERS) -> Sequences:
-    target, generator, data = LocalTarget(model), torch.Generator().manual_seed(seed), Sequences()
-    for _ in range(n):
-        prompt = torch.randint(0, model.vocab_size, (8,), generator=generator).tolist()
-        tokens = torch.tensor(prompt + generate_plain(target, prompt, GenerationConfig(max_new_tokens=32)).tokens)
-        with torch.inference_mode():
-            data.features.append(model(tokens, 0, return_hidden=layers or True).hidden.clone())
-        data.tokens.append(tokens)
-        data.prompt_lens.append(len(prompt))
-        data.categories.append("random")
-    return data
-
-
 @pytest.fixture(scope="module")
 def target() -> Transformer:
     return tiny_target()
@@ -76,7 +63,8 @@ def trained(target, tmp_path_factory):
     """A multi-layer head trained with two unrolled steps; its held-out reports."""
     head = EagleHead(head_config())
     settings = TrainSettings(epochs=5, lr=3e-3, token_weight=1.0, batch_size=4, seed=0, unroll=2)
-    train, held_out = greedy_sequences(target, 24, seed=1), greedy_sequences(target, 4, seed=2)
+    train = greedy_sequences(target, 24, seed=1, layers=LAYERS)
+    held_out = greedy_sequences(target, 4, seed=2, layers=LAYERS)
     reports = train_head(head, target.tok_embeddings.weight, target.output.weight, train, held_out, settings,
                          work_dir=tmp_path_factory.mktemp("ml-train"))  # fmt: skip
     return head.eval(), reports
@@ -119,7 +107,7 @@ def test_the_unrolled_second_step_is_what_the_head_drafts_at_inference(target):
     """Training-time test attends as drafting does: step 2 at root j sees the true pairs up to j and itself."""
     head = EagleHead(head_config())
     init_weights(head, torch.Generator().manual_seed(3))
-    data = greedy_sequences(target, 1, seed=5)
+    data = greedy_sequences(target, 1, seed=5, layers=LAYERS)
     tokens, features = data.tokens[0][None], data.features[0][None]  # [1, T], [1, T, 3H]
     embed = target.tok_embeddings.weight
     with torch.no_grad():

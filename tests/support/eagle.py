@@ -1,0 +1,30 @@
+"""EAGLE training data for tests: a target's own greedy continuations of random prompts, with its features."""
+
+from __future__ import annotations
+
+import torch
+
+from speculation.engine import GenerationConfig, LocalTarget, Transformer, generate_plain
+from speculation.offline.eagle.collect import Sequences
+
+
+def greedy_sequences(
+    model: Transformer, n: int, seed: int, new_tokens: int = 32, layers: tuple[int, ...] = ()
+) -> Sequences:
+    """n sequences (8 random prompt tokens + the target's greedy continuation) with the features a head reads:
+    the final-norm feature, or with ``layers`` those layers' outputs before it (EAGLE-3)."""
+    target = LocalTarget(model)
+    generator = torch.Generator().manual_seed(seed)
+    data = Sequences()
+    for _ in range(n):
+        prompt = torch.randint(0, model.vocab_size, (8,), generator=generator).tolist()
+        tokens = torch.tensor(
+            prompt + generate_plain(target, prompt, GenerationConfig(max_new_tokens=new_tokens)).tokens
+        )
+        with torch.inference_mode():
+            features = model(tokens, 0, return_hidden=layers or True).hidden.clone()
+        data.tokens.append(tokens)
+        data.features.append(features)
+        data.prompt_lens.append(len(prompt))
+        data.categories.append("random")
+    return data
