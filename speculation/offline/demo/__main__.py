@@ -14,6 +14,8 @@ def main() -> None:
     print(f"root:   {pair.root}")
     print(f"target: {pair.target_dir}")
     print(f"draft:  {pair.draft_dir}")
+    for label, path in pair.extra_drafts.items():
+        print(f"{label}: {path}")
     print(json.dumps(pair.build_info, indent=2))
 
 

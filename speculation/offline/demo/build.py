@@ -285,27 +285,33 @@ def _tokenize(corpus, recipe: Recipe):
 
 
 def _train_models(recipe: Recipe, vocab: int, special: dict, ids: torch.Tensor, prose_ids: torch.Tensor):
-    """The target, then its drafts: ``draft`` distilled on code and prose (on prose only when the recipe has a
-    code draft), ``draft-code`` on code only."""
-    plan = recipe.plan
+    """The target, then its drafts (``_train_drafts``)."""
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
-    target_loss = train_target(target, ids, plan, seed=SEED + 2, prose_ids=prose_ids if recipe.english else None)
-    models = {"target": target}
-    losses = {"target_final_loss": round(target_loss, 4)}
-    # (main draft's text, its second stream) and the code draft's
+    prose = prose_ids if recipe.english else None
+    target_loss = train_target(target, ids, recipe.plan, seed=SEED + 2, prose_ids=prose)
+    drafts, losses = _train_drafts(recipe, vocab, special, ids, prose_ids, target)
+    return {"target": target, **drafts}, {"target_final_loss": round(target_loss, 4), **losses}
+
+
+def _train_drafts(recipe: Recipe, vocab: int, special: dict, ids, prose_ids, target: LlamaForCausalLM):
+    """``draft`` distilled on code and prose (on prose only when the recipe has a code draft), ``draft-code``
+    on code only; every draft starts as the bigram model of all the text (each token needs an embedding)."""
+    all_ids = torch.cat([ids, prose_ids]) if recipe.english else ids
+    # (label, the text it is distilled on, a second stream, seed)
     jobs = [("draft", prose_ids, None, SEED + 3)] if recipe.code_draft else [("draft", ids, prose_ids, SEED + 3)]
     if recipe.code_draft:
         jobs.append(("draft-code", ids, None, SEED + 7))
+    drafts, losses = {}, {}
     for label, text, second, seed in jobs:
         torch.manual_seed(seed)
         draft = LlamaForCausalLM(llama_config(recipe.draft_shape, vocab_size=vocab, **special))
-        bigram_init(draft, text if second is None or not recipe.english else torch.cat([text, second]))
-        kl = distill_draft(draft, target, text, plan, seed=seed + 1, prose_ids=second)
-        models[label] = draft
+        bigram_init(draft, all_ids)
+        kl = distill_draft(draft, target, text, recipe.plan, seed=seed + 1, prose_ids=second)
+        drafts[label] = draft
         losses[f"{label.replace('-', '_')}_final_kl"] = round(kl, 4)
-    return models, losses
+    return drafts, losses
 
 
 def _evaluate(

@@ -103,7 +103,7 @@ def bigram_init(model: LlamaForCausalLM, ids: torch.Tensor, *, residual_scale: f
     u, s, vh = torch.linalg.svd(logp - logp.mean(1, keepdim=True))
     root = s[:dim].sqrt()
     embed = u[:, :dim] * root  # [V, D]
-    rms = embed.pow(2).mean(1, keepdim=True).sqrt()
+    rms = embed.pow(2).mean(1, keepdim=True).sqrt().clamp_min(1e-12)  # a token the text never has: a zero row
     model.model.embed_tokens.weight.copy_(embed / rms)  # unit RMS rows: the final RMSNorm is ~identity
     model.lm_head.weight.copy_(vh[:dim].T * root * rms.mean())
     for layer in model.model.layers:
