@@ -123,6 +123,10 @@ def test_shadow_changes_nothing_and_its_replay_equals_what_prod_then_accepts(
     assert _normalise(shadow_raw) == _normalise(_direct(vllm_server, "/v1/chat/completions", raw_body))
     shadow = _records(endpoint, count=len(PROMPTS) + 1, mode="shadow")
     assert {r.action for r in shadow} == {"would_speculate"}
+    # and: the cost calibration ran on the worker's background queue (gpu.cpu.background, which the worker consumes
+    # without being told), and every record made before it got its projection once it was stored
+    projected = _records(endpoint, count=len(shadow), timeout_s=300.0, mode="shadow", multiplier__gt=0)
+    assert "calibration pending" not in " ".join(r.reason for r in projected)
     # then: prod on the same requests, same draft and K, gives the same tokens and the same acceptance
     update_policy(endpoint=endpoint, mode="prod")
     for prompt in PROMPTS:
