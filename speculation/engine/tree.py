@@ -17,6 +17,7 @@ follows row r; a node at depth d sits at position ``start + d``.
 - greedy verification: a node is accepted when its token is the target's argmax at its parent and its
   parent is accepted. Siblings carry distinct tokens, so the accepted nodes form one path; the target's
   argmax at the path's last node is the recovered token (a child was rejected) or the bonus token (a leaf).
+  ``replay_tree_greedy`` does the same against a known output (shadow replay: no target pass).
 - sampled verification (multi-draft rejection with deterministic candidates; EAGLE-2's code does the same,
   q = one-hot): at a node whose processed target distribution is p, the children c_1..c_m are tried in
   order and c_j passes with probability p_j(c_j), where p_j is p with c_1..c_{j-1} removed and renormalised
@@ -205,6 +206,22 @@ def verify_tree_sampled(tree: DraftTree, p: Tensor, generator: torch.Generator |
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_last)  # all mass on children: unreachable
     final = torch.multinomial(residual, 1, generator=generator).view(1)
     return num_accepted, rows, _emitted(tree, num_accepted, rows, final)
+
+
+def replay_tree_greedy(tree: DraftTree, known: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification of a tree against a KNOWN output (shadow replay: no target pass).
+
+    known [n]: the tokens the target produced after the root, in order. A greedy target's argmax after a
+    node at depth d on the output's path is known[d], so a node passes when its token is known[depth - 1] and
+    its parent passes: the same (num_accepted, rows, tokens) as verify_tree_greedy over the target's logits.
+    Rows deeper than the output never pass; the emitted token after the path is known[num_accepted] (-1 when
+    the output has ended there: the replay stops at its end).
+    """
+    depths = tree.row_depths  # [N+1]
+    padded = torch.cat([known.to(depths.device), known.new_full((tree.depth + 1,), -1).to(depths.device)])
+    after = padded[depths]  # [N+1]: the target's token after each row, were the row on the output's path
+    num_accepted, last, rows = _accepted_path(tree, tree.tokens == after[tree.parents])
+    return num_accepted, rows, _emitted(tree, num_accepted, rows, after.index_select(0, last))
 
 
 def _accepted_path(tree: DraftTree, passes: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -26,6 +26,7 @@ from speculation.engine.tree import (
     DraftTree,
     TreeShape,
     TreeShapeError,
+    replay_tree_greedy,
     verify_tree_greedy,
     verify_tree_sampled,
 )
@@ -141,6 +142,39 @@ def test_greedy_verification_commits_the_branch_the_target_agrees_with():
     assert int(accepted) == 2
     assert rows[:3].tolist() == [0, 2, 3]
     assert tokens[:3].tolist() == [5, 6, 2]  # two accepted drafts, then the bonus token
+
+
+def test_replaying_a_tree_against_the_targets_known_output_is_verifying_it():
+    """Shadow replay: a greedy target's known output decides a tree exactly as its logits do (no target pass)."""
+    generator = torch.Generator().manual_seed(4)
+    checked = 0
+    for trial in range(400):
+        tree = random_tree(int(torch.randint(1, 12, (1,), generator=generator)), 6, generator)
+        siblings = list(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
+        if len(set(siblings)) < len(siblings):
+            continue  # the expansion never gives two siblings one token (the replay needs distinct siblings)
+        logits = torch.randn(tree.size + 1, 6, generator=generator)
+        logits[:, :3] += 2.0  # the target prefers tokens the drafts often carry: paths get long
+        accepted, rows, tokens = verify_tree_greedy(tree, logits)
+        # the known output: the argmax along the accepted path, then what the target said after it
+        path = [0, *rows[1 : int(accepted) + 1].tolist()]
+        known = torch.tensor([int(logits[row].argmax()) for row in path])
+        if trial % 2:  # a longer output: tokens past the path do not change the verdict
+            known = torch.cat([known, torch.randint(0, 6, (3,), generator=generator)])
+
+        replayed, replay_rows, replay_tokens = replay_tree_greedy(tree, known)
+
+        assert int(replayed) == int(accepted)
+        assert replay_rows[: int(accepted) + 1].tolist() == rows[: int(accepted) + 1].tolist()
+        assert replay_tokens[: int(accepted) + 1].tolist() == tokens[: int(accepted) + 1].tolist()
+        checked += 1
+    assert checked >= 50, checked
+
+
+def test_a_replayed_tree_stops_at_the_end_of_the_known_output():
+    tree = DraftTree.chain(torch.tensor([3, 1, 2]))
+    accepted, _, tokens = replay_tree_greedy(tree, torch.tensor([3, 1]))
+    assert int(accepted) == 2 and tokens[:3].tolist() == [3, 1, -1]
 
 
 def test_a_tree_shape_out_of_range_is_refused():
