@@ -3,9 +3,10 @@
 One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
 the demo pair: plain target decoding; ACE speculation with the draft model and with n-gram lookup, each at
 K=5 and with dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
-constant schedule, no confidence cut-off: the same drafting as ACE's K=5). When the demo target has a trained EAGLE
-head, it runs as a chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py).
-Greedy throughout.
+constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and the demo target's EAGLE head as a
+chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built first when
+it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few minutes
+once; ``--no-eagle`` skips it). Greedy throughout.
 Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here.
 """
 
@@ -40,7 +41,7 @@ from speculation.engine import (
 from speculation.engine.eagle import EagleProposer
 from speculation.offline.demo import ensure_demo_pair
 from speculation.offline.demo.corpus import stdlib_corpus
-from speculation.offline.eagle.demo_head import default_head_dir, eagle_proposer_for
+from speculation.offline.eagle.demo_head import build_demo_head, default_head_dir, eagle_proposer_for
 from speculation.offline.eagle.prompts import spec_bench_path
 
 DEFAULT_QUESTIONS = spec_bench_path()
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--draft", default="draft", help="the pair's draft to run (DemoPair.drafts)")
     parser.add_argument("--eagle-head", type=Path, help="EAGLE head directory (default: $ACE_HOME/models/<pair>-eagle)")
+    parser.add_argument("--no-eagle", action="store_true", help="no EAGLE runs (the demo head is not built either)")
     args = parser.parse_args(argv)
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
@@ -234,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
     hf_draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
 
-    # the demo target's EAGLE head, when one is trained, runs as mechanism "eagle" (a chain) and "eagle_tree"
-    eagle = eagle_proposer_for(pair, target_model, args.eagle_head)
+    # the demo target's EAGLE head (built once when missing) runs as mechanism "eagle" (a chain) and "eagle_tree"
+    if not args.no_eagle and args.eagle_head is None:
+        build_demo_head(pair)
+    eagle = None if args.no_eagle else eagle_proposer_for(pair, target_model, args.eagle_head)
     eagle_trees = {}
     if eagle is not None:
         eagle_trees = {

@@ -30,29 +30,41 @@ TOP_KEYS = (
 )
 
 
+@pytest.fixture
+def demo_head_dir(demo_pair, tmp_path):
+    """An (untrained) EAGLE head saved for the demo target: the bench runs it like the trained one."""
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+
+    head = EagleHead(EagleConfig.for_target(demo_pair.target_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "head")
+    return tmp_path / "head"
+
+
 @pytest.mark.slow
-def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys):
+def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys, demo_head_dir):
     import torch
 
     out = tmp_path / "bench.json"
     threads = torch.get_num_threads()  # the bench sets torch's (process-wide) thread count
     try:
-        assert bench.main(["--quick", "--max-new-tokens", "6", "--json", str(out)]) == 0
+        argv = ["--quick", "--max-new-tokens", "6", "--eagle-head", str(demo_head_dir), "--json", str(out)]
+        assert bench.main(argv) == 0
     finally:
         torch.set_num_threads(threads)
     report = json.loads(out.read_text())
     assert set(TOP_KEYS) <= set(report)
     assert report["greedy_identical"] is True
-    # EAGLE runs (a chain and the draft trees) join when a trained head for the demo target exists
-    # ($ACE_HOME/models/<demo>-eagle).
+    # the EAGLE head runs as a chain and as the draft trees
     runs = {(r["mechanism"], r["k"]) for r in report["runs"]}
     eagle = {run for run in runs if run[0] in ("eagle", "eagle_tree")}
-    if eagle:
-        assert eagle == {("eagle", 5)} | {("eagle_tree", label) for label in trees.TREES_BY_LABEL}
-        assert report["eagle_vs_draft"]["categories"] == len(report["categories"])
-        assert report["model"]["eagle_head"]["format"] in (1, 2)  # which head ran, with its training figures
-        assert all("eagle_tree:" + label in cat["mechanisms"] for label in trees.TREES_BY_LABEL
-                   for cat in report["categories"].values())  # fmt: skip
+    assert eagle == {("eagle", 5)} | {("eagle_tree", label) for label in trees.TREES_BY_LABEL}
+    assert report["eagle_vs_draft"]["categories"] == len(report["categories"])
+    assert report["model"]["eagle_head"]["format"] in (1, 2)  # which head ran, with its training figures
+    assert all("eagle_tree:" + label in cat["mechanisms"] for label in trees.TREES_BY_LABEL
+               for cat in report["categories"].values())  # fmt: skip
     assert runs - eagle == {
         ("plain", None),
         ("draft_model", 5),
@@ -64,6 +76,26 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys)
     }
     assert {"code", "translation", "summarization", "qa", "math_reasoning", "rag"} <= set(report["categories"])
     assert "draft_model" in capsys.readouterr().out
+
+
+class _Built(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_by_default_the_bench_builds_the_demo_head_when_it_is_missing(monkeypatch):
+    # given: building the head is recorded (and stops the run: what follows is the test above)
+    built = []
+
+    def build(pair):
+        built.append(pair.root.name)
+        raise _Built
+
+    monkeypatch.setattr(bench, "build_demo_head", build)
+    # then: a plain run asks for the demo head (a no-op when it is cached)
+    with pytest.raises(_Built):
+        bench.main(["--quick", "--max-new-tokens", "2"])
+    assert len(built) == 1
 
 
 def test_missing_questions_file_is_a_clear_error(tmp_path):
