@@ -3,9 +3,11 @@ and against the per-workload oracle (issue 12's `bench_autopairing`).
 
 One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
 every candidate (n-gram and each --drafts directory sharing the target's tokenizer) is replayed on the answer at
-K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy). The projected
-multiplier per request uses costs measured here once per candidate (speculation.engine.costs: the target's
-verification of n tokens and the draft's step, medians): the local path's cost model.
+K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the
+target's EAGLE head (--eagle; its features from one teacher-forced pass of the target). The projected multiplier per
+request uses costs measured here once per candidate (speculation.engine.costs: the target's verification of n
+tokens and the draft's step, the fastest repeat; an EAGLE step is the head's layer + the target's LM head): the
+local path's cost model.
 
 Auto-pairing is simulated online with the product's own rule (speculation.selectors.autopairing: the table
 aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request
@@ -30,8 +32,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from speculation.bench.eagle import head_step_s
 from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, NgramProposer, generate
 from speculation.engine.costs import time_draft_step, time_verify
+from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
 from speculation.models import CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
@@ -91,12 +95,15 @@ def candidate_costs(target_dir: str, candidates: list[Candidate], context: list[
     verify = time_verify(LocalTarget(target), context, [1, 2, 3, 5, 9])
     costs = {}
     for candidate in candidates:
-        if candidate.kind == DraftKind.NGRAM:
-            proposer: Any = NgramProposer()
+        if candidate.kind == DraftKind.EAGLE_HEAD:  # its step: the head's layer + the target's LM head
+            head = resources.eagle_head(candidate.draft.path, target_dir=target_dir)
+            step = head_step_s(EagleProposer(head, target), context)
         else:
-            model = resources.model(candidate.draft.path).model
-            proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
-        step = time_draft_step(proposer, context)
+            proposer: Any = NgramProposer()
+            if candidate.kind == DraftKind.DRAFT_MODEL:
+                model = resources.model(candidate.draft.path).model
+                proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
+            step = time_draft_step(proposer, context)
         costs[candidate.name] = StepCosts(target_step_s=verify[1], draft_step_s=step, verify_s=verify)
     return costs
 
@@ -114,7 +121,9 @@ def measure(
         output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
         mult, tau = {}, {}
         for candidate in candidates:
-            per_k = replay(candidate, prompt_ids=prompt_ids, output_ids=output, max_tokens=max_tokens)
+            per_k = replay(
+                candidate, prompt_ids=prompt_ids, output_ids=output, max_tokens=max_tokens, target_path=target_dir
+            )
             for k, stats in per_k.items():
                 steps = stats.mean_accepted_len or 1.0
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
@@ -201,12 +210,22 @@ def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str,
 
 
 def run(
-    *, target_dir: str, draft_dirs: list[str], requests: int, max_tokens: int, seed: int, code_share: float
+    *,
+    target_dir: str,
+    draft_dirs: list[str],
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    code_share: float,
+    eagle_dir: str = "",
 ) -> dict[str, Any]:
-    candidates = [Candidate("ngram", DraftKind.NGRAM)]
+    candidates = [Candidate(NGRAM, DraftKind.NGRAM)]
     for directory in draft_dirs:
         name = f"draft:{Path(directory).parent.name}/{Path(directory).name}"
         candidates.append(Candidate(name, DraftKind.DRAFT_MODEL, DraftModel(name=name, path=directory)))
+    if eagle_dir:
+        name = f"eagle:{Path(eagle_dir).name}"
+        candidates.append(Candidate(name, DraftKind.EAGLE_HEAD, DraftModel(name=name, path=eagle_dir)))
     started = time.perf_counter()
     prompts = mixed_prompts(requests=requests, seed=seed, code_share=code_share)
     measured, costs = measure(target_dir=target_dir, candidates=candidates, prompts=prompts, max_tokens=max_tokens)

@@ -1,10 +1,12 @@
 """Auto-pairing vs every single candidate and vs the per-workload oracle, on a mixed workload (no server).
 
     python manage.py bench_autopairing [--json out.json] [--requests 200] [--max-tokens 48]
-        [--target DIR] [--drafts DIR,DIR] [--seed 0] [--code-share 0.4]
+        [--target DIR] [--drafts DIR,DIR] [--eagle DIR] [--seed 0] [--code-share 0.4]
 
-Defaults: the demo-v5 target with the demo-v5 and demo-v4 drafts (same tokenizer, trained differently) and n-gram
-lookup. What it measures and how: speculation.bench.autopairing.
+Defaults: the demo pair's target (speculation.offline.demo, DEMO_VERSION or ACE_DEMO_VERSION) with every draft of
+its version (DemoPair.drafts: the main draft and, from demo-v6 on, draft-code, distilled on code only), the demo
+target's EAGLE head when it is built (`--eagle ""`: none), and n-gram lookup. What it measures and how:
+speculation.bench.autopairing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from speculation.management.commands.calibrate import positive_int
@@ -23,18 +24,18 @@ class Command(BaseCommand):
     help = "Simulate auto-pairing on a mixed workload; per workload vs single candidates and the oracle."
 
     def add_arguments(self, parser) -> None:
-        models = Path(settings.ACE_HOME) / "models"
         parser.add_argument("--json", type=Path)
         parser.add_argument("--requests", type=positive_int, default=200)
         parser.add_argument("--max-tokens", type=positive_int, default=48)
-        parser.add_argument("--target", default=str(models / "demo-v5" / "target"))
-        parser.add_argument("--drafts", default=f"{models / 'demo-v5' / 'draft'},{models / 'demo-v4' / 'draft'}")
+        parser.add_argument("--target", help="the target's directory (default: the demo pair's)")
+        parser.add_argument("--drafts", help="comma-separated draft directories (default: the demo version's)")
+        parser.add_argument("--eagle", help="an EAGLE head for the target (default: the demo head when built)")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--code-share", type=float, default=0.4)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        drafts = [d for d in options["drafts"].split(",") if d]
-        for directory in [options["target"], *drafts]:
+        target, drafts, eagle = _models(options)
+        for directory in [target, *drafts, *([eagle] if eagle else [])]:
             if not (Path(directory) / "config.json").is_file():
                 raise CommandError(f"no model at {directory!r} (config.json missing)", returncode=2)
         if not 0.0 <= options["code_share"] <= 1.0:
@@ -42,8 +43,9 @@ class Command(BaseCommand):
         from speculation.bench.autopairing import run
 
         result = run(
-            target_dir=options["target"],
+            target_dir=target,
             draft_dirs=drafts,
+            eagle_dir=eagle,
             requests=options["requests"],
             max_tokens=options["max_tokens"],
             seed=options["seed"],
@@ -53,3 +55,20 @@ class Command(BaseCommand):
         self.stdout.write(text)
         if options["json"]:
             options["json"].write_text(text + "\n")
+
+
+def _models(options: dict[str, Any]) -> tuple[str, list[str], str]:
+    """The target, the drafts and the EAGLE head ("" for none): as given, else the demo pair's."""
+    if options["target"] is not None and options["drafts"] is not None and options["eagle"] is not None:
+        return options["target"], [d for d in options["drafts"].split(",") if d], options["eagle"]
+    from speculation.offline.demo import ensure_demo_pair
+    from speculation.offline.eagle.demo_head import default_head_dir
+
+    pair = ensure_demo_pair()
+    target = options["target"] if options["target"] is not None else str(pair.target_dir)
+    drafts = options["drafts"].split(",") if options["drafts"] is not None else [str(d) for d in pair.drafts.values()]
+    head = default_head_dir(pair)
+    eagle = (
+        options["eagle"] if options["eagle"] is not None else (str(head) if (head / "config.json").is_file() else "")
+    )
+    return target, [d for d in drafts if d], eagle
