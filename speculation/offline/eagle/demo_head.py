@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from speculation.engine.eagle import CONFIG_FILE, EagleProposer
+from speculation.engine.eagle import CONFIG_FILE, EagleHeadError, EagleProposer, check_target, read_head_config
 from speculation.offline.demo.build import ace_home, ensure_demo_pair
 from speculation.offline.eagle.settings import EpochReport, PipelineSettings, Progress, TrainSettings
 
@@ -42,11 +42,23 @@ def default_head_dir(pair) -> Path:
 
 
 def eagle_proposer_for(pair, target_model, head_dir: Path | None = None) -> EagleProposer | None:
-    """The demo target's EAGLE proposer when a head is there (None otherwise)."""
+    """The demo target's EAGLE proposer when a head for this target is there (None otherwise: no head, or one
+    trained for an earlier build of the version, which is logged)."""
     head_dir = head_dir or default_head_dir(pair)
     if not (head_dir / CONFIG_FILE).is_file():
         return None
+    if not _fits(head_dir, pair):
+        logger.warning("the EAGLE head in %s was trained for another build of %s: not used", head_dir, pair.root.name)
+        return None
     return EagleProposer.from_dir(head_dir, target_model, target_dir=pair.target_dir)
+
+
+def _fits(head_dir: Path, pair) -> bool:
+    try:
+        check_target(read_head_config(head_dir), pair.target_dir)
+    except EagleHeadError:
+        return False
+    return True
 
 
 class _Log(Progress):
@@ -67,18 +79,23 @@ def build_demo_head(
     """Train the head for the pair's target into out (default: the version's cache directory) unless one is there.
 
     Written to a temporary directory and renamed, so a reader never sees half a head; the training's work files
-    stay in ``<out>.work`` (a restart resumes from them) and go once the head is in place.
+    stay in ``<out>.work`` (a restart resumes from them) and go once the head is in place. A head trained for an
+    earlier build of the version's target (another fingerprint) is moved aside and a new one trained.
     """
     from speculation.offline.demo.build import _locked
     from speculation.offline.eagle.pipeline import run_pipeline
 
     out = Path(out or default_head_dir(pair))
-    if (out / CONFIG_FILE).is_file():
+    if (out / CONFIG_FILE).is_file() and _fits(out, pair):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f"{out.name}.lock"):
-        if (out / CONFIG_FILE).is_file():  # another process built it while we waited
-            return out
+        if (out / CONFIG_FILE).is_file():
+            if _fits(out, pair):  # another process built it while we waited
+                return out
+            stale = out.parent / f".{out.name}.stale-{os.getpid()}"
+            logger.info("the head in %s was trained for another build of the target: moved to %s", out, stale)
+            out.rename(stale)
         work = out.parent / f"{out.name}.work"
         started = time.perf_counter()
         result = run_pipeline(target_dir=pair.target_dir, out_dir=work, settings=settings,

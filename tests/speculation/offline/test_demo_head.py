@@ -40,3 +40,18 @@ def test_the_head_is_built_for_the_pairs_target_once_with_its_build_time(tmp_pat
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert build_demo_head(pair, out=out, settings=settings) == out
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_head_for_an_earlier_build_of_the_target_is_not_used(tmp_path, tiny_model_dir):
+    import torch
+
+    from speculation.engine import load_causal_lm
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+
+    pair = DemoPair(root=tiny_model_dir.parent, target_dir=tiny_model_dir, draft_dir=tiny_model_dir)
+    config = replace(EagleConfig.for_target(tiny_model_dir), target_fingerprint="0" * 32)  # another build's
+    head = EagleHead(config)
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.save(tmp_path / "stale")
+
+    assert eagle_proposer_for(pair, load_causal_lm(tiny_model_dir), tmp_path / "stale") is None
