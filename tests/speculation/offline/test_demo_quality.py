@@ -19,6 +19,7 @@ LOOP_TOKENS = 64
 # the benchmark's aim is a looping share < 0.2 over its 14 quick outputs; here 13 prompts (one per category):
 # at most 3 may loop (0.23), one more than the aim allows, for a rebuild on another CPU
 MAX_LOOPING = 3
+MAX_GARBLED = 0.01  # share of decoded characters that are U+FFFD (a broken UTF-8 byte run) or control codes
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,10 @@ def test_the_targets_greedy_answers_to_spec_bench_prompts_are_mostly_not_loops(e
     assert sum(len(tokens) for tokens in outputs) > 13 * LOOP_TOKENS // 2  # answers, not an early end of text
     looping = [tokenizer.decode(tokens) for tokens in outputs if is_looping(tokens)]
     assert len(looping) <= MAX_LOOPING, looping
+    # not loops, and not noise either: a target pushed too hard against repetition answers in stray bytes
+    text = "".join(tokenizer.decode(tokens) for tokens in outputs)
+    garbled = sum(ch == "\ufffd" or (ord(ch) < 32 and ch not in "\n\t") for ch in text)
+    assert garbled <= MAX_GARBLED * len(text), text[:400]
 
 
 def _mean_accepted_len(target, draft, prompts: list[list[int]]) -> float:
