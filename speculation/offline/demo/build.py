@@ -110,7 +110,9 @@ RECIPES = {
     # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
     # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
     # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
-    # ("draft-code", distilled on code only; "draft" on English only)
+    # ("draft-code", distilled on code only; "draft" on English only). Built and measured 2026-11-30
+    # (docs/BENCHMARKS.md): its greedy output no longer loops, but it is stray bytes (the penalty at weight 1.0
+    # on an undertrained target pushes the mass onto rare byte tokens), so it is not DEMO_VERSION
     "demo-v6": replace(
         _V5,
         plan=replace(_V5.plan, target_steps=240, seq_ul_every=2, seq_ul_from=80),
