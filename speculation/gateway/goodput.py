@@ -5,7 +5,8 @@ far faster than one, while the worker's engine may not, and sampled requests acc
 than greedy ones. So per endpoint, traffic kind (greedy / sampled) and load bucket (the endpoint's requests in
 flight in this web process, itself included: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the newest WINDOW
 requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by the web processes).
-A request is decided by the load when it starts and its sample kept at the mean load it ran under.
+A request is decided by the endpoint's peak load of the last RECENT_S seconds (the first request of a burst starts
+alone but runs among all) and its sample kept at the mean load it ran under.
 
 Plain samples come from every request the server answered as itself: off and shadow requests (plain serving by
 the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
@@ -64,6 +65,8 @@ TOP_BUCKET = "17+"
 BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
 KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
 EXPIRE_S = 3600
+RECENT_S = 10.0  # a request is decided at the endpoint's peak load within this long: the first of a burst starts
+# alone, but on an endpoint that was just busy it will not run alone
 STALE_S = 900.0  # an in-flight entry older than this was lost (its record never written): no longer counted
 
 SPEC = "spec"
@@ -88,6 +91,8 @@ class _Load:
 
     area: float = 0.0
     at: float = 0.0
+    peak: int = 0  # the most requests in flight at once within RECENT_S (refreshed whenever reached again)
+    peak_at: float = 0.0
 
 
 _now = time.monotonic
@@ -126,8 +131,8 @@ def _advance(endpoint_id: int, now: float) -> _Load:
 
 
 def begin(call: Call) -> str:
-    """Count the request in flight for its endpoint; its load bucket (the request itself included), which the
-    guard decides by."""
+    """Count the request in flight for its endpoint; the load bucket the guard decides it by: the most requests in
+    flight at once (itself included) within the last RECENT_S."""
     now = _now()
     load = _advance(call.route.endpoint_id, now)
     flying = _in_flight[call.route.endpoint_id]
@@ -135,7 +140,9 @@ def begin(call: Call) -> str:
         if now - flight.started > STALE_S:
             del flying[request_id]
     flying[call.request_id] = _Flight(started=now, area=load.area)
-    call.load_bucket = bucket_of(len(flying))
+    if len(flying) >= load.peak or now - load.peak_at > RECENT_S:
+        load.peak, load.peak_at = len(flying), now
+    call.load_bucket = bucket_of(load.peak)
     call.traffic = traffic_of(call.body)
     return call.load_bucket
 

@@ -212,6 +212,27 @@ def test_a_sample_is_kept_at_the_mean_load_it_ran_under(guard_on, monkeypatch):
     assert goodput._in_flight[9003] == {}
 
 
+def test_a_request_is_decided_at_the_peak_load_of_the_last_seconds(guard_on, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+    burst = [_call(9004, f"b{i}") for i in range(8)]
+    for call in burst:
+        goodput.begin(call)
+    for call in burst:
+        goodput.end(call)
+    # the next request starts alone 1 s later: decided at the burst's load; alone again after RECENT_S
+    clock[0] += 1.0
+    soon = _call(9004, "soon")
+    goodput.begin(soon)
+    goodput.end(soon)
+    clock[0] += goodput.RECENT_S + 1.0
+    later = _call(9004, "later")
+    goodput.begin(later)
+
+    assert [c.load_bucket for c in burst] == ["1", "2-4", "2-4", "2-4", "5-16", "5-16", "5-16", "5-16"]
+    assert soon.load_bucket == "5-16" and later.load_bucket == "1"
+
+
 def test_the_guard_off_always_speculates(settings, redis_server):
     settings.GOODPUT_GUARD = False
     decision = asyncio.run(goodput.decide(_call(9002, "x")))
