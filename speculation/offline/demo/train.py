@@ -56,6 +56,9 @@ class TrainPlan:
     seq_ul_prompt_len: int = 24
     seq_ul_new_tokens: int = 64
     seq_ul_n: int = 4
+    # weight of a penalty on the probability of tokens the training text never has (v7 on): they share one
+    # bigram-initialised logit, so a model pushed off its repetitions emits them as stray bytes (demo-v6)
+    unseen_penalty: float = 0.0
 
 
 def llama_config(shape: ModelShape, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
@@ -133,6 +136,12 @@ def unlikelihood_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor
     return penalty.sum(-1).mean()
 
 
+def unseen_mass_loss(logits: torch.Tensor, unseen: torch.Tensor) -> torch.Tensor:
+    """-log(1 - p(any token of ``unseen``)), averaged over positions; ``unseen``: [V] bool."""
+    mass = (F.softmax(logits.float(), dim=-1) * unseen).sum(-1)
+    return -torch.log1p(-mass.clamp(max=1 - 1e-5)).mean()
+
+
 def repeated_ngram_mask(tokens: torch.Tensor, n: int) -> torch.Tensor:
     """[B, N] bool: the tokens of every n-gram that already occurred earlier in its row (Welleck et al.'s
     candidates for sequence-level unlikelihood)."""
@@ -187,6 +196,8 @@ def train_target(
     model.train()
     loss_value = float("nan")
     started = time.perf_counter()
+    text = ids if prose_ids is None else torch.cat([ids, prose_ids])
+    unseen = torch.bincount(text, minlength=model.config.vocab_size) == 0
     for step in range(plan.target_steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, plan.target_steps, plan.target_lr)
@@ -198,6 +209,8 @@ def train_target(
         loss = out.loss
         if plan.unlikelihood:
             loss = loss + plan.unlikelihood * unlikelihood_loss(out.logits, batch)
+        if plan.unseen_penalty:
+            loss = loss + plan.unseen_penalty * unseen_mass_loss(out.logits, unseen)
         if plan.seq_ul_every and prose_ids is not None and step >= plan.seq_ul_from and step % plan.seq_ul_every == 0:
             prompts = _seq_ul_prompts(ids, prose_ids, plan, generator)
             loss = loss + plan.seq_ul_weight * sequence_unlikelihood_loss(model, prompts, plan)
