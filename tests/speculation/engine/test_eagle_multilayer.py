@@ -30,14 +30,6 @@ from tests.support.eagle import greedy_sequences
 LAYERS = (0, 1)  # a 4-layer target's low and mid layers (default_feature_layers(4))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_target(seed: int = 0) -> Transformer:
     args = ModelArgs(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=64,
                      max_positions=128)  # fmt: skip
