@@ -172,8 +172,10 @@ def test_a_managed_sglang_endpoint_in_prod_is_launched_with_the_policys_tree(db)
     from fleet.managed.services import spec_args, speculation_of
 
     draft = DraftModel.objects.create(name="head", kind="eagle_head", path="/heads/h1")
+    endpoint = Endpoint.objects.create(name="sgl", base_url="http://10.0.0.6:30000", kind="sglang")
     tree = {"top_k": 2, "depth": 4, "nodes": 8}
-    policy = SpeculationPolicy(mode="prod", mechanism="eagle_head", draft=draft, k=5, path="auto", eagle_tree=tree)
+    policy = SpeculationPolicy(endpoint=endpoint, mode="prod", mechanism="eagle_head", draft=draft, k=5, path="auto",
+                               eagle_tree=tree)  # fmt: skip
 
     speculation = speculation_of(policy)
     args = spec_args(server_kind="sglang", speculation=speculation)
@@ -182,8 +184,11 @@ def test_a_managed_sglang_endpoint_in_prod_is_launched_with_the_policys_tree(db)
     assert args[args.index("--speculative-eagle-topk") + 1] == "2"
     assert args[args.index("--speculative-num-steps") + 1] == "4"
     assert args[args.index("--speculative-num-draft-tokens") + 1] == "9"
-    # a chain policy's launch spec is unchanged (a running chain server is not switched for nothing)
+    # a chain policy's launch spec is unchanged (a running chain server is not switched for nothing), and so is a
+    # vLLM server's (no tree setting there)
     policy.eagle_tree = {}
+    assert "tree" not in speculation_of(policy)
+    policy.eagle_tree, policy.endpoint.kind = tree, "vllm"
     assert "tree" not in speculation_of(policy)
 
 
