@@ -151,9 +151,11 @@ def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
         "draft_path": draft.path if draft else "",
         "k": int(policy.k),
     }
-    if policy.mechanism == Mechanism.EAGLE_HEAD and policy.eagle_tree and policy.endpoint.kind == "sglang":
-        # SGLang drafts the tree; vLLM 0.32 has no tree setting, so a tree never switches a vLLM server for nothing
-        speculation["tree"] = dict(policy.eagle_tree)
+    if policy.mechanism == Mechanism.EAGLE_HEAD and policy.eagle_tree:
+        from speculation.selectors.native_flags import drafts_trees
+
+        if drafts_trees(policy.endpoint.kind):  # else no tree setting: never a switch for nothing
+            speculation["tree"] = dict(policy.eagle_tree)
     return speculation
 
 

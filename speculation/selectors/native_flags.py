@@ -151,6 +151,12 @@ def _sglang_steps(k: int, tree: dict | None) -> list[str]:
 
 
 _BUILDERS = {"vllm": vllm_flags, "sglang": sglang_flags}
+_TREE_KINDS = frozenset({"sglang"})  # server kinds whose launch flags draft an EAGLE-2 tree (vLLM 0.32: none)
+
+
+def drafts_trees(server_kind: str) -> bool:
+    """Whether a server of this kind runs the policy's EAGLE draft tree natively (else it drafts a chain of K)."""
+    return server_kind in _TREE_KINDS
 
 
 def native_flags(
