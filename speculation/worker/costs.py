@@ -28,7 +28,8 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -233,6 +234,7 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     if shared is not None:
         borrowed = shared.step_costs()
         return StepCosts(target_step_s=borrowed.target_step_s, draft_step_s=draft_step, verify_s=borrowed.verify_s)
+    _yield_point()
     return StepCosts(
         target_step_s=_server_step(endpoint, context),
         draft_step_s=draft_step,
@@ -265,6 +267,30 @@ def _draft_proposer(policy: SpeculationPolicy, *, batched: bool) -> Any:
     return BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
 
 
+class Preempted(Exception):
+    """Foreground jobs wait on the node class's queue: a background calibration stops between two timings (and its
+    task queues it again), so a worker process running one never holds prod or shadow jobs for minutes."""
+
+
+_preemption = threading.local()
+
+
+@contextmanager
+def preemptible(foreground_waiting: Callable[[], bool]) -> Iterator[None]:
+    """Within it, each timing first asks `foreground_waiting` and raises Preempted when it says yes."""
+    _preemption.check = foreground_waiting
+    try:
+        yield
+    finally:
+        _preemption.check = None
+
+
+def _yield_point() -> None:
+    check = getattr(_preemption, "check", None)
+    if check is not None and check():
+        raise Preempted("prod or shadow jobs wait on the node class's queue")
+
+
 def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, rounds: int = REPEATS) -> list[Any]:
     """`timing` (one repeat) run `rounds` times; with quiet, each after waiting until the server serves nothing, for
     at most QUIET_WAIT_S in all (a server that stays busy does not hold the worker's process for long). The worker's
@@ -273,6 +299,7 @@ def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, roun
     work too (measured: 8-10x prod's own steps at load 7-20, docs/BENCHMARKS.md)."""
     results, deadline = [], (time.monotonic() + QUIET_WAIT_S if quiet else 0.0)
     for _ in range(rounds):
+        _yield_point()
         if quiet:
             _wait_until_server_idle(endpoint, deadline=deadline)
         results.append(timing())

@@ -108,13 +108,17 @@ def _deferred(task: Any, *, node_class: str, defers: int, kwargs: dict[str, Any]
     """Put a background task back on its queue for a moment while foreground work waits; True when it did."""
     if defers >= MAX_DEFERS or not _foreground_waiting(node_class):
         return False
+    _requeue(task, node_class=node_class, defers=defers, kwargs=kwargs)
+    return True
+
+
+def _requeue(task: Any, *, node_class: str, defers: int, kwargs: dict[str, Any]) -> None:
     task.apply_async(
         kwargs={**kwargs, "node_class": node_class, "defers": defers + 1},
         queue=background_queue(node_class),
         countdown=BACKGROUND_DEFER_S,
         retry=False,
     )
-    return True
 
 
 @shared_task(name="speculation.tasks.calibrate_costs_task", bind=True, acks_late=True, ignore_result=True)
@@ -123,11 +127,18 @@ def calibrate_costs_task(self: Any, *, node_class: str, defers: int = 0, **kwarg
     if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
         return
     from speculation.worker.batching import single_stream
-    from speculation.worker.costs import CalibrationError, calibrate
+    from speculation.worker.costs import CalibrationError, Preempted, calibrate, preemptible
 
+    # between two timings it gives way to prod and shadow jobs that arrive meanwhile (after MAX_DEFERS it finishes)
+    waiting = (lambda: _foreground_waiting(node_class)) if defers < MAX_DEFERS else (lambda: False)
     try:
-        with single_stream():  # the loaded models' own KV caches
+        with single_stream(), preemptible(waiting):  # single_stream: the loaded models' own KV caches
             calibrate(**kwargs)
+    except Preempted:
+        logger.info(
+            "cost calibration of endpoint %s (%s) gave way to waiting jobs", kwargs.get("endpoint_id"), node_class
+        )
+        _requeue(self, node_class=node_class, defers=defers, kwargs=kwargs)
     except CalibrationError as exc:
         logger.warning("cost calibration of endpoint %s (%s) failed: %s", kwargs.get("endpoint_id"), node_class, exc)
 

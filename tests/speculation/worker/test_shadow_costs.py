@@ -153,6 +153,36 @@ def test_the_calibration_task_stores_one_calibration_even_if_queued_twice(shadow
     assert CostCalibration.objects.count() == 2  # the stale one and one new
 
 
+def test_a_calibration_gives_way_to_a_prod_job_that_arrives_while_it_times(shadow_policy, broker, monkeypatch):
+    from speculation.models import CostCalibration
+    from speculation.worker.tasks import calibrate_costs_task
+
+    _store(shadow_policy, age_s=settings.COST_REFRESH_S + 1)
+    _shadow(shadow_policy, "r1")
+    [(_, job)] = _queued(broker)
+    broker.delete(BACKGROUND, "gpu.cpu")
+    timings = []
+
+    def draft_step_while_a_prod_job_arrives(proposer, context, repeats=1):
+        timings.append(len(context))
+        broker.rpush("gpu.cpu", b"{}")  # a prod job lands on the node class's queue during the first timing
+        return 0.001
+
+    monkeypatch.setattr(worker_costs, "time_draft_step", draft_step_while_a_prod_job_arrives)
+    try:
+        # when: the queued calibration runs (no foreground job waits when it starts)
+        calibrate_costs_task.apply(kwargs=job)
+    finally:
+        broker.delete("gpu.cpu")
+    # then: it stopped before its second timing, stored nothing, released its lock, and is queued again
+    assert len(timings) == 1
+    assert CostCalibration.objects.count() == 1  # the stale one only
+    key = worker_costs.cost_key(endpoint=shadow_policy.endpoint, policy=shadow_policy)
+    assert broker.get(key.redis_key("lock")) is None
+    [(name, requeued)] = _queued(broker)
+    assert name == "speculation.tasks.calibrate_costs_task" and requeued["defers"] == 1
+
+
 def test_a_calibration_another_worker_is_running_is_not_run_again(shadow_policy, broker, monkeypatch):
     from speculation.models import CostCalibration
 
