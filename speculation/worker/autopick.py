@@ -28,12 +28,12 @@ from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.engine.stats import SpecStats
 from speculation.models import (
     CandidateMeasurement,
-    CostCalibration,
     DraftKind,
     DraftModel,
     SpeculationPolicy,
     VerificationPath,
 )
+from speculation.selectors import costs as cost_selectors
 from speculation.selectors.autopairing import Choice, pairing_table, workload_choice
 
 logger = logging.getLogger(__name__)
@@ -118,24 +118,30 @@ def choose(
     return chosen, choice
 
 
-def _costs(endpoint_id: int, draft_id: int | None, path: str):
-    row = (
-        CostCalibration.objects.filter(endpoint_id=endpoint_id, draft_id=draft_id, path=path)
-        .order_by("-measured_at", "-id")
-        .first()
+def _costs(endpoint_id: int, node_class: str, draft_id: int | None, path: str):
+    row = cost_selectors.newest_calibration(
+        endpoint_id=endpoint_id, node_class=node_class, path=path, draft_id=draft_id
     )
     return row.step_costs() if row is not None else None
 
 
 def evidence_row(
-    *, endpoint_id: int, request_id: str, workload: str, choice: Choice, stats: SpecStats, k: int, path: str
+    *,
+    endpoint_id: int,
+    node_class: str,
+    request_id: str,
+    workload: str,
+    choice: Choice,
+    stats: SpecStats,
+    k: int,
+    path: str,
 ) -> CandidateMeasurement | None:
     """Prod's own measurement of the candidate it ran, at the K it ran (None where there is nothing to add)."""
     if not 1 <= k <= MAX_PROJECTED_K or stats.target_passes == 0:
         return None
     tau = stats.mean_accepted_len if stats.drafts else 1.0  # no drafts: one token per step, as plain decoding
     k_mean = stats.drafted_tokens / stats.target_passes
-    costs = _costs(endpoint_id, choice.draft_id, path)
+    costs = _costs(endpoint_id, node_class, choice.draft_id, path)
     per_k: dict[str, list[Any]] = {name: [None] * MAX_PROJECTED_K for name in ("mal", "mult", "counts", "pos")}
     per_k["mal"][k - 1] = round(tau, 4)
     per_k["mult"][k - 1] = round(costs.multiplier(tokens_per_step=tau, k=k_mean), 4) if costs else None

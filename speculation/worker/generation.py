@@ -330,6 +330,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     if choice is not None and not settings.PROD_PLAIN and float((job.get("sampling") or {}).get("temperature", 0)) == 0:
         autopick.record_evidence(
             endpoint_id=endpoint.pk,
+            node_class=endpoint.node_class,
             request_id=job["request_id"],
             workload=job.get("workload", ""),
             choice=choice,
