@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import redis
 import torch
+
+
+@pytest.fixture
+def client(redis_server):
+    """A client of the test session's real Redis (the broker and the gateway-worker channel)."""
+    found = redis.Redis.from_url(redis_server.url)
+    yield found
+    found.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import torch
 
 from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
@@ -65,13 +64,6 @@ def batch_loop(settings, monkeypatch):
     monkeypatch.setattr(batching, "_the_loop", loop)
     yield loop
     loop.stop()
-
-
-@pytest.fixture
-def client(redis_server):
-    found = redis.Redis.from_url(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture

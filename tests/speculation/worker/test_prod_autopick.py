@@ -9,20 +9,12 @@ import shutil
 import time
 
 import pytest
-import redis
 import torch
 
 from speculation.jobs.admission import inflight_key
 
 CODE_PROMPT = [1, 5, 6, 7, 9, 12, 5, 6, 7]
 WRITING_PROMPT = [1, 40, 41, 42, 43, 44]
-
-
-@pytest.fixture
-def client(redis_server):
-    found = redis.Redis.from_url(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture

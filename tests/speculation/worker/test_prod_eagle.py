@@ -7,17 +7,9 @@ import json
 import time
 
 import pytest
-import redis
 import torch
 
 from speculation.jobs.admission import inflight_key
-
-
-@pytest.fixture
-def client(redis_server):
-    found = redis.Redis.from_url(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import json
 import time
 
 import pytest
-import redis
 import torch
 
 from speculation.engine import DraftModelProposer, LocalTarget
@@ -83,13 +82,6 @@ def test_the_same_seed_gives_the_same_tokens():
 
 
 # --- admission and cancellation (real Redis) -------------------------------------------------------------------
-
-
-@pytest.fixture
-def client(redis_server):
-    found = redis.Redis.from_url(redis_server.url)
-    yield found
-    found.close()
 
 
 def _wait_for(check, timeout_s: float = 10.0) -> None:
