@@ -11,6 +11,9 @@ draft_next[n-1], draft_next[n], ... and the step accepts them while they equal t
 prediction differs from the autoregressive draft only after a mismatch, where the step has already stopped).
 One teacher-forced draft pass over prompt + output (``draft_greedy_predictions``) therefore replays every step
 exactly (``replay_greedy``). Proposers that are a function of the context (n-gram) replay as themselves.
+An EAGLE head replays as itself too, fed the target's true features of the known sequence (``hidden``): a chain
+as any proposer, a draft tree (EAGLE-2) through ``ReplayTarget.replay_tree_step``, which verifies the tree
+against the known output (``tree.replay_tree_greedy``) where prod's tree step would run the target.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from speculation.engine.proposers import Proposal, Proposer
 from speculation.engine.sampling import SamplingParams
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import TargetOutput
+from speculation.engine.tree import DraftTree, TreeStep, replay_tree_greedy
 
 UNBOUNDED = 1 << 62  # no context limit of its own: the request's, when given, applies
 
@@ -79,6 +83,24 @@ class ReplayTarget:
                 hidden = torch.cat([hidden, hidden.new_zeros(t - hidden.shape[0], hidden.shape[1])])
         self.length += t
         return TargetOutput(logits=logits, hidden=hidden)
+
+    def replay_tree_step(
+        self, tree: DraftTree, params: SamplingParams, *, return_hidden: bool | tuple[int, ...] = False
+    ) -> TreeStep:
+        """A draft tree's greedy verification against the known output (``tree.replay_tree_greedy``), as
+        ``tree.verify_tree_step`` does with a target in the process: the accepted path's tokens, then the known
+        token after it; the features of the root and the accepted nodes (true: they are the known tokens)."""
+        if not params.greedy:
+            raise ValueError("a replay verifies greedy speculation only")
+        start = self.length  # the root (the last committed token) sits at position start
+        known = torch.tensor(self.known[start + 1 :], dtype=torch.long)
+        num_accepted, _, emitted = replay_tree_greedy(tree, known)
+        accepted = int(num_accepted)
+        self.length = start + accepted + 1
+        hidden = None
+        if return_hidden and self.hidden is not None:
+            hidden = self.hidden[start : start + accepted + 1]
+        return TreeStep(num_accepted=accepted, tokens=emitted[: accepted + 1].tolist(), hidden=hidden)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:

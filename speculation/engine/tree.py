@@ -270,6 +270,9 @@ def verify_tree_step(
     in the chain step. ``produced``, ``min_tokens`` and ``suppress``: vLLM's min_tokens, as in the chain step
     (a row at depth d picks output token produced + d).
     """
+    replay = getattr(target, "replay_tree_step", None)
+    if replay is not None:  # shadow replay (engine.replay.ReplayTarget): the known output decides, no target pass
+        return replay(tree, params, return_hidden=return_hidden)
     model = getattr(target, "model", None)
     if model is None:
         raise SpecDecodeError("draft trees are verified by a target in this process (LocalTarget)")

@@ -34,7 +34,18 @@ EAGLE1 = PipelineSettings(
 )
 # EAGLE-3-style: the target's low / mid / final features, two drafting steps trained (training-time test).
 EAGLE3 = replace(EAGLE1, multi_layer=True, train=replace(EAGLE1.train, unroll=2))
-VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3}
+# Sized for a target that does not loop (demo-v7): twice the prompts, the bench's 256-token prompt length (a
+# summarization or RAG answer copies from a long prompt), 64 new tokens, twice the text windows, and up to 10
+# epochs with early stopping on held-out acceptance (patience 3; the best epoch's weights are kept).
+EAGLE3_LONG = replace(
+    EAGLE3,
+    max_prompts=192,
+    max_prompt_tokens=256,
+    new_tokens=64,
+    text_windows=512,
+    train=replace(EAGLE3.train, epochs=10, patience=3),
+)
+VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG}
 
 
 def default_head_dir(pair) -> Path:

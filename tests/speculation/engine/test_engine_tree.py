@@ -334,6 +334,35 @@ def test_a_tree_accepts_at_least_as_much_as_the_chain_on_the_trained_head(target
     assert tree >= chain - 0.05, (tree, chain)
 
 
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: f"k{s.top_k}-d{s.depth}-n{s.nodes}")
+def test_replaying_a_tree_on_the_known_output_counts_what_the_live_tree_run_did(target_model, trained_tree_head, shape):
+    # given: the live tree run on the target, and the target's features of its own greedy output (shadow's view)
+    from speculation.engine.replay import replay_proposer
+
+    local = LocalTarget(target_model)
+    tree_accepted = chain_accepted = 0
+    for prompt in PROMPTS:
+        config = GenerationConfig(max_new_tokens=40, k=shape.depth)
+        live = generate(local, EagleProposer(trained_tree_head, target_model, tree=shape), prompt, config)
+        sequence = prompt + live.tokens
+        with torch.inference_mode():
+            hidden = target_model(torch.tensor(sequence), 0, return_hidden=True).hidden
+        # when: the tree is replayed against the known output (no target pass per step)
+        replayed = replay_proposer(
+            EagleProposer(trained_tree_head, target_model, tree=shape), sequence, shape.depth,
+            prompt_len=len(prompt), hidden=hidden,
+        )  # fmt: skip
+        chain = replay_proposer(
+            EagleProposer(trained_tree_head, target_model), sequence, shape.depth, prompt_len=len(prompt), hidden=hidden
+        )
+        # then: the same steps, drafts and acceptances as the live run, and not the chain's
+        got = (replayed.target_passes, replayed.drafted_tokens, replayed.accepted_tokens)
+        assert got == (live.stats.target_passes, live.stats.drafted_tokens, live.stats.accepted_tokens), prompt
+        assert replayed.alpha_per_position == live.stats.alpha_per_position
+        tree_accepted, chain_accepted = tree_accepted + replayed.accepted_tokens, chain_accepted + chain.accepted_tokens
+    assert tree_accepted > chain_accepted  # the replay verified the tree, not the head's chain
+
+
 def test_tree_sampling_with_a_seed_is_reproducible(target_model):
     local = LocalTarget(target_model)
     proposer = EagleProposer(head_for(target_model), target_model, tree=TreeShape(3, 3, 9))
