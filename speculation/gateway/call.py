@@ -27,6 +27,7 @@ class Call:
     workload: str = ""  # the workload key its stage records carry (speculation.workloads.keys); "" in off mode
     load_bucket: str = ""  # the load bucket the goodput guard counted it in (speculation.gateway.goodput)
     traffic: str = ""  # "greedy" | "sampled", for the goodput guard's samples
+    guard_reason: str = ""  # why the goodput guard let it speculate (its record's reason); "" with the guard off
     started: float = field(default_factory=time.perf_counter)
 
     @property

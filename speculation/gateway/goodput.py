@@ -12,19 +12,26 @@ Plain samples come from every request the server answered as itself: off and sha
 the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
 after the last byte, never awaited by the client) and prod requests sent plain. The rule (`choose`), per request:
 
-- Plain has fewer than MIN_SAMPLES: no baseline to compare with; speculate (once speculation has MIN_SAMPLES,
-  every other request goes plain to measure it, which costs the client nothing: plain is what off serves).
-- Speculation measured slower (its median below plain's over MIN_SAMPLES each, or its first EARLY_SAMPLES all
-  below plain's median: a 1-in-16 chance if both were equally fast): plain, `skipped` with both figures.
-- Not measured enough at this load, but presumed slower: speculation measured slower at a lower load of the same
-  traffic (its gain does not grow with load: verification stops being free once the target is busy), or, for
-  sampled traffic, greedy speculation measured slower at this load or a lower one (sampled drafts are accepted
-  less and verified at more cost). Plain, with the evidence named.
-- Otherwise it speculates; while the load is unproven, at most PROBES_IN_FLIGHT speculated requests of it at once
-  (the others go plain), so a new prod endpoint at high load learns from a few requests instead of flooding the
-  worker with requests that may all be slow.
-Wherever it goes plain, every EXPLORE_EVERY-th request still speculates, so that a change (another draft, another
-K, a quieter machine) is seen.
+- Speculation measured faster at this load (its median at least plain's over MIN_SAMPLES each): speculate.
+- Speculation measured slower (its median below plain's over MIN_SAMPLES each, its first EARLY_SAMPLES all below
+  plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a 1-in-45 chance if both were
+  equally fast): plain, `skipped` with both figures.
+- Not measured at this load, but presumed slower: speculation measured slower at a lower load of the same traffic
+  (its gain does not grow with load: verification stops being free once the target is busy), or, for sampled
+  traffic, greedy speculation measured slower at this load or a lower one (sampled drafts are accepted less and
+  verified at more cost). Plain, with the evidence named.
+- Otherwise the load is learned: one speculated request of the endpoint in flight at a time (LEARNERS_IN_FLIGHT;
+  the others go plain), so a new prod endpoint at high load learns from a few requests instead of slowing every
+  plain neighbour with requests that may all be slow. Once speculation has MIN_SAMPLES there but plain has not,
+  every other request goes plain to measure it.
+Nothing speculates at a load measured or presumed slower (a speculating request slows the plain ones beside it when
+the worker and the server share a machine). A change (another draft, a quieter machine) is seen because the
+speculative samples of a load expire SPEC_TTL_S after its first one: the verdict goes and the load is learned again.
+Loads are learned lowest first in practice, since a lower load's fresh "slower" verdict already presumes the higher
+ones slower when their own verdicts expire.
+
+Every decision carries its reason, which the stage record keeps (speculated requests too, so that a benchmark can
+say why each request speculated or went plain).
 
 The bucket counts this process's requests: with ACE_WEB_WORKERS > 1 the kernel spreads connections over the
 processes, so each process's count is a consistent share of the endpoint's load, and plain and speculative samples
@@ -58,13 +65,14 @@ logger = logging.getLogger(__name__)
 WINDOW = 20
 MIN_SAMPLES = 8
 EARLY_SAMPLES = 4
-EXPLORE_EVERY = 10
-PROBES_IN_FLIGHT = 2
+FEW_SAMPLES = 2
+LEARNERS_IN_FLIGHT = 1
 BUCKETS = ((1, "1"), (4, "2-4"), (16, "5-16"))
 TOP_BUCKET = "17+"
 BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
 KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
-EXPIRE_S = 3600
+EXPIRE_S = 3600  # plain samples: refreshed with every sample
+SPEC_TTL_S = 900  # speculative samples: a load's verdict lasts this long from its first sample, then is re-learned
 RECENT_S = 10.0  # a request is decided at the endpoint's peak load within this long: the first of a burst starts
 # alone, but on an endpoint that was just busy it will not run alone
 STALE_S = 900.0  # an in-flight entry older than this was lost (its record never written): no longer counted
@@ -72,6 +80,7 @@ STALE_S = 900.0  # an in-flight entry older than this was lost (its record never
 SPEC = "spec"
 PLAIN = "plain"
 GREEDY = "greedy"
+GUARD = "goodput guard"
 SAMPLED = "sampled"
 TRAFFIC = (GREEDY, SAMPLED)
 
@@ -105,7 +114,7 @@ _turns: dict[tuple[int, str, str], itertools.count] = defaultdict(itertools.coun
 class Decision:
     plain: bool
     reason: str = ""
-    probe: bool = False  # speculates to measure a load that is not proven yet
+    probe: bool = False  # speculates to learn a load that has no verdict yet
 
 
 def bucket_of(in_flight: int) -> str:
@@ -161,8 +170,8 @@ def end(call: Call) -> float | None:
     return (load.area - flight.area) / (now - flight.started)
 
 
-def _probing(endpoint_id: int, traffic: str, bucket: str) -> int:
-    return sum(1 for f in _in_flight[endpoint_id].values() if f.probe == (traffic, bucket))
+def _learning(endpoint_id: int) -> int:
+    return sum(1 for f in _in_flight[endpoint_id].values() if f.probe is not None)
 
 
 def verdict(spec: Sequence[float], plain: Sequence[float]) -> str:
@@ -173,6 +182,8 @@ def verdict(spec: Sequence[float], plain: Sequence[float]) -> str:
     if len(spec) >= MIN_SAMPLES:
         return "slower" if statistics.median(spec) < plain_median else "faster"
     if len(spec) >= EARLY_SAMPLES and max(spec) < plain_median:
+        return "slower"
+    if len(spec) >= FEW_SAMPLES and max(spec) < min(plain):
         return "slower"
     return ""
 
@@ -201,32 +212,29 @@ def presumed_slower(samples: Samples, *, traffic: str, bucket: str) -> str:
     return ""
 
 
-def choose(samples: Samples, *, traffic: str, bucket: str, turn: int, probing: int = 0) -> Decision:
+def choose(samples: Samples, *, traffic: str, bucket: str, turn: int, learning: int = 0) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
-    requests of that traffic and load, probing the speculated ones in flight that measure it."""
+    requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
-    explore = turn % EXPLORE_EVERY == EXPLORE_EVERY - 1
-    if len(plain) < MIN_SAMPLES:
-        if len(spec) >= MIN_SAMPLES and turn % 2 == 1:
-            return Decision(plain=True, reason="measuring plain speed at this load (goodput guard)")
-        return Decision(plain=False)
     own = verdict(spec, plain)
-    if own == "faster" or explore:
-        return Decision(plain=False)
+    if own == "faster":
+        return Decision(plain=False, reason=f"{GUARD}: speculation measured faster at load {bucket}")
     if own == "slower":
         return Decision(
             plain=True,
-            reason=f"speculation measured slower than plain at this load (goodput guard): {_figures(spec, plain)}",
+            reason=f"speculation measured slower than plain at this load ({GUARD}): {_figures(spec, plain)}",
         )
     presumed = presumed_slower(samples, traffic=traffic, bucket=bucket)
     if presumed:
-        return Decision(plain=True, reason=f"{presumed}; not measured enough at load {bucket} yet (goodput guard)")
-    if probing >= PROBES_IN_FLIGHT:
+        return Decision(plain=True, reason=f"{presumed}; not measured at load {bucket} ({GUARD})")
+    if len(plain) < MIN_SAMPLES and len(spec) >= MIN_SAMPLES and turn % 2 == 1:
+        return Decision(plain=True, reason=f"measuring plain speed at this load ({GUARD})")
+    if learning >= LEARNERS_IN_FLIGHT:
         return Decision(
             plain=True,
-            reason=f"learning load {bucket}: {probing} speculated requests in flight measure it first (goodput guard)",
+            reason=f"learning load {bucket}: a speculated request in flight measures it first ({GUARD})",
         )
-    return Decision(plain=False, probe=True)
+    return Decision(plain=False, reason=f"{GUARD}: learning load {bucket}", probe=True)
 
 
 async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
@@ -249,10 +257,10 @@ async def decide(call: Call) -> Decision:
     except (aioredis.RedisError, OSError) as exc:  # no measurement: speculate as without the guard
         logger.warning("goodput guard: Redis unavailable (%s)", exc)
         return Decision(plain=False)
+    # the peak again: requests of a burst that arrived during the read count (the first would be decided alone)
+    call.load_bucket = bucket = bucket_of(max(1, _load[endpoint_id].peak))
     turn = next(_turns[(endpoint_id, call.traffic, bucket)])
-    decision = choose(
-        samples, traffic=call.traffic, bucket=bucket, turn=turn, probing=_probing(endpoint_id, call.traffic, bucket)
-    )
+    decision = choose(samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id))
     flight = _in_flight[endpoint_id].get(call.request_id)
     if decision.probe and flight is not None:
         flight.probe = (call.traffic, bucket)
@@ -271,7 +279,10 @@ async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: floa
         pipe = client().pipeline(transaction=False)
         pipe.lpush(key, round(tokens / (latency_ms / 1000.0), 3))
         pipe.ltrim(key, 0, WINDOW - 1)
-        pipe.expire(key, EXPIRE_S)
+        if kind == SPEC:
+            pipe.expire(key, SPEC_TTL_S, nx=True)  # from the first sample: the verdict lasts SPEC_TTL_S
+        else:
+            pipe.expire(key, EXPIRE_S)
         await pipe.execute()
     except (aioredis.RedisError, OSError) as exc:
         logger.warning("goodput guard: could not keep a sample (%s)", exc)

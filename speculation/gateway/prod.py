@@ -100,6 +100,7 @@ async def serve(call: Call):
     decision = await goodput.decide(call)  # before tokenizing: a request it sends plain costs no extra call
     if decision.plain:
         return await plain(call, action=Action.SKIPPED, reason=decision.reason)
+    call.guard_reason = decision.reason
     try:
         prompt_ids = await prompt_token_ids(call)
     except Unsupported as exc:
@@ -292,6 +293,7 @@ class ProdRun:
             request_id=self.call.request_id,
             mode=route.mode,
             action=Action.SPECULATED,
+            reason=self.call.guard_reason,
             output_tokens=len(self.ids),
             **{**common, **self.stats},
         )

@@ -1,6 +1,6 @@
 """The goodput guard: prod goes plain at a load where speculation is slower than plain serving.
 
-The rule is tested on its own (deterministic: the explore turn is a counter, not a coin), then through Redis with
+The rule is tested on its own (deterministic: no coin, no clock), then through Redis with
 the guard's own bookkeeping (samples kept per endpoint, traffic kind and load bucket, in-flight counting), then
 through the gateway: off and shadow requests are plain samples, and a prod request the guard sends plain is
 recorded `skipped` with the reason and answered exactly as off answers it.
@@ -19,11 +19,11 @@ from asgiref.sync import async_to_sync
 from speculation.gateway import goodput
 from speculation.gateway.goodput import (
     EARLY_SAMPLES,
-    EXPLORE_EVERY,
+    FEW_SAMPLES,
     GREEDY,
+    LEARNERS_IN_FLIGHT,
     MIN_SAMPLES,
     PLAIN,
-    PROBES_IN_FLIGHT,
     SAMPLED,
     SPEC,
     bucket_of,
@@ -50,26 +50,28 @@ def test_load_buckets_and_traffic_kinds():
     assert [traffic_of(b) for b in bodies] == [GREEDY, GREEDY, SAMPLED, SAMPLED, SAMPLED]
 
 
-def test_speculation_measured_slower_goes_plain_except_the_explore_turn():
+def test_speculation_measured_slower_goes_plain_every_time_with_no_exploration():
     samples = measured(greedy__1__spec=SLOW, greedy__1__plain=FAST)
-    decisions = [choose(samples, traffic=GREEDY, bucket="1", turn=t) for t in range(EXPLORE_EVERY)]
+    decisions = [choose(samples, traffic=GREEDY, bucket="1", turn=t) for t in range(50)]
 
-    assert [d.plain for d in decisions] == [True] * (EXPLORE_EVERY - 1) + [False]
+    assert all(d.plain for d in decisions)
     assert "slower than plain" in decisions[0].reason and "10.0 vs 50.0" in decisions[0].reason
 
 
-def test_speculation_measured_faster_speculates():
+def test_speculation_measured_faster_speculates_and_says_why():
     samples = measured(greedy__1__spec=FAST, greedy__1__plain=SLOW)
-    assert not any(choose(samples, traffic=GREEDY, bucket="1", turn=t).plain for t in range(2 * EXPLORE_EVERY))
+    decisions = [choose(samples, traffic=GREEDY, bucket="1", turn=t, learning=5) for t in range(20)]
+    assert not any(d.plain for d in decisions)
+    assert decisions[0].reason == "goodput guard: speculation measured faster at load 1" and not decisions[0].probe
 
 
 def test_without_a_plain_baseline_it_speculates_and_measures_plain_every_other_request_once_spec_is_known():
     unknown = [choose({}, traffic=GREEDY, bucket="1", turn=t) for t in range(4)]
     spec_only = measured(greedy__1__spec=SLOW)
-    decisions = [choose(spec_only, traffic=GREEDY, bucket="1", turn=t) for t in range(2 * EXPLORE_EVERY)]
+    decisions = [choose(spec_only, traffic=GREEDY, bucket="1", turn=t) for t in range(20)]
 
     assert not any(d.plain for d in unknown)
-    assert [d.plain for d in decisions] == [False, True] * EXPLORE_EVERY
+    assert [d.plain for d in decisions] == [False, True] * 10
     assert all("measuring plain speed" in d.reason for d in decisions if d.plain)
 
 
@@ -78,11 +80,16 @@ def test_the_first_few_speculated_requests_all_slower_than_plains_median_are_eno
     early = measured(greedy__1__spec=SLOW[:EARLY_SAMPLES], greedy__1__plain=FAST)
     # and: as many, one of which was faster than plain's median (no verdict yet)
     mixed = measured(greedy__1__spec=[*SLOW[: EARLY_SAMPLES - 1], 60.0], greedy__1__plain=FAST)
-    too_few = measured(greedy__1__spec=SLOW[: EARLY_SAMPLES - 1], greedy__1__plain=FAST)
+    # and: as few as FEW_SAMPLES, all below plain's slowest (a 1-in-45 chance were both equally fast)
+    below_all = measured(greedy__1__spec=[9.0] * FEW_SAMPLES, greedy__1__plain=[*FAST, 10.0])
+    within = measured(greedy__1__spec=[9.0, 11.0], greedy__1__plain=[*FAST, 10.0])
+    one = measured(greedy__1__spec=[1.0] * (FEW_SAMPLES - 1), greedy__1__plain=FAST)
 
     assert choose(early, traffic=GREEDY, bucket="1", turn=0).plain
     assert not choose(mixed, traffic=GREEDY, bucket="1", turn=0).plain
-    assert not choose(too_few, traffic=GREEDY, bucket="1", turn=0).plain
+    assert choose(below_all, traffic=GREEDY, bucket="1", turn=0).plain
+    assert not choose(within, traffic=GREEDY, bucket="1", turn=0).plain
+    assert not choose(one, traffic=GREEDY, bucket="1", turn=0).plain
 
 
 def test_slower_at_a_lower_load_is_presumed_slower_at_a_higher_one_until_measured_there():
@@ -97,6 +104,9 @@ def test_slower_at_a_lower_load_is_presumed_slower_at_a_higher_one_until_measure
     assert higher.plain and "lower load 5-16" in higher.reason
     assert not lower.plain
     assert not own.plain
+    # presumed slower: never speculated, whatever the turn, even without a plain baseline at that load
+    no_baseline = measured(greedy__5_16__spec=SLOW, greedy__5_16__plain=FAST)
+    assert all(choose(no_baseline, traffic=GREEDY, bucket="17+", turn=t).plain for t in range(50))
 
 
 def test_sampled_traffic_is_presumed_slower_where_greedy_is_but_not_the_other_way_round():
@@ -120,14 +130,17 @@ def test_sampled_traffic_is_presumed_slower_where_greedy_is_but_not_the_other_wa
     assert not choose(only_sampled, traffic=GREEDY, bucket="1", turn=0).plain
 
 
-def test_an_unproven_load_is_learned_from_a_few_speculated_requests_at_a_time():
+def test_a_load_without_a_verdict_is_learned_by_one_speculated_request_at_a_time():
     samples = measured(greedy__17__plain=FAST)
 
-    first = choose(samples, traffic=GREEDY, bucket="17+", turn=0, probing=0)
-    full = choose(samples, traffic=GREEDY, bucket="17+", turn=1, probing=PROBES_IN_FLIGHT)
+    first = choose(samples, traffic=GREEDY, bucket="17+", turn=0, learning=0)
+    full = choose(samples, traffic=GREEDY, bucket="17+", turn=1, learning=LEARNERS_IN_FLIGHT)
+    no_baseline = choose({}, traffic=GREEDY, bucket="5-16", turn=0, learning=LEARNERS_IN_FLIGHT)
 
-    assert not first.plain and first.probe
+    assert LEARNERS_IN_FLIGHT == 1
+    assert not first.plain and first.probe and first.reason == "goodput guard: learning load 17+"
     assert full.plain and "learning load 17+" in full.reason
+    assert no_baseline.plain  # nothing known at all: learned one request at a time too
 
 
 def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> SimpleNamespace:
@@ -172,7 +185,8 @@ def test_samples_kept_per_bucket_and_traffic_turn_the_guard_on_there_only(guard_
         # and: a sampled request arrives alone (presumed slower: greedy is slower at this load)
         sampled = await goodput.decide(_call(9001, "sampled", temperature=0.7))
         goodput.end(_call(9001, "sampled"))
-        # and: a greedy request arrives while another one is in flight (bucket 2-4: nothing measured there)
+        # and: a greedy request arrives while another one is in flight (bucket 2-4: nothing measured there, so
+        # presumed slower from load 1)
         goodput.begin(_call(9001, "other"))
         second = _call(9001, "second")
         busier = await goodput.decide(second)
@@ -182,7 +196,7 @@ def test_samples_kept_per_bucket_and_traffic_turn_the_guard_on_there_only(guard_
 
     assert alone.plain and "10.0 vs 50.0" in alone.reason
     assert sampled.plain and "greedy speculation measured slower than plain at load 1" in sampled.reason
-    assert not busier.plain and bucket == "2-4"
+    assert busier.plain and bucket == "2-4" and "lower load 1; not measured at load 2-4" in busier.reason
 
 
 def test_a_sample_is_kept_at_the_mean_load_it_ran_under(guard_on, monkeypatch):
@@ -231,6 +245,142 @@ def test_a_request_is_decided_at_the_peak_load_of_the_last_seconds(guard_on, mon
 
     assert [c.load_bucket for c in burst] == ["1", "2-4", "2-4", "2-4", "5-16", "5-16", "5-16", "5-16"]
     assert soon.load_bucket == "5-16" and later.load_bucket == "1"
+
+
+async def _decide_at(endpoint_id: int, load: int, name: str, *, temperature: float = 0.0) -> goodput.Decision:
+    """Decide a request that arrives with load - 1 others of the endpoint in flight (they stay in flight)."""
+    for i in range(load - 1 - len(goodput._in_flight[endpoint_id])):
+        goodput.begin(_call(endpoint_id, f"{name}-other{i}"))
+    return await goodput.decide(_call(endpoint_id, name, temperature=temperature))
+
+
+def _quiet(endpoint_id: int) -> None:
+    """The endpoint's requests all ended long ago (no peak load remembered)."""
+    goodput._in_flight[endpoint_id].clear()
+    goodput._load.pop(endpoint_id, None)
+
+
+def _redis():
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def _spec_key(endpoint_id: int, bucket: str) -> str:
+    return goodput.KEY.format(endpoint_id=endpoint_id, traffic=GREEDY, bucket=bucket, kind=SPEC)
+
+
+async def _keep_at(endpoint_id: int, load: int, kind: str, tok_s: float, *, n: int) -> None:
+    """n samples kept at a mean load of `load` (the others in flight the whole time)."""
+    others = [_call(endpoint_id, f"bg{kind}{tok_s}{j}") for j in range(load - 1)]
+    for call in others:
+        goodput.begin(call)
+    await _keep(endpoint_id, kind, tok_s, n=n)
+    for call in others:
+        goodput.end(call)
+
+
+def test_after_a_slower_verdict_at_8_streams_requests_at_32_go_plain_with_no_exploration(guard_on):
+    async def run():
+        # given: plain measured at 8 and 32 streams (off traffic), speculation slower at 8
+        await _keep_at(9010, 8, PLAIN, 50.0, n=MIN_SAMPLES)
+        await _keep_at(9010, 32, PLAIN, 40.0, n=MIN_SAMPLES)
+        await _keep_at(9010, 8, SPEC, 10.0, n=EARLY_SAMPLES)
+        # when: 60 greedy requests arrive at 32 in flight, and 60 sampled ones
+        greedy = [await _decide_at(9010, 32, f"g{i}") for i in range(60)]
+        sampled = [await _decide_at(9010, 32, f"s{i}", temperature=0.7) for i in range(60)]
+        return greedy, sampled
+
+    greedy, sampled = asyncio.run(run())
+
+    # then: every one plain, none explores or learns, each with the evidence
+    assert all(d.plain and not d.probe for d in greedy + sampled)
+    assert "measured slower than plain at the lower load 5-16; not measured at load 17+" in greedy[0].reason
+    assert "greedy speculation measured slower than plain at load 5-16" in sampled[0].reason
+
+
+def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_learned_again_first(guard_on):
+    r = _redis()
+
+    async def run():
+        # given: speculation measured slower at 8 streams, then at 32 (samples from before this rule)
+        await _keep_at(9011, 8, PLAIN, 50.0, n=MIN_SAMPLES)
+        await _keep_at(9011, 32, PLAIN, 40.0, n=MIN_SAMPLES)
+        await _keep_at(9011, 8, SPEC, 10.0, n=FEW_SAMPLES)
+        await _keep_at(9011, 32, SPEC, 8.0, n=FEW_SAMPLES)
+        # the TTL runs from a list's first sample: a later sample does not extend it (as Redis counts it down)
+        r.expire(_spec_key(9011, "5-16"), 100)
+        await _keep_at(9011, 8, SPEC, 10.0, n=1)
+        ttl_after_a_later_sample = r.ttl(_spec_key(9011, "5-16"))
+        # when: the 8-stream verdict expires first (it was measured first)
+        r.delete(_spec_key(9011, "5-16"))
+        at_32 = await _decide_at(9011, 32, "high")
+        _quiet(9011)
+        at_8 = await _decide_at(9011, 8, "low")
+        # and: 8 streams is learned slower again, then the 32-stream verdict expires
+        _quiet(9011)
+        await _keep_at(9011, 8, SPEC, 10.0, n=FEW_SAMPLES)
+        r.delete(_spec_key(9011, "17+"))
+        again_32 = [await _decide_at(9011, 32, f"again{i}") for i in range(20)]
+        return ttl_after_a_later_sample, at_32, at_8, again_32
+
+    ttl, at_32, at_8, again_32 = asyncio.run(run())
+
+    assert 0 < ttl <= 100
+    assert 0 < r.ttl(_spec_key(9011, "5-16")) <= goodput.SPEC_TTL_S
+    plain_key = goodput.KEY.format(endpoint_id=9011, traffic=GREEDY, bucket="5-16", kind=PLAIN)
+    assert goodput.SPEC_TTL_S < r.ttl(plain_key) <= goodput.EXPIRE_S  # plain samples live on
+    # 32 streams keeps its own verdict while 8 streams, without one, is learned again
+    assert at_32.plain and "measured slower than plain at this load" in at_32.reason
+    assert not at_8.plain and at_8.probe and at_8.reason == "goodput guard: learning load 5-16"
+    # 32 streams is not learned while the lower load's fresh verdict presumes it slower
+    assert all(d.plain and not d.probe for d in again_32)
+    assert "lower load 5-16" in again_32[0].reason
+
+
+def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
+    async def run():
+        # given: plain measured at 32 streams only; nothing speculated yet
+        await _keep_at(9012, 32, PLAIN, 40.0, n=MIN_SAMPLES)
+        learner = _call(9012, "learner")
+        for i in range(31):
+            goodput.begin(_call(9012, f"other{i}"))
+        first = await goodput.decide(learner)
+        # when: more requests arrive while the learner is in flight
+        while_learning = [await goodput.decide(_call(9012, f"next{i}")) for i in range(10)]
+        # and: the learner ends (its sample kept), then another request arrives
+        await goodput.observe(learner, kind=SPEC, tokens=10, latency_ms=500.0)
+        after = await goodput.decide(_call(9012, "after"))
+        return first, while_learning, after
+
+    first, while_learning, after = asyncio.run(run())
+
+    assert not first.plain and first.probe
+    assert all(d.plain for d in while_learning)
+    assert "a speculated request in flight measures it first" in while_learning[0].reason
+    assert not after.plain and after.probe
+
+
+def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_samples(guard_on, monkeypatch):
+    # given: speculation faster alone, slower at 8 streams
+    asyncio.run(_keep_at(9013, 1, SPEC, 90.0, n=MIN_SAMPLES))
+    asyncio.run(_keep_at(9013, 1, PLAIN, 50.0, n=MIN_SAMPLES))
+    asyncio.run(_keep_at(9013, 8, SPEC, 10.0, n=EARLY_SAMPLES))
+    asyncio.run(_keep_at(9013, 8, PLAIN, 50.0, n=MIN_SAMPLES))
+    read = goodput._read
+
+    async def burst_arrives_during_the_read(endpoint_id: int):
+        for i in range(7):  # the rest of a burst of 8 begins while the first request awaits Redis
+            goodput.begin(_call(endpoint_id, f"burst{i}"))
+        return await read(endpoint_id)
+
+    monkeypatch.setattr(goodput, "_read", burst_arrives_during_the_read)
+    first = _call(9013, "first")
+    decision = asyncio.run(goodput.decide(first))
+
+    assert first.load_bucket == "5-16"
+    assert decision.plain and "slower than plain at this load" in decision.reason
 
 
 def test_the_guard_off_always_speculates(settings, redis_server):
