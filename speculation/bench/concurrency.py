@@ -31,7 +31,7 @@ SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "to
 OUTCOMES = ("speculated", "skipped", "fell_back")
 
 
-GUARD = "goodput guard"  # in the reason of a request the guard sent plain
+GUARD = "goodput guard"  # in the reason of a request the guard decided (sent plain, or let speculate)
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Run:
     tokens: int = 0
     wall_s: float = 0.0
     guard_skipped: int = 0
+    reasons: Counter = field(default_factory=Counter)  # "action: reason" (figures cut) -> requests
     rounds: list[Run] = field(default_factory=list)
 
 
@@ -60,6 +61,7 @@ def merge(runs: list[Run]) -> Run:
         tokens=sum(r.tokens for r in runs),
         wall_s=wall,
         guard_skipped=sum(r.guard_skipped for r in runs),
+        reasons=sum((r.reasons for r in runs), Counter()),
         rounds=runs,
     )
 
@@ -98,6 +100,7 @@ def run_once(
         records = [r for r in wait_records(stack, endpoint, "prod", len(seen) + len(prompts)) if r["id"] not in seen]
         run.outcomes = Counter(r["action"] for r in records)
         run.guard_skipped = sum(1 for r in records if r["action"] == "skipped" and GUARD in (r.get("reason") or ""))
+        run.reasons = Counter(reason_key(r) for r in records)
     return run
 
 
@@ -145,6 +148,12 @@ def run_all(
     return measured
 
 
+def reason_key(record: dict) -> str:
+    """A record's action and reason without the figures that differ per request (the guard's medians)."""
+    reason = (record.get("reason") or "").split(": median ")[0]
+    return f"{record['action']}: {reason}" if reason else record["action"]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
@@ -167,6 +176,7 @@ def shape(measured: dict[str, dict[str, dict[str, Run]]]) -> dict:
                 "off_p50_ms": round(quantile(off.latencies_s, 0.5) * 1000, 1),
                 "requests": len(prod.latencies_s),
                 "guard_skipped": prod.guard_skipped,  # of `skipped`: sent plain by the goodput guard
+                "reasons": dict(prod.reasons.most_common()),  # why each request speculated or went plain
                 **_per_round(prod, off),
             }
             if kind == "greedy":
@@ -186,6 +196,7 @@ def _per_round(prod: Run, off: Run) -> dict:
         "prod_over_off_last_round": ratios[-1],
         "guard_skipped_per_round": [p.guard_skipped for p in prod.rounds],
         "speculated_per_round": [p.outcomes.get("speculated", 0) for p in prod.rounds],
+        "reasons_per_round": [dict(p.reasons.most_common()) for p in prod.rounds],
     }
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from speculation.bench.concurrency import Run, merge, shadow_vs_prod, shape
+from speculation.bench.concurrency import Run, merge, reason_key, shadow_vs_prod, shape
 
 
 def _runs(tok_s: float, outcomes: dict | None = None, ids: list | None = None) -> dict:
@@ -103,3 +103,34 @@ def test_rounds_merge_into_one_rate_and_the_report_shows_each_round_and_the_last
     assert row["guard_skipped"] == 7 and row["guard_skipped_per_round"] == [0, 3, 4]
     assert (row["speculated"], row["skipped"]) == (5, 7)
     assert row["speculated_per_round"] == [4, 1, 0]
+
+
+def test_the_report_counts_why_each_prod_request_speculated_or_went_plain_per_round_and_in_all():
+    slower = "speculation measured slower than plain at this load (goodput guard)"
+    records = [
+        {"action": "speculated", "reason": "goodput guard: learning load 5-16"},
+        {"action": "skipped", "reason": f"{slower}: median 10.0 vs 50.0 tok/s per request over the last 4 / 8"},
+        {"action": "skipped", "reason": f"{slower}: median 9.0 vs 51.0 tok/s per request over the last 5 / 8"},
+        {"action": "speculated", "reason": ""},
+    ]
+    first = Run(tok_s=1.0, latencies_s=[1.0], reasons=Counter(reason_key(r) for r in records[:2]), wall_s=1.0)
+    second = Run(tok_s=1.0, latencies_s=[1.0], reasons=Counter(reason_key(r) for r in records[2:]), wall_s=1.0)
+    prod = merge([first, second])
+    off = merge([Run(tok_s=1.0, latencies_s=[1.0], wall_s=1.0)] * 2)
+    measured = {
+        phase: {kind: {c: run for c in ("1", "8", "32")} for kind in ("greedy", "sampled")}
+        for phase, run in (("off", off), ("prod", prod), ("plain", off))
+    }
+
+    row = shape(measured)["sampled"]["32"]
+
+    # the figures that differ per request are cut, so one reason counts once however its medians read
+    assert row["reasons"] == {
+        f"skipped: {slower}": 2,
+        "speculated: goodput guard: learning load 5-16": 1,
+        "speculated": 1,
+    }
+    assert row["reasons_per_round"] == [
+        {"speculated: goodput guard: learning load 5-16": 1, f"skipped: {slower}": 1},
+        {f"skipped: {slower}": 1, "speculated": 1},
+    ]
