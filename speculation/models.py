@@ -131,6 +131,9 @@ class StageRecord(models.Model):
     tok_s = models.FloatField(null=True, blank=True)
     baseline_tok_s = models.FloatField(null=True, blank=True)
     multiplier = models.FloatField(null=True, blank=True)
+    # the server's plain decode step (ms) the multiplier is over: a stored cost calibration's, the same for shadow's
+    # projection and prod's measurement; null where the multiplier is over baseline_tok_s (no calibration yet)
+    server_step_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
 
     class Meta:

@@ -201,19 +201,56 @@ def _per_round(prod: Run, off: Run) -> dict:
 
 
 def shadow_vs_prod(shadow: list[dict], prod: list[dict]) -> dict:
-    """Median of shadow-projected / prod-measured multiplier over the requests both measured, paired in order."""
-    pairs = [
-        (s["multiplier"], p["multiplier"])
+    """Median of shadow-projected / prod-measured multiplier over the requests both measured, paired in order, and
+    the ratio's factors (`split`), each the median over the pairs that carry it."""
+    records = [
+        (s, p)
         for s, p in zip(sorted(shadow, key=lambda r: r["id"]), sorted(prod, key=lambda r: r["id"]), strict=False)
         if s.get("multiplier") and p.get("multiplier")
     ]
+    pairs = [(s["multiplier"], p["multiplier"]) for s, p in records]
     ratios = [s / p for s, p in pairs]
+    splits = [split(s, p) for s, p in records]
+
+    def median(key: str) -> float | None:
+        values = [row[key] for row in splits if row.get(key) is not None]
+        return round(statistics.median(values), 4) if values else None
+
     return {
         "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
         "requests": len(ratios),
         "shadow_median": round(statistics.median(s for s, _ in pairs), 4) if pairs else None,
         "prod_median": round(statistics.median(p for _, p in pairs), 4) if pairs else None,
+        **{key: median(key) for key in SPLIT_KEYS},
     }
+
+
+SPLIT_KEYS = ("worker_side", "tokens_side", "plain_side", "projected_worker_step_ms", "prod_worker_step_ms")
+
+
+def split(shadow: dict, prod: dict) -> dict:
+    """shadow / prod = tokens side x worker side x plain side, for one pair of records:
+    - worker side: prod's measured worker step (tokens / verification steps over the rate its multiplier is
+      from: its decode rate over the stored step, else its tok/s) over the projected one (v(K) + K c in seconds:
+      E[N] x server step / S, E[N] the tokens per step the projection used);
+    - tokens side: tokens per step as shadow projected them over prod's (tokens / verification steps);
+    - plain side: the server step shadow's projection is over / the one prod's multiplier is over (1 when both
+      are the same stored calibration; None where a record has none: it was over an end-to-end baseline)."""
+    out: dict = {}
+    s_step, p_step = shadow.get("server_step_ms"), prod.get("server_step_ms")
+    tau = shadow.get("mean_accepted_len") or 1.0
+    passes, tokens, tok_s = prod.get("target_passes"), prod.get("output_tokens"), prod.get("tok_s")
+    if s_step and p_step:
+        out["plain_side"] = s_step / p_step
+    if s_step:
+        out["projected_worker_step_ms"] = tau * s_step / shadow["multiplier"]
+    if passes and tokens and (p_step or tok_s):  # the rate prod's multiplier is from: over its step, else tok/s
+        rate = prod["multiplier"] / p_step * 1000.0 if p_step else tok_s
+        out["prod_worker_step_ms"] = tokens / rate / passes * 1000.0
+        out["tokens_side"] = tau / (tokens / passes)
+    if "projected_worker_step_ms" in out and "prod_worker_step_ms" in out:
+        out["worker_side"] = out["prod_worker_step_ms"] / out["projected_worker_step_ms"]
+    return out
 
 
 def wait_records(stack: BenchStack, endpoint: str, mode: str, count: int, timeout_s: float = 300) -> list[dict]:

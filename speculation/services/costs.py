@@ -55,6 +55,7 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
         record.multiplier = multiplier
         record.tok_s = record.baseline_tok_s * multiplier if record.baseline_tok_s else None
         record.reason = f"{head}{projection_basis(calibration, k=k)}, stored after this record"
-        record.save(update_fields=["multiplier", "tok_s", "reason"])
+        record.server_step_ms = calibration.target_step_ms
+        record.save(update_fields=["multiplier", "tok_s", "reason", "server_step_ms"])
         done += 1
     return done

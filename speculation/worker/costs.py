@@ -414,18 +414,37 @@ def server_step_seconds(
 
 def projection(
     *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int], tokens_per_step: float, k: float
-) -> tuple[float | None, str]:
-    """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, and how it was
-    made (for the record's reason); None with PENDING and the key's tag before the first calibration is stored."""
+) -> tuple[float | None, str, float | None]:
+    """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, how it was made
+    (for the record's reason) and the server step (ms) it is over (the record's server_step_ms); None with PENDING
+    and the key's tag before the first calibration is stored."""
     try:
         row, note = shadow_costs(endpoint=endpoint, policy=policy, context=context)
     except Exception as exc:  # noqa: BLE001 - the measurement is still recorded, without a projection
         logger.warning("reading the costs of endpoint %s failed: %s", endpoint.pk, exc)
-        return None, f"no projection: the costs could not be read ({type(exc).__name__}: {exc})"
+        return None, f"no projection: the costs could not be read ({type(exc).__name__}: {exc})", None
     if row is None:
         key = cost_key(endpoint=endpoint, policy=policy)
-        return None, f"{PENDING} [{key.tag}]: projected when the worker has measured c and v ({note})"
-    return projected(row, tokens_per_step=tokens_per_step, k=k, note=note)
+        return None, f"{PENDING} [{key.tag}]: projected when the worker has measured c and v ({note})", None
+    return (*projected(row, tokens_per_step=tokens_per_step, k=k, note=note), row.target_step_ms)
+
+
+def prod_server_step_ms(*, endpoint: Endpoint, policy: SpeculationPolicy) -> float | None:
+    """The server's plain decode step (ms) prod's multiplier is over: the target step of the newest calibration
+    stored for the key shadow projects with (`cost_key`: endpoint, node class, path, the policy's draft), of any
+    age (prod never queues one); None before the first (prod's multiplier is then over its end-to-end baseline).
+
+    Why this basis, and not the request's own plain rate: shadow's S = E[N] / (v(K) + K c) divides the worker's
+    projected step by this very number, so with prod's multiplier = its decode rate x this step (generation.
+    measured_multiplier), shadow / prod = (E[N] shadow / E[N] prod) x (prod's measured worker step / the
+    projected one), whatever the server's speed:
+    the two differ only by what the cost model gets wrong. A request's own plain rate would not do: prod has no
+    plain run of its request, and a rate read from one request's latency carries its prefill, the HTTP round trip
+    and the server's load of that moment (the end-to-end baseline, cached 600 s, moved 1.2-51 tok/s between runs
+    at load 0.6-20 while the stored step was taken at yet another moment: docs/BENCHMARKS.md). The stored step is
+    the server's decode step with those overheads cancelled ((T(1 + N) - T(1)) / N, the median of repeats)."""
+    row, _ = stored_costs(cost_key(endpoint=endpoint, policy=policy))
+    return row.target_step_ms if row is not None else None
 
 
 def projected(row: CostCalibration, *, tokens_per_step: float, k: float, note: str = "") -> tuple[float, str]:

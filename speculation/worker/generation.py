@@ -36,7 +36,7 @@ from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
 from speculation.selectors.autopairing import Choice
-from speculation.worker import autopick, baseline, batching
+from speculation.worker import autopick, baseline, batching, costs
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
@@ -239,6 +239,13 @@ class TokenStream:
         self.matcher: StopMatcher | None = None
         self.sent = 0
         self._text: list[str] = []
+        self._first: tuple[float, int] | None = None  # when the first step's tokens came, and how many
+
+    def decode_tok_s(self, ended: float) -> float | None:
+        """Tokens after the first step over the time after it (perf_counter `ended`); None with one step only."""
+        if self._first is None or self.sent <= self._first[1] or ended <= self._first[0]:
+            return None
+        return (self.sent - self._first[1]) / (ended - self._first[0])
 
     def ends_after(self, token: int) -> bool:
         assert self.matcher is not None
@@ -246,6 +253,8 @@ class TokenStream:
         return self.matcher.finished
 
     def send(self, ids: list[int]) -> None:
+        if self._first is None:
+            self._first = (time.perf_counter(), len(ids))
         text, self._text = "".join(self._text), []
         self.sent += len(ids)
         # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
@@ -268,11 +277,10 @@ def _baseline(client: redis.Redis, endpoint: Endpoint, job: dict[str, Any]) -> f
     )
 
 
-def _prepare(endpoint: Endpoint, job: dict[str, Any]) -> tuple[Prepared, int, Choice | None]:
+def _prepare(endpoint: Endpoint, policy: SpeculationPolicy, job: dict[str, Any]) -> tuple[Prepared, int, Choice | None]:
     """The proposer and target this request runs with, its K, and (`draft: auto`) the choice behind them: the
     workload's best candidate and K where the evidence says so (speculation.worker.autopick); a chosen candidate
     that cannot load here leaves the request to the policy's own draft, with the reason."""
-    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
     if not policy.auto_pairing or job["path"] not in autopick.KINDS_ON_PATH:
         return build(endpoint, policy, job["path"]), job["k"], None
     chosen, choice = autopick.choose(
@@ -289,11 +297,28 @@ def _prepare(endpoint: Endpoint, job: dict[str, Any]) -> tuple[Prepared, int, Ch
         return build(endpoint, policy, job["path"]), own.k, replace(own, reason=reason)
 
 
+def measured_multiplier(
+    *, tok_s: float | None, decode_tok_s: float | None, server_step_ms: float | None, baseline_tok_s: float | None
+) -> float | None:
+    """Prod's multiplier: its decode rate over the server's plain decode rate 1 / server step, the stored step
+    shadow's projection is over too (speculation.worker.costs.prod_server_step_ms says why). Both sides are read
+    the same way: the server step is (T(1 + N) - T(1)) / N, so the server's prefill and first token are not in
+    it, and prod's decode rate is the tokens after its first step over the time after it (TokenStream), so the
+    worker's prefill of the prompt (target and draft) is not in it either. Over the end-to-end baseline (tok/s
+    over baseline_tok_s, both end to end) only while no calibration is stored: the record's server_step_ms is
+    then null."""
+    if server_step_ms and (decode_tok_s or tok_s):
+        return (decode_tok_s or tok_s) * server_step_ms / 1000.0
+    return tok_s / baseline_tok_s if tok_s and baseline_tok_s else None
+
+
 def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> None:
     """Load, calibrate, generate through the stream and send the done message with the record's fields."""
     endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
-    prepared, k, choice = _prepare(endpoint, job)
-    base = _baseline(client, endpoint, job)
+    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
+    prepared, k, choice = _prepare(endpoint, policy, job)
+    base = _baseline(client, endpoint, job)  # end to end: kept beside the multiplier (the dashboard's baseline)
+    server_step_ms = costs.prod_server_step_ms(endpoint=endpoint, policy=policy)
     stream.channel.send({"type": "ready"}, slot=stream.slot)  # loaded and calibrated: the step timeout applies
     rule = StopRule.from_fields(
         job.get("stop") or {},
@@ -314,13 +339,18 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
         ends_after=stream.ends_after,
         batch=batching.serves(prepared),
     )
-    elapsed = time.perf_counter() - started
-    tok_s = stats.output_tokens / elapsed if elapsed > 0 else None
+    ended = time.perf_counter()
+    tok_s = stats.output_tokens / (ended - started) if ended > started else None
+    decode_tok_s = stream.decode_tok_s(ended)
     record = {
         **stage_fields(stats, k=k),
         "tok_s": tok_s,
+        "decode_tok_s": decode_tok_s,  # the rate the multiplier is over the server step with (not a record field)
         "baseline_tok_s": base,
-        "multiplier": tok_s / base if tok_s and base else None,
+        "server_step_ms": server_step_ms,
+        "multiplier": measured_multiplier(
+            tok_s=tok_s, decode_tok_s=decode_tok_s, server_step_ms=server_step_ms, baseline_tok_s=base
+        ),
     }
     if choice is not None:  # which candidate and K ran, and why
         record.update(mechanism=choice.kind, reason=choice.reason)

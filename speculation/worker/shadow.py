@@ -45,9 +45,11 @@ class Shadowed:
     budget: int
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
+    server_step_ms: float | None = None  # the stored server step the last projection was over
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
         tok_s = self.baseline_tok_s * multiplier if self.baseline_tok_s and multiplier else None
+        fields.setdefault("server_step_ms", self.server_step_ms if multiplier else None)
         record_stage(
             endpoint_id=self.endpoint.pk,
             request_id=self.request_id,
@@ -61,9 +63,10 @@ class Shadowed:
         )
 
     def project(self, *, tokens_per_step: float, k: float) -> tuple[float | None, str]:
-        return projection(
+        value, basis, self.server_step_ms = projection(
             endpoint=self.endpoint, policy=self.policy, context=self.prompt_ids, tokens_per_step=tokens_per_step, k=k
         )
+        return value, basis
 
 
 def measure_shadow(

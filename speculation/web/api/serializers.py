@@ -123,5 +123,6 @@ class StageRecordSerializer(serializers.ModelSerializer):
             "tok_s",
             "baseline_tok_s",
             "multiplier",
+            "server_step_ms",
             "latency_ms",
         ]

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from speculation.bench.concurrency import Run, merge, reason_key, shadow_vs_prod, shape
+from speculation.bench.concurrency import SPLIT_KEYS, Run, merge, reason_key, shadow_vs_prod, shape
 
 
 def _runs(tok_s: float, outcomes: dict | None = None, ids: list | None = None) -> dict:
@@ -68,7 +68,33 @@ def test_shadow_vs_prod_without_pairs_reports_none():
         "requests": 0,
         "shadow_median": None,
         "prod_median": None,
+        **dict.fromkeys(SPLIT_KEYS),
     }
+
+
+def test_shadow_vs_prod_splits_the_ratio_into_tokens_worker_and_plain_sides_whose_product_is_the_ratio():
+    # shadow: 3 tokens per step, projected over a 10 ms server step at 2.0x -> a projected worker step of 15 ms;
+    # prod: 30 tokens in 12 steps at 50 tok/s (a 50 ms step measured), over the same 10 ms step -> 0.5x
+    shadow = [{"id": 1, "multiplier": 2.0, "mean_accepted_len": 3.0, "server_step_ms": 10.0}]
+    prod = [
+        {"id": 2, "multiplier": 0.5, "tok_s": 50.0, "output_tokens": 30, "target_passes": 12, "server_step_ms": 10.0}
+    ]
+
+    result = shadow_vs_prod(shadow, prod)
+
+    assert result["projected_worker_step_ms"] == pytest.approx(15.0)
+    assert result["prod_worker_step_ms"] == pytest.approx(50.0)
+    assert result["worker_side"] == pytest.approx(50.0 / 15.0, abs=1e-4)
+    assert result["tokens_side"] == pytest.approx(3.0 / 2.5)
+    assert result["plain_side"] == 1.0  # the same stored step on both sides
+    product = result["worker_side"] * result["tokens_side"] * result["plain_side"]
+    assert product == pytest.approx(result["median_ratio"], rel=1e-3) and result["median_ratio"] == 4.0
+
+
+def test_a_prod_record_over_the_end_to_end_baseline_has_no_plain_side():
+    shadow = [{"id": 1, "multiplier": 2.0, "mean_accepted_len": 3.0, "server_step_ms": 10.0}]
+    prod = [{"id": 2, "multiplier": 0.5, "tok_s": 50.0, "output_tokens": 30, "target_passes": 12}]
+    assert shadow_vs_prod(shadow, prod)["plain_side"] is None
 
 
 def test_rounds_merge_into_one_rate_and_the_report_shows_each_round_and_the_last():

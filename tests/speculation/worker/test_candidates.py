@@ -135,7 +135,7 @@ def _shadowed(endpoint: Endpoint, request_id: str, monkeypatch, **fields) -> dic
     """Shadow measures the known request (its projection stubbed); the one candidate task it queued."""
     from speculation.worker import shadow
 
-    monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)"))
+    monkeypatch.setattr(shadow, "projection", lambda **kwargs: (1.5, "projection (test)", None))
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(BACKGROUND)
     shadow.measure_shadow(
