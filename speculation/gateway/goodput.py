@@ -48,7 +48,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -115,6 +115,7 @@ class Decision:
     plain: bool
     reason: str = ""
     probe: bool = False  # speculates to learn a load that has no verdict yet
+    samples: Samples | None = field(default=None, compare=False, repr=False)  # what it was decided on (reconsider)
 
 
 def bucket_of(in_flight: int) -> str:
@@ -261,10 +262,33 @@ async def decide(call: Call) -> Decision:
     call.load_bucket = bucket = bucket_of(max(1, _load[endpoint_id].peak))
     turn = next(_turns[(endpoint_id, call.traffic, bucket)])
     decision = choose(samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id))
-    flight = _in_flight[endpoint_id].get(call.request_id)
-    if decision.probe and flight is not None:
-        flight.probe = (call.traffic, bucket)
-    return decision
+    _mark(call, decision)
+    return Decision(decision.plain, decision.reason, decision.probe, samples=samples)
+
+
+def _mark(call: Call, decision: Decision) -> None:
+    flight = _in_flight[call.route.endpoint_id].get(call.request_id)
+    if flight is not None:
+        flight.probe = (call.traffic, call.load_bucket) if decision.probe and not decision.plain else None
+
+
+def reconsider(call: Call, decision: Decision) -> Decision:
+    """Just before a speculating request goes to the worker (after tokenizing): if the endpoint's peak load rose into
+    a higher bucket since it was decided (the rest of a burst arrived meanwhile), the rule again at that load, on the
+    samples it was decided on (no second Redis read). The first request of a burst is otherwise decided alone."""
+    endpoint_id = call.route.endpoint_id
+    bucket = bucket_of(max(1, _load[endpoint_id].peak))
+    if decision.plain or decision.samples is None or not call.load_bucket:
+        return decision
+    if BUCKET_NAMES.index(bucket) <= BUCKET_NAMES.index(call.load_bucket):
+        return decision
+    _mark(call, Decision(plain=True))  # not counted as learning while it is decided again
+    again = choose(decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id))
+    call.load_bucket = bucket
+    if again.plain:
+        again = Decision(plain=True, reason=f"{again.reason}; the load rose to {bucket} while it was prepared")
+    _mark(call, again)
+    return again
 
 
 async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:

@@ -100,13 +100,16 @@ async def serve(call: Call):
     decision = await goodput.decide(call)  # before tokenizing: a request it sends plain costs no extra call
     if decision.plain:
         return await plain(call, action=Action.SKIPPED, reason=decision.reason)
-    call.guard_reason = decision.reason
     try:
         prompt_ids = await prompt_token_ids(call)
     except Unsupported as exc:
         return await plain(call, action=Action.SKIPPED, reason=f"cannot tokenize: {exc.reason}")
     except (UpstreamError, KeyError, ValueError) as exc:
         return await plain(call, action=Action.FELL_BACK, reason=f"tokenize failed: {exc}")
+    decision = goodput.reconsider(call, decision)  # the rest of a burst may have arrived meanwhile
+    if decision.plain:
+        return await plain(call, action=Action.SKIPPED, reason=decision.reason)
+    call.guard_reason = decision.reason
     max_context = int(route.capabilities.get("max_context") or DEFAULT_MAX_CONTEXT)
     # The length fields as the server reads them (vLLM's completions ignore max_completion_tokens, ...).
     try:

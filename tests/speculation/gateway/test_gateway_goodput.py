@@ -383,6 +383,35 @@ def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_
     assert decision.plain and "slower than plain at this load" in decision.reason
 
 
+def test_a_request_decided_alone_is_decided_again_when_a_burst_arrives_before_it_reaches_the_worker(guard_on):
+    async def run():
+        # given: speculation faster alone, slower at 8 streams
+        await _keep_at(9014, 1, SPEC, 90.0, n=MIN_SAMPLES)
+        await _keep_at(9014, 1, PLAIN, 50.0, n=MIN_SAMPLES)
+        await _keep_at(9014, 8, SPEC, 10.0, n=EARLY_SAMPLES)
+        await _keep_at(9014, 8, PLAIN, 50.0, n=MIN_SAMPLES)
+        _quiet(9014)
+        first, alone = _call(9014, "first"), _call(9014, "alone")
+        # when: a request is decided alone and nothing arrives before it reaches the worker
+        kept = goodput.reconsider(alone, await goodput.decide(alone))
+        goodput.end(alone)
+        _quiet(9014)
+        # and: a request is decided alone, then 7 more arrive while it is tokenized
+        decided = await goodput.decide(first)
+        for i in range(7):
+            goodput.begin(_call(9014, f"burst{i}"))
+        again = goodput.reconsider(first, decided)
+        return kept, decided, again, first
+
+    kept, decided, again, first = asyncio.run(run())
+
+    assert not kept.plain and kept.reason == "goodput guard: speculation measured faster at load 1"
+    assert not decided.plain
+    assert again.plain and first.load_bucket == "5-16"
+    assert "slower than plain at this load" in again.reason and "the load rose to 5-16" in again.reason
+    assert goodput._in_flight[9014]["first"].probe is None  # not counted as a learner
+
+
 def test_the_guard_off_always_speculates(settings, redis_server):
     settings.GOODPUT_GUARD = False
     decision = asyncio.run(goodput.decide(_call(9002, "x")))
