@@ -44,3 +44,18 @@ def test_looping_share_is_the_share_of_looping_outputs():
     outputs = [NORMAL, list("abababababab"), NORMAL[5:], NORMAL[::-1]]
     assert looping_share(outputs) == 0.25
     assert looping_share([]) == 0.0
+
+
+def test_the_looping_report_counts_per_length_and_category_and_measures_garbled_text():
+    from speculation.bench.looping import garbled_share, summarize
+
+    loop_late = NORMAL[:20] + ["x", "y"] * 20  # normal for 20 tokens, then a loop
+    outputs = [("writing", NORMAL[:40]), ("writing", loop_late), ("coding", ["a"] * 40)]
+    report = summarize(outputs, [20, 60], decode=" ".join)
+    # at 20 tokens only the one-token loop loops; at 60 the late loop too
+    assert report["looping_share"] == {"20": round(1 / 3, 4), "60": round(2 / 3, 4)}
+    assert report["per_category"] == {"coding": {"prompts": 1, "looping": 1}, "writing": {"prompts": 2, "looping": 1}}
+    assert report["samples"]["writing"].startswith("Hawaii is")
+    assert report["garbled_share"] == 0.0
+    assert garbled_share("ab\ufffd\x7f") == 0.25  # U+FFFD counts; DEL (127) is not a control code below 32
+    assert garbled_share("a\x01\n\t") == 0.25  # newline and tab are text
