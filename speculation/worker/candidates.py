@@ -9,7 +9,9 @@ The candidates: n-gram prompt lookup, every registered draft model with the endp
 where the worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained for
 that target (a head drafts from the target's features: one teacher-forced target pass gives them for the whole
 request, ReplayTarget hands them to the head; without the target's weights in the worker there are no features, so
-EAGLE heads are not candidates on a remote-only policy).
+EAGLE heads are not candidates on a remote-only policy). With the policy's `eagle_tree` set, a head replays as the
+draft tree prod's local path would draft (depth min(depth, K), verified against the known output by
+tree.replay_tree_greedy), and its projection counts the verification of every node: S = E[N] / (v(nodes) + depth c).
 - Greedy requests: the engine's exact replay (speculation.engine.replay; one teacher-forced pass per draft model or
   target serves all K).
 - Sampled requests (temperature > 0): draft models only, with the expected acceptance sum_x min(p, q) of both
@@ -41,6 +43,7 @@ from fleet.models import Endpoint
 from speculation.engine import NgramProposer, SamplingParams, SpecStats
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
+from speculation.engine.tree import TreeShape
 from speculation.models import CandidateMeasurement, CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.selectors import capabilities
 from speculation.worker.costs import current_costs
@@ -92,8 +95,10 @@ def replay(
     output_ids: list[int],
     max_tokens: int | None,
     target_path: str = "",
+    tree: TreeShape | None = None,
 ) -> dict[int, SpecStats]:
-    """The candidate's greedy speculation on this request at every K (exact: the engine's replay)."""
+    """The candidate's greedy speculation on this request at every K (exact: the engine's replay); an EAGLE head
+    drafts the tree `tree` where given (the policy's eagle_tree), else a chain."""
     sequence = prompt_ids + output_ids
     common: dict[str, Any] = {"prompt_len": len(prompt_ids), "max_new_tokens": max_tokens}
     if candidate.kind == DraftKind.NGRAM:
@@ -104,26 +109,44 @@ def replay(
 
         return {k: replay_proposals(propose, sequence, k, **common) for k in K_RANGE}
     if candidate.kind == DraftKind.EAGLE_HEAD:
-        return _replay_eagle(candidate, sequence, target_path=target_path, common=common)
+        return replay_eagle_head(
+            candidate.draft.path, sequence, K_RANGE, target_path=target_path, tree=tree, common=common
+        )
     model = resources.model(candidate.draft.path).model
     predictions = draft_greedy_predictions(model, sequence)  # one teacher-forced pass serves every K
     return {k: replay_greedy(predictions, sequence, k, **common) for k in K_RANGE}
 
 
 @torch.inference_mode()
-def _replay_eagle(
-    candidate: Candidate, sequence: list[int], *, target_path: str, common: dict[str, Any]
+def replay_eagle_head(
+    head_path: str,
+    sequence: list[int],
+    ks: tuple[int, ...],
+    *,
+    target_path: str,
+    tree: TreeShape | None,
+    common: dict[str, Any],
 ) -> dict[int, SpecStats]:
-    """An EAGLE head's greedy speculation: the target's features of the known sequence from one teacher-forced
-    pass, handed to the head by the replay's ReplayTarget (exact, as prod's local path drafts)."""
+    """An EAGLE head's greedy speculation at each K: the target's features of the known sequence (the ones the
+    head reads: the final-norm feature, or its layers for a multi-layer head) from one teacher-forced pass, handed
+    to the head by the replay's ReplayTarget; a tree is verified against the known output (exact, as prod's local
+    path drafts and verifies it). Shadow (the policy's own head) and the candidate replays both use it."""
     from speculation.engine.eagle import EagleProposer
 
     if not target_path:
         raise ValueError("an EAGLE head reads the target's features: the worker needs the target (target_path)")
     target = resources.model(target_path).model
-    head = resources.eagle_head(candidate.draft.path, target_dir=target_path)
-    hidden = target(torch.tensor(sequence, device=target.output.weight.device), 0, return_hidden=True).hidden
-    return {k: replay_proposer(EagleProposer(head, target), sequence, k, hidden=hidden, **common) for k in K_RANGE}
+    head = resources.eagle_head(head_path, target_dir=target_path)
+    wants = EagleProposer(head, target).wants_hidden
+    hidden = target(torch.tensor(sequence, device=target.output.weight.device), 0, return_hidden=wants).hidden
+    return {
+        k: replay_proposer(EagleProposer(head, target, tree=tree), sequence, k, hidden=hidden, **common) for k in ks
+    }
+
+
+def tree_nodes(tree: TreeShape, k: int) -> int:
+    """The draft nodes one verification checks when prod drafts this tree at lookahead K (depth min(depth, K))."""
+    return min(tree.nodes, TreeShape(tree.top_k, min(tree.depth, k), tree.nodes).candidates)
 
 
 def take_budget(endpoint_id: int, wanted: int) -> tuple[int, str]:
@@ -153,15 +176,21 @@ def _costs(endpoint: Endpoint, policy: SpeculationPolicy, candidate: Candidate, 
     return current_costs(endpoint=endpoint, policy=as_policy, context=context).step_costs()
 
 
-def measured_fields(per_k: dict[int, SpecStats], costs: StepCosts | None) -> dict[str, Any]:
-    """The row's per-K lists from the replays (and the projected multiplier where the costs are known)."""
+def measured_fields(
+    per_k: dict[int, SpecStats], costs: StepCosts | None, tree: TreeShape | None = None
+) -> dict[str, Any]:
+    """The row's per-K lists from the replays (and the projected multiplier where the costs are known; a tree's
+    verification covers all its nodes)."""
     mal, mult, counts, positions = [], [], [], []
     for k in K_RANGE:
         stats = per_k[k]
         tau = stats.mean_accepted_len or 1.0  # no drafts at all: one token per step, as plain decoding
         k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
+        verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k) if tree is not None else None
         mal.append(round(tau, 4))
-        mult.append(round(costs.multiplier(tokens_per_step=tau, k=k_mean), 4) if costs is not None else None)
+        mult.append(
+            round(costs.multiplier(tokens_per_step=tau, k=k_mean, verified=verified), 4) if costs is not None else None
+        )
         counts.append([stats.drafted_tokens, stats.accepted_tokens, stats.target_passes])
         positions.append([round(a, 4) for a in stats.alpha_per_position])
     return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
@@ -259,7 +288,9 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
     except Exception as exc:  # noqa: BLE001 - the acceptance still counts, without a projection
         row.reason = f"no projection: the costs could not be measured ({type(exc).__name__}: {exc})"
     if request.params is None:
-        fields, how = measured_fields(replayed, costs), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
+        tree = _tree(request, candidate)
+        fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
+        how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
     else:
         fields = expected_fields(replayed.alpha, output_tokens=len(request.output_ids), costs=costs)
         how = (
@@ -272,6 +303,11 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
     row.reason = f"{how}; c={costs.c:.3f}" if costs is not None else f"{how}; {row.reason}"
 
 
+def _tree(request: Replayed, candidate: Candidate) -> TreeShape | None:
+    """The draft tree an EAGLE head candidate drafts: the policy's eagle_tree (prod drafts it with any head)."""
+    return TreeShape.from_policy(request.policy.eagle_tree) if candidate.kind == DraftKind.EAGLE_HEAD else None
+
+
 def _replayed(request: Replayed, candidate: Candidate) -> Any:
     """Greedy: the candidate's replay at every K. Sampled: its expected acceptance (speculation.worker.sampled)."""
     if request.params is None:
@@ -281,6 +317,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             output_ids=request.output_ids,
             max_tokens=request.max_tokens,
             target_path=request.policy.target_path or "",
+            tree=_tree(request, candidate),
         )
     from speculation.worker.sampled import draft_acceptance, target_view
 

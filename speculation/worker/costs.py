@@ -417,7 +417,13 @@ def server_step_seconds(
 
 
 def projection(
-    *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int], tokens_per_step: float, k: float
+    *,
+    endpoint: Endpoint,
+    policy: SpeculationPolicy,
+    context: list[int],
+    tokens_per_step: float,
+    k: float,
+    verified: float | None = None,  # drafts one verification checks when not K (a draft tree's nodes)
 ) -> tuple[float | None, str, float | None]:
     """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, how it was made
     (for the record's reason) and the server step (ms) it is over (the record's server_step_ms); None with PENDING
@@ -430,7 +436,7 @@ def projection(
     if row is None:
         key = cost_key(endpoint=endpoint, policy=policy)
         return None, f"{PENDING} [{key.tag}]: projected when the worker has measured c and v ({note})", None
-    return (*projected(row, tokens_per_step=tokens_per_step, k=k, note=note), row.target_step_ms)
+    return (*projected(row, tokens_per_step=tokens_per_step, k=k, note=note, verified=verified), row.target_step_ms)
 
 
 def prod_server_step_ms(*, endpoint: Endpoint, policy: SpeculationPolicy) -> float | None:
@@ -451,7 +457,9 @@ def prod_server_step_ms(*, endpoint: Endpoint, policy: SpeculationPolicy) -> flo
     return row.target_step_ms if row is not None else None
 
 
-def projected(row: CostCalibration, *, tokens_per_step: float, k: float, note: str = "") -> tuple[float, str]:
-    """S from a stored calibration, with the basis for the record's reason."""
+def projected(
+    row: CostCalibration, *, tokens_per_step: float, k: float, note: str = "", verified: float | None = None
+) -> tuple[float, str]:
+    """S from a stored calibration, with the basis for the record's reason (verified: see StepCosts.multiplier)."""
     basis = cost_selectors.projection_basis(row, k=k) + (f"; {note}" if note else "")
-    return row.step_costs().multiplier(tokens_per_step=tokens_per_step, k=k), basis
+    return row.step_costs().multiplier(tokens_per_step=tokens_per_step, k=k, verified=verified), basis

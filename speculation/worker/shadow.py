@@ -62,9 +62,14 @@ class Shadowed:
             **{**self.common, **fields},
         )
 
-    def project(self, *, tokens_per_step: float, k: float) -> tuple[float | None, str]:
+    def project(self, *, tokens_per_step: float, k: float, verified: float | None = None) -> tuple[float | None, str]:
         value, basis, self.server_step_ms = projection(
-            endpoint=self.endpoint, policy=self.policy, context=self.prompt_ids, tokens_per_step=tokens_per_step, k=k
+            endpoint=self.endpoint,
+            policy=self.policy,
+            context=self.prompt_ids,
+            tokens_per_step=tokens_per_step,
+            k=k,
+            verified=verified,
         )
         return value, basis
 
@@ -123,6 +128,9 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     policy, k = shadowed.policy, shadowed.policy.k
     sequence = shadowed.prompt_ids + shadowed.output_ids
     common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
+    if policy.mechanism == Mechanism.EAGLE_HEAD:
+        _measure_eagle(shadowed, sequence, common)
+        return
     if policy.mechanism == Mechanism.NGRAM:
         stats = replay_proposer(NgramProposer(), sequence, k, **common)
     else:
@@ -134,6 +142,32 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
 
 
+def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
+    """The policy's EAGLE head replayed as prod's local path drafts it: a chain of K, or the policy's draft tree
+    (depth min(depth, K)) verified against the known output (speculation.engine.tree.replay_tree_greedy). A head
+    drafts from the target's hidden features, which only a target in this worker gives (one teacher-forced pass
+    over the request): only a policy with a target_path can replay a head; a server returns no features."""
+    from speculation.engine.tree import TreeShape
+    from speculation.worker.candidates import replay_eagle_head, tree_nodes
+
+    policy, k = shadowed.policy, shadowed.policy.k
+    if not policy.target_path:
+        shadowed.record(reason="EAGLE head: not replayed, the head needs the target's features (no target_path)")
+        return
+    tree = TreeShape.from_policy(policy.eagle_tree)
+    head = policy.draft.path
+    stats = replay_eagle_head(head, sequence, (k,), target_path=policy.target_path, tree=tree, common=common)[k]
+    tau = stats.mean_accepted_len or 1.0
+    k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
+    how = "greedy replay (exact) of the EAGLE head"
+    verified = None
+    if tree is not None:  # one verification checks every node: S = E[N] / (v(nodes) + depth c)
+        verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k)
+        how += f" drafting the tree {policy.eagle_tree} (depth min(depth, K), verified against the known output)"
+    projected, basis = shadowed.project(tokens_per_step=tau, k=k_mean, verified=verified)
+    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
+
+
 def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     """Expected acceptance sum_x min(p(x), q(x)) per output position, p and q processed as the request asked
     (speculation.worker.sampled); the mean accepted length from the i.i.d. formula at the policy's K."""
@@ -142,6 +176,9 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     policy, k = shadowed.policy, shadowed.policy.k
     if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
         shadowed.record(reason="sampled traffic with n-gram drafts: no draft distribution to compare")
+        return
+    if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
+        shadowed.record(reason="sampled traffic with an EAGLE head: not replayed (its drafts need their own pass)")
         return
     view = target_view(
         endpoint=shadowed.endpoint,

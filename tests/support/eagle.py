@@ -28,3 +28,19 @@ def greedy_sequences(
         data.prompt_lens.append(len(prompt))
         data.categories.append("random")
     return data
+
+
+def trained_head(model: Transformer, head, work_dir, *, epochs: int = 5):
+    """Train `head` briefly on the target's own greedy continuations (24 sequences, 3 held out), so that its
+    drafts are often accepted; one torch thread while training (a module fixture runs before the per-test one)."""
+    from speculation.offline.eagle.train import TrainSettings, train_head
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        settings = TrainSettings(epochs=epochs, lr=3e-3, token_weight=1.0, batch_size=4, seed=0)
+        train_head(head, model.tok_embeddings.weight, model.output.weight, greedy_sequences(model, 24, 1),
+                   greedy_sequences(model, 3, 2), settings, work_dir=work_dir)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return head.eval()

@@ -242,29 +242,9 @@ def test_a_one_wide_tree_is_the_heads_greedy_chain(target_model):
 @pytest.fixture(scope="module")
 def trained_tree_head(target_model, tmp_path_factory) -> EagleHead:
     """A head trained briefly on the target's own greedy continuations, so that its drafts are often accepted."""
-    from speculation.offline.eagle.collect import Sequences
-    from speculation.offline.eagle.train import TrainSettings, train_head
+    from tests.support.eagle import trained_head
 
-    def sequences(n: int, seed: int) -> Sequences:
-        local, generator, data = LocalTarget(target_model), torch.Generator().manual_seed(seed), Sequences()
-        for _ in range(n):
-            prompt = torch.randint(0, target_model.vocab_size, (8,), generator=generator).tolist()
-            tokens = torch.tensor(prompt + generate_plain(local, prompt, GenerationConfig(max_new_tokens=32)).tokens)
-            with torch.inference_mode():
-                data.features.append(target_model(tokens, 0, return_hidden=True).hidden.clone())
-            data.tokens.append(tokens)
-            data.prompt_lens.append(len(prompt))
-            data.categories.append("random")
-        return data
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # module fixtures run before the per-test one-thread fixture
-    head = head_for(target_model)
-    settings = TrainSettings(epochs=5, lr=3e-3, token_weight=1.0, batch_size=4, seed=0)
-    train_head(head, target_model.tok_embeddings.weight, target_model.output.weight, sequences(24, 1),
-               sequences(3, 2), settings, work_dir=tmp_path_factory.mktemp("tree-head"))  # fmt: skip
-    torch.set_num_threads(threads)
-    return head.eval()
+    return trained_head(target_model, head_for(target_model), tmp_path_factory.mktemp("tree-head"))
 
 
 PROMPTS = [[3, 9, 27, 1], [5], [40, 2, 2, 2, 41, 7, 19, 33, 8], list(range(20))]

@@ -1,0 +1,205 @@
+"""Shadow replays the policy's EAGLE head as prod's local path drafts it: a chain of K, or the policy's draft tree
+(`eagle_tree`) verified against the known output (speculation.engine.tree.replay_tree_greedy), through the shadow
+task's real body on real Redis; the projection counts the verification of every node. The candidate replays
+(auto-pairing) replay a head as the policy's tree too. A head without the target in the worker is not replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculation.engine.projection import StepCosts
+from speculation.engine.tree import TreeShape
+
+K = 4
+TREE = {"top_k": 3, "depth": 4, "nodes": 12}
+PROMPT = [3, 9, 27, 1, 40, 2, 2, 41]
+MEASURED = StepCosts(target_step_s=0.010, draft_step_s=0.001, verify_s={1: 0.006, 5: 0.009, 13: 0.020})
+
+
+@pytest.fixture(scope="module")
+def target_dir(tiny_model_dir, tmp_path_factory):
+    """A tiny target whose logits are decisive (weights of std 0.5, 48 tokens; the tiny model's tokenizer), so a
+    briefly trained head learns it (the tiny model's own near-uniform logits teach a head nothing)."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("decisive-target")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model_dir / name).is_file():
+            shutil.copyfile(tiny_model_dir / name, out / name)
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                         eos_token_id=2)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def head_dir(target_dir, tmp_path_factory):
+    """A head for that target, trained briefly on the target's own greedy continuations (drafts accepted)."""
+    from speculation.engine import load_causal_lm
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+    from tests.support.eagle import trained_head
+
+    head = EagleHead(EagleConfig.for_target(target_dir))
+    init_weights(head, torch.Generator().manual_seed(0))
+    out = tmp_path_factory.mktemp("shadow-head")
+    trained_head(load_causal_lm(target_dir), head, out / "work").save(out / "head")
+    return out / "head"
+
+
+@pytest.fixture
+def tree_policy(db, redis_server, target_dir, head_dir, settings):
+    from fleet.models import Endpoint
+    from speculation.models import DraftModel, SpeculationPolicy
+    from speculation.services.costs import record_calibration
+
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 0  # the policy's own record only (candidates: the last test)
+    endpoint = Endpoint.objects.create(name="tiny-tree", base_url="http://127.0.0.1:9", node_class="cpu")
+    head = DraftModel.objects.create(name="tiny-head", kind="eagle_head", path=str(head_dir))
+    policy, _ = SpeculationPolicy.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={"mode": "shadow", "mechanism": "eagle_head", "draft": head, "k": K, "path": "local",
+                  "target_path": str(target_dir), "eagle_tree": TREE},
+    )  # fmt: skip
+    record_calibration(endpoint=endpoint, draft=head, path="local", costs=MEASURED, repeats=5, context_tokens=8)
+    return policy
+
+
+def _output(target_dir) -> list[int]:
+    """What a greedy server answers: the target's own greedy continuation."""
+    from speculation.engine import GenerationConfig, LocalTarget, generate_plain
+    from speculation.worker.paths import resources
+
+    target = LocalTarget(resources.model(str(target_dir)).model)
+    return generate_plain(target, PROMPT, GenerationConfig(max_new_tokens=40)).tokens
+
+
+def _replays(target_dir, head_dir, output: list[int]):
+    """The engine's own replays of the head on prompt + output: (tree, chain) at K."""
+    from speculation.engine.eagle import EagleHead, EagleProposer
+    from speculation.engine.replay import replay_proposer
+    from speculation.worker.paths import resources
+
+    model = resources.model(str(target_dir)).model
+    head = EagleHead.load(head_dir, target_dir=target_dir)
+    sequence = PROMPT + output
+    with torch.inference_mode():
+        hidden = model(torch.tensor(sequence), 0, return_hidden=True).hidden
+    common = {"prompt_len": len(PROMPT), "max_new_tokens": len(output), "hidden": hidden}
+    tree = replay_proposer(EagleProposer(head, model, tree=TreeShape(**TREE)), sequence, K, **common)
+    chain = replay_proposer(EagleProposer(head, model), sequence, K, **common)
+    return tree, chain
+
+
+def _shadow(policy, request_id: str, output: list[int]) -> None:
+    from speculation.worker.tasks import shadow_measure_task
+
+    shadow_measure_task.apply(
+        kwargs={"endpoint_id": policy.endpoint_id, "request_id": request_id, "prompt_ids": PROMPT,
+                "output_ids": output, "finish_reason": "length", "max_tokens": len(output), "temperature": 0.0,
+                "latency_ms": 400.0},
+    )  # fmt: skip
+
+
+def test_shadow_replays_the_policys_draft_tree_and_projects_the_verification_of_every_node(
+    tree_policy, target_dir, head_dir
+):
+    from speculation.models import StageRecord
+
+    # given: a greedy request, and what the engine's replays of the head give on it as a tree and as a chain
+    output = _output(target_dir)
+    tree, chain = _replays(target_dir, head_dir, output)
+    assert tree.accepted_tokens > chain.accepted_tokens  # the request tells the two apart
+    # when: the shadow task measures it
+    _shadow(tree_policy, "tree-1", output)
+    # then: the record is the tree's replay, not the chain's
+    record = StageRecord.objects.get(request_id="tree-1")
+    assert "tree" in record.reason and "EAGLE head" in record.reason, record.reason
+    got = (record.target_passes, record.drafted_tokens, record.accepted_tokens)
+    assert got == (tree.target_passes, tree.drafted_tokens, tree.accepted_tokens)
+    assert record.mean_accepted_len == pytest.approx(tree.mean_accepted_len)
+    # and its projection pays one verification of all the tree's nodes per step (12 at depth 4), not K + 1 tokens
+    k_mean = tree.drafted_tokens / tree.target_passes
+    nodes = k_mean * TREE["nodes"] / TREE["depth"]
+    want = MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean, verified=nodes)
+    assert record.multiplier == pytest.approx(want)
+    assert record.multiplier < MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean)
+
+
+def test_without_a_tree_shadow_replays_the_heads_chain(tree_policy, target_dir, head_dir):
+    from speculation.models import StageRecord
+
+    tree_policy.eagle_tree = {}
+    tree_policy.save(update_fields=["eagle_tree"])
+    output = _output(target_dir)
+    _, chain = _replays(target_dir, head_dir, output)
+
+    _shadow(tree_policy, "chain-1", output)
+
+    record = StageRecord.objects.get(request_id="chain-1")
+    assert (record.drafted_tokens, record.accepted_tokens) == (chain.drafted_tokens, chain.accepted_tokens)
+    assert "tree" not in record.reason
+    k_mean = chain.drafted_tokens / chain.target_passes
+    assert record.multiplier == pytest.approx(MEASURED.multiplier(tokens_per_step=chain.mean_accepted_len, k=k_mean))
+
+
+def test_a_head_without_the_target_in_the_worker_is_recorded_as_not_replayed(tree_policy, target_dir):
+    from speculation.models import StageRecord
+
+    tree_policy.target_path = ""
+    tree_policy.save(update_fields=["target_path"])
+
+    _shadow(tree_policy, "remote-1", _output(target_dir))
+
+    record = StageRecord.objects.get(request_id="remote-1")
+    assert "target's features" in record.reason and record.multiplier is None
+    assert record.drafted_tokens is None or record.drafted_tokens == 0
+
+
+def test_a_sampled_request_is_recorded_as_not_replayed_for_a_head(tree_policy, target_dir):
+    from speculation.models import StageRecord
+    from speculation.worker.tasks import shadow_measure_task
+
+    shadow_measure_task.apply(
+        kwargs={"endpoint_id": tree_policy.endpoint_id, "request_id": "sampled-1", "prompt_ids": PROMPT,
+                "output_ids": _output(target_dir), "finish_reason": "length", "max_tokens": 40, "temperature": 0.7,
+                "latency_ms": 400.0},
+    )  # fmt: skip
+
+    record = StageRecord.objects.get(request_id="sampled-1")
+    assert "EAGLE head: not replayed" in record.reason and record.multiplier is None
+
+
+def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy, target_dir, head_dir, monkeypatch):
+    from speculation.models import CandidateMeasurement
+    from speculation.worker import candidates
+
+    # given: the candidates of a tree policy's request (the head is one: the worker holds its target)
+    monkeypatch.setattr(candidates, "_costs", lambda *args: MEASURED)
+    tree_policy.endpoint.capabilities = {"tokenizer_fingerprint": "tiny"}
+    tree_policy.endpoint.save(update_fields=["capabilities"])
+    tree_policy.draft.tokenizer_fingerprint = "tiny"
+    tree_policy.draft.save(update_fields=["tokenizer_fingerprint"])
+    output = _output(target_dir)
+    tree, chain = _replays(target_dir, head_dir, output)
+    # when
+    candidates.measure_candidates(endpoint=tree_policy.endpoint, policy=tree_policy, request_id="cand-tree",
+                                  workload="chat", prompt_ids=PROMPT, output_ids=output, max_tokens=len(output),
+                                  budgeted=False)  # fmt: skip
+    # then: the head's row at K is the tree's replay, with the tree's cost
+    row = CandidateMeasurement.objects.get(request_id="cand-tree", candidate="tiny-head")
+    assert row.status == "measured" and "draft tree" in row.reason, row.reason
+    assert row.counts[K - 1] == [tree.drafted_tokens, tree.accepted_tokens, tree.target_passes]
+    assert row.counts[K - 1] != [chain.drafted_tokens, chain.accepted_tokens, chain.target_passes]
+    k_mean = tree.drafted_tokens / tree.target_passes
+    want = MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean, verified=k_mean * 12 / 4)
+    assert row.multiplier[K - 1] == pytest.approx(want, abs=1e-4)
