@@ -1,9 +1,11 @@
 """c and v for shadow's projection, measured on this worker (the endpoint's node class) and kept in the database.
 
-One calibration measures (repeated timings, each summarised by its median: the projection predicts prod's mean
-rate, so each cost is a typical step under the load prod runs under; the fastest repeat, which the worker's own
-timings used to keep (speculation.engine.costs), is a lower bound that projected worker steps 1.19x shorter than
-prod's at load 18, docs/BENCHMARKS.md; the server runs under its own load too):
+One calibration measures (repeated timings; the worker's own work: its fastest repeat, speculation.engine.costs;
+the server's step: the median, as the server runs under its own load). The fastest, not the median, of the worker's
+timings: they run while the server serves shadow's traffic on the same node, which prod's steps do not share.
+Measured (docs/BENCHMARKS.md, bench_gateway shadow_vs_prod, load 12-18): with the median, verify(2..5) came out
+at 139 ms where prod's whole worker step was 22 ms (shadow / prod 0.16); with the fastest, the projected worker
+step was 20 ms against prod's 24 ms (shadow / prod 1.19):
 - the target step: the server's plain decode step, (T(1 + N tokens) - T(1 token)) / N of a greedy plain
   generation, so prefill, HTTP round trip and request overhead cancel (not a request's latency per token);
 - the draft step: this worker's draft proposing over a warm cache (0 for n-gram lookup);
@@ -225,9 +227,7 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     batched = batched_path(policy=policy, path=path)
     local = path == VerificationPath.LOCAL
     proposer = _draft_proposer(policy, batched=batched)
-    draft_step = statistics.median(
-        _quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local)
-    )
+    draft_step = min(_quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local))
     shared = cost_selectors.newest_calibration(
         endpoint_id=endpoint.pk,
         node_class=endpoint.node_class,
@@ -370,7 +370,7 @@ def _verify_costs(
         model = resources.model(policy.target_path).model
         target = BatchRowTarget(model) if batched else LocalTarget(model)
         rounds = _quietly(endpoint, lambda: time_verify(target, context, VERIFY_SIZES, repeats=1), quiet=True)
-        return non_decreasing({n: statistics.median(r[n] for r in rounds) for n in rounds[0]})
+        return non_decreasing({n: min(r[n] for r in rounds) for n in rounds[0]})
     from speculation.worker.generation import PathUnavailable, build
 
     try:
