@@ -28,16 +28,17 @@ import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from speculation.bench.autopairing_store import Measured, dump_measurements, load_measurements
 from speculation.bench.eagle import head_step_s
 from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, NgramProposer, generate
 from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
-from speculation.models import CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
+from speculation.models import DraftKind, DraftModel, SpeculationPolicy
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
 from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
@@ -49,31 +50,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_K = 5
 CONTEXT_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class Measured:
-    workload: str
-    multiplier: dict[tuple[str, int], float]  # (candidate, K) -> projected multiplier on this request
-    tokens_per_step: dict[tuple[str, int], float]
-    kinds: dict[str, str] = field(default_factory=dict)  # candidate -> kind (default: ngram / draft_model by name)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """This request's rows in the auto-pairing table's shape (one per candidate, K = 1..8)."""
-        names = dict.fromkeys(name for name, _ in self.multiplier)
-        return [
-            {
-                "workload": self.workload,
-                "candidate": name,
-                "kind": self.kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL),
-                "draft_id": None,
-                "status": CandidateStatus.MEASURED,
-                "multiplier": [self.multiplier.get((name, k)) for k in K_RANGE],
-                "mean_accepted_len": [self.tokens_per_step.get((name, k)) for k in K_RANGE],
-                "counts": [],
-            }
-            for name in names
-        ]
+SAVE_EVERY = 10
 
 
 def mixed_prompts(*, requests: int, seed: int, code_share: float) -> list[str]:
@@ -109,17 +86,27 @@ def candidate_costs(target_dir: str, candidates: list[Candidate], context: list[
 
 
 def measure(
-    *, target_dir: str, candidates: list[Candidate], prompts: list[str], max_tokens: int
+    *,
+    target_dir: str,
+    candidates: list[Candidate],
+    prompts: list[str],
+    max_tokens: int,
+    save: Path | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> tuple[list[Measured], dict[str, StepCosts]]:
+    """Every request measured, or shard (i, n)'s: the prompts at places i, i + n, ... (`save`: the figures so far
+    written there every SAVE_EVERY requests and at the end, so a run cut short still leaves its requests)."""
     loaded = resources.model(target_dir)
     target = LocalTarget(loaded.model)
     encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
     costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1])
     kinds = {c.name: c.kind for c in candidates}
-    measured = []
-    for prompt, prompt_ids in zip(prompts, encoded, strict=True):
+    measured: list[Measured] = []
+    mine = range(shard[0], len(prompts), shard[1])
+    for index in mine:
+        prompt, prompt_ids = prompts[index], encoded[index]
         output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
-        mult, tau = {}, {}
+        mult, tau, drafts = {}, {}, {}
         for candidate in candidates:
             per_k = replay(
                 candidate, prompt_ids=prompt_ids, output_ids=output, max_tokens=max_tokens, target_path=target_dir
@@ -129,7 +116,12 @@ def measure(
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
                 mult[(candidate.name, k)] = costs[candidate.name].multiplier(tokens_per_step=steps, k=k_mean)
                 tau[(candidate.name, k)] = steps
-        measured.append(Measured(workload=classify(prompt), multiplier=mult, tokens_per_step=tau, kinds=kinds))
+                drafts[(candidate.name, k)] = k_mean
+        measured.append(Measured(classify(prompt), mult, tau, kinds=kinds, k_mean=drafts, index=index))
+        if len(measured) % SAVE_EVERY == 0 or len(measured) == len(mine):
+            logger.info("measured %d of %d requests", len(measured), len(mine))
+            if save is not None:
+                dump_measurements(save, measured, costs)
     return measured, costs
 
 
@@ -148,7 +140,7 @@ def simulate(measured: list[Measured], *, first: tuple[str, int]) -> list[tuple[
     current = Choice(name, kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL), None, k, "",
                      from_evidence=False)  # fmt: skip
     chosen = []
-    for request in measured:
+    for i, request in enumerate(measured):
         table = table_from_rows(rows)
         recommendation, _why = auto_decision(policy=_policy(current), table=table)
         if recommendation is not None:
@@ -156,7 +148,7 @@ def simulate(measured: list[Measured], *, first: tuple[str, int]) -> list[tuple[
                               k=recommendation.k)  # fmt: skip
         choice = workload_choice(table, workload=request.workload, current=current)
         chosen.append((choice.candidate, choice.k))
-        rows += request.rows()
+        rows += request.rows(request_id=f"r{i}")
     return chosen
 
 
@@ -218,6 +210,8 @@ def run(
     seed: int,
     code_share: float,
     eagle_dir: str = "",
+    save_measurements: Path | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     candidates = [Candidate(NGRAM, DraftKind.NGRAM)]
     for directory in draft_dirs:
@@ -228,10 +222,15 @@ def run(
         candidates.append(Candidate(name, DraftKind.EAGLE_HEAD, DraftModel(name=name, path=eagle_dir)))
     started = time.perf_counter()
     prompts = mixed_prompts(requests=requests, seed=seed, code_share=code_share)
-    measured, costs = measure(target_dir=target_dir, candidates=candidates, prompts=prompts, max_tokens=max_tokens)
-    chosen = simulate(measured, first=(candidates[min(1, len(candidates) - 1)].name, DEFAULT_K))  # the main draft
-    result = report(measured, chosen)
-    result["candidates"] = {name: {"c": round(c.c, 4), "v(K=5)": round(c.v(5), 4)} for name, c in costs.items()}
+    measured, costs = measure(
+        target_dir=target_dir,
+        candidates=candidates,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        save=save_measurements,
+        shard=shard,
+    )
+    result = evaluate(measured, costs)
     result["setup"] = {
         "target": target_dir,
         "max_tokens": max_tokens,
@@ -242,4 +241,29 @@ def run(
         "auto_min_requests": AUTO_MIN_REQUESTS,
         "seconds": round(time.perf_counter() - started, 1),
     }
+    return result
+
+
+def evaluate(measured: list[Measured], costs: dict[str, StepCosts]) -> dict[str, Any]:
+    """Simulate auto-pairing on measured requests (the policy starts on the main draft at DEFAULT_K) and report."""
+    names = list(measured[0].kinds) or list(dict.fromkeys(name for name, _ in measured[0].multiplier))
+    first = names[min(1, len(names) - 1)]  # the main draft
+    k = (
+        DEFAULT_K
+        if (first, DEFAULT_K) in measured[0].multiplier
+        else min(k for n, k in measured[0].multiplier if n == first)
+    )
+    chosen = simulate(measured, first=(first, k))
+    result = report(measured, chosen)
+    result["candidates"] = {name: {"c": round(c.c, 4), "v(K=5)": round(c.v(5), 4)} for name, c in costs.items()}
+    return result
+
+
+def resimulate(paths: list[Path]) -> dict[str, Any]:
+    """evaluate() on dump_measurements files (the selection again, nothing measured; shards merged in the
+    stream's order, every request's multipliers from the first file's costs)."""
+    measured, costs = load_measurements(paths)
+    result = evaluate(measured, costs)
+    result["setup"] = {"measurements": [str(p) for p in paths], "prod_min_requests": PROD_MIN_REQUESTS,
+                       "auto_min_requests": AUTO_MIN_REQUESTS}  # fmt: skip
     return result

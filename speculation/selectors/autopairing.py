@@ -77,6 +77,7 @@ class _Acc:
     mal_n: list[int] = field(default_factory=lambda: [0] * 8)
     drafted: list[int] = field(default_factory=lambda: [0] * 8)
     accepted: list[int] = field(default_factory=lambda: [0] * 8)
+    draws: list[dict[str, float]] = field(default_factory=lambda: [{} for _ in range(8)])  # per K: request -> value
 
     def add(self, row: dict) -> None:
         """One row: shadow's (every K) or prod's (the one K it ran: None elsewhere)."""
@@ -87,6 +88,8 @@ class _Acc:
         for i, value in enumerate((row["multiplier"] or [])[:8]):
             if value is not None:
                 self.mult[i].append(float(value))
+                if row.get("request_id"):
+                    self.draws[i][row["request_id"]] = float(value)
         for i, value in enumerate((row["mean_accepted_len"] or [])[:8]):
             if value is not None:
                 self.mal[i] += float(value)
@@ -153,7 +156,9 @@ def pairing_table(*, endpoint_id: int, since: datetime | None = None) -> dict:
     return table_from_rows(rows)
 
 
-ROW_FIELDS = ("workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts")
+ROW_FIELDS = (
+    "workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts", "request_id",
+)  # fmt: skip
 
 
 def table_from_rows(rows: Iterable[dict]) -> dict:
@@ -175,7 +180,8 @@ def table_from_rows(rows: Iterable[dict]) -> dict:
     }
     overall = table.pop(OVERALL, {"cells": [], "recommendation": None})
     order = sorted(table, key=lambda w: (-max(c.requests for c in table[w]["cells"]), w))
-    return {"workloads": {w: table[w] for w in order}, "overall": overall}
+    draws = {key: acc.draws for key, acc in accs.items()}  # (workload, candidate) -> per K {request: value}
+    return {"workloads": {w: table[w] for w in order}, "overall": overall, "draws": draws}
 
 
 # --- draft: auto in prod: each request's candidate and K ------------------------------------------------------
@@ -200,52 +206,94 @@ def _said(cell: Cell) -> str:
     return f"{cell.requests} requests, projected {cell.multiplier:.2f}x{interval}"
 
 
-def workload_choice(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None = None) -> Choice:
-    """The rule prod's `draft: auto` applies per request (`current`: the policy's own candidate and K).
+def paired_low(table: dict, *, workload: str, winner: Cell, other: Cell) -> tuple[float | None, int]:
+    """(the 95 % interval's low end of winner - other, each at its best K, over the requests both were measured
+    on, the number of those requests). Shadow replays every candidate on the same request, so the difference per
+    request removes what the requests share (a long, easy answer lifts every candidate): a lead the unpaired
+    intervals cannot resolve in a few requests is resolved here. (None, n) with fewer than MIN_REQUESTS pairs."""
+    draws = table.get("draws") or {}
+    if winner.best_k is None or other.best_k is None:
+        return None, 0
+    mine = (draws.get((workload, winner.candidate)) or [{}] * 8)[winner.best_k - 1]
+    theirs = (draws.get((workload, other.candidate)) or [{}] * 8)[other.best_k - 1]
+    diffs = [value - theirs[request] for request, value in mine.items() if request in theirs]
+    if len(diffs) < MIN_REQUESTS:
+        return None, len(diffs)
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    return mean - Z * sd / math.sqrt(len(diffs)), len(diffs)
 
-    - The workload's cells that can run on the path (`kinds`; None: any) with a projected multiplier and at least
-      PROD_MIN_REQUESTS measured requests are eligible; none: the policy's draft and K (evidence short).
-    - The eligible cell with the highest mean projected multiplier wins, at its best K. A winner other than the
-      policy's draft must clear it: the winner's 95 % interval lies above the policy draft's mean in this workload
-      (where that draft is measured there); otherwise the policy's draft runs, at its own best K for the workload
-      when it is eligible."""
-    cells = (table["workloads"].get(workload) or {}).get("cells", [])
+
+def _clearly_better(table: dict, workload: str, best: Cell, own: Cell) -> bool:
+    """best beats own: paired over their common requests where there are enough of them, else best's own
+    interval lies above own's mean."""
+    low, _pairs = paired_low(table, workload=workload, winner=best, other=own)
+    if low is not None:
+        return low > 0
+    return best.ci_low is not None and best.ci_low > own.multiplier
+
+
+def _pick(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None) -> Choice | None:
+    """The rule at one level of the table (a workload's cells, or OVERALL's): None when no cell has the evidence."""
+    entry = table["overall"] if workload == OVERALL else table["workloads"].get(workload) or {}
+    cells = entry.get("cells", [])
     eligible = [
         c
         for c in cells
         if c.multiplier is not None and c.requests >= PROD_MIN_REQUESTS and (kinds is None or c.kind in kinds)
     ]
     if not eligible:
-        seen = max((c.requests for c in cells), default=0)
-        return replace(
-            current,
-            reason=f"auto: {workload or 'no workload'} has {seen} measured requests (needs {PROD_MIN_REQUESTS}): "
-            f"the policy's {current.candidate} K={current.k}",
-        )
+        return None
+    label = workload or "every workload"
     best = max(eligible, key=lambda c: (c.multiplier, -c.best_k, c.candidate))
     own = next((c for c in cells if c.candidate == current.candidate and c.multiplier is not None), None)
-    unclear = best.ci_low is None or (own is not None and best.ci_low <= own.multiplier)
-    if best.candidate != current.candidate and own is not None and unclear:
+    if best.candidate != current.candidate and own is not None and not _clearly_better(table, workload, best, own):
         if own in eligible:
             return Choice(
                 own.candidate,
                 own.kind,
                 own.draft_id,
                 own.best_k,
-                f"auto: {workload} -> {own.candidate} K={own.best_k}, {_said(own)} "
+                f"auto: {label} -> {own.candidate} K={own.best_k}, {_said(own)} "
                 f"({best.candidate} at {best.multiplier:.2f}x is not clearly better)",
                 from_evidence=True,
             )
+        whose = "" if current.from_evidence else "the policy's "
         return replace(
             current,
-            reason=f"auto: {workload}: {best.candidate} ({_said(best)}) is not clearly above the policy's "
-            f"{current.candidate} ({own.multiplier:.2f}x): the policy's {current.candidate} K={current.k}",
+            reason=f"auto: {label}: {best.candidate} ({_said(best)}) is not clearly above {whose}"
+            f"{current.candidate} ({own.multiplier:.2f}x): {whose}{current.candidate} K={current.k}",
         )
     return Choice(
         best.candidate,
         best.kind,
         best.draft_id,
         best.best_k,
-        f"auto: {workload} -> {best.candidate} K={best.best_k}, {_said(best)}",
+        f"auto: {label} -> {best.candidate} K={best.best_k}, {_said(best)}",
         from_evidence=True,
     )
+
+
+def workload_choice(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None = None) -> Choice:
+    """The rule prod's `draft: auto` applies per request (`current`: the policy's own candidate and K).
+
+    - The fallback: every workload pooled (OVERALL) by the rule below, against the policy's pairing; where no
+      pooled cell has the evidence either, the policy's draft and K.
+    - The workload's cells that can run on the path (`kinds`; None: any) with a projected multiplier and at least
+      PROD_MIN_REQUESTS measured requests are eligible; none: the fallback (evidence short).
+    - The eligible cell with the highest mean projected multiplier wins, at its best K. A winner other than the
+      fallback's candidate must be clearly better than it in this workload (where it is measured there): the 95 %
+      interval of their difference per request (paired over the requests both were replayed on) above 0, or,
+      with fewer than MIN_REQUESTS such requests, the winner's own interval above the other's mean; otherwise
+      the fallback's candidate runs, at its own best K for the workload when it is eligible."""
+    pooled = _pick(table, workload=OVERALL, current=current, kinds=kinds) if workload != OVERALL else None
+    base = pooled or current
+    chosen = _pick(table, workload=workload, current=base, kinds=kinds)
+    if chosen is not None:
+        return chosen
+    cells = (table["workloads"].get(workload) or {}).get("cells", [])
+    seen = max((c.requests for c in cells), default=0)
+    short = f"auto: {workload or 'no workload'} has {seen} measured requests (needs {PROD_MIN_REQUESTS}): "
+    if pooled is None:
+        return replace(current, reason=f"{short}the policy's {current.candidate} K={current.k}")
+    return replace(pooled, reason=short + "the endpoint's pooled choice: " + pooled.reason.removeprefix("auto: "))

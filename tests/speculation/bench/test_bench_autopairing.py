@@ -46,3 +46,44 @@ def test_a_workload_short_of_evidence_runs_the_policys_pairing_which_draft_auto_
     # then: the rare workload runs the policy's pairing, which draft: auto moved to n-gram after its minimum
     assert chosen[0] == ("draft", 4)
     assert chosen[-2:] == [("ngram", 4), ("ngram", 4)]
+
+
+def test_before_a_workload_has_its_own_evidence_it_runs_the_pooled_winner_not_the_starting_draft():
+    # given: three workloads in turn, n-gram far better everywhere; the policy starts on the draft
+    stream = [request("abc"[i % 3], 2.0, 1.0, i=i // 3) for i in range(3 * PROD_MIN_REQUESTS)]
+
+    chosen = simulate(stream, first=("draft", 4))
+
+    # then: once PROD_MIN_REQUESTS requests are pooled (no workload has that many yet), n-gram runs; before
+    # draft: auto's AUTO_MIN_REQUESTS would have moved the policy
+    assert PROD_MIN_REQUESTS < AUTO_MIN_REQUESTS
+    assert chosen[:PROD_MIN_REQUESTS] == [("draft", 4)] * PROD_MIN_REQUESTS
+    assert set(chosen[PROD_MIN_REQUESTS:]) == {("ngram", 4)}
+
+
+def test_measurements_saved_and_simulated_again_give_the_same_report(tmp_path):
+    from speculation.bench.autopairing import dump_measurements, evaluate, load_measurements, resimulate
+    from speculation.engine.projection import StepCosts
+
+    stream = [request("code", 2.0, 1.2, i=i) if i % 2 else request("english", 1.0, 1.5, i=i) for i in range(40)]
+    costs = {"ngram": StepCosts(target_step_s=0.1, draft_step_s=0.0, verify_s={2: 0.12, 6: 0.2})}
+    path = tmp_path / "m.json"
+    dump_measurements(path, stream, costs)
+
+    loaded, loaded_costs = load_measurements([path])
+
+    assert loaded == stream and loaded_costs["ngram"].v(5) == pytest.approx(costs["ngram"].v(5))
+    assert resimulate([path])["workloads"] == evaluate(stream, costs)["workloads"]
+
+
+def test_the_command_refuses_a_file_that_is_not_measurements_with_exit_code_2(tmp_path):
+    from django.core.management import CommandError, call_command
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"requests": 3}')
+    with pytest.raises(CommandError, match="not a bench_autopairing measurements file") as raised:
+        call_command("bench_autopairing", "--from-measurements", str(bad))
+    assert raised.value.returncode == 2
+    with pytest.raises(CommandError, match="unknown demo pair version") as raised:
+        call_command("bench_autopairing", "--demo-version", "demo-v99", "--requests", "1")
+    assert raised.value.returncode == 2

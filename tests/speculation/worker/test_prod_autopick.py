@@ -146,10 +146,14 @@ def test_a_mixed_stream_runs_each_workloads_winner_and_the_record_says_so(auto_e
     assert writing_tokens == _plain(tiny_model_dir, WRITING_PROMPT)
 
 
-def test_evidence_below_the_minimum_keeps_the_policys_draft(auto_endpoint, client, tiny_model_dir):
+def test_evidence_below_the_minimum_runs_the_endpoints_pooled_winner(auto_endpoint, client, tiny_model_dir):
+    # qa has 3 requests; every workload pooled, `near` (27 requests) is clearly above the policy's `other`
     tokens, stats = _run(client, _job(client, auto_endpoint, "qa", CODE_PROMPT))
-    assert (stats["mechanism"], stats["k"]) == ("draft_model", 3)
-    assert stats["reason"] == "auto: qa has 3 measured requests (needs 10): the policy's other K=3"
+    assert (stats["mechanism"], stats["k"]) == ("draft_model", 5)
+    assert stats["reason"].startswith(
+        "auto: qa has 3 measured requests (needs 10): the endpoint's pooled choice: every workload -> near K=5, "
+        "27 requests"
+    ), stats["reason"]
     assert tokens == _plain(tiny_model_dir, CODE_PROMPT)
 
 
