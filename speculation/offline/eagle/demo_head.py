@@ -35,8 +35,9 @@ EAGLE1 = PipelineSettings(
 # EAGLE-3-style: the target's low / mid / final features, two drafting steps trained (training-time test).
 EAGLE3 = replace(EAGLE1, multi_layer=True, train=replace(EAGLE1.train, unroll=2))
 # Sized for a target that does not loop (demo-v7): twice the prompts, the bench's 256-token prompt length (a
-# summarization or RAG answer copies from a long prompt), 64 new tokens, twice the text windows, and up to 10
-# epochs with early stopping on held-out acceptance (patience 3; the best epoch's weights are kept).
+# summarization or RAG answer copies from a long prompt), 64 new tokens and twice the text windows. From scratch
+# it needs about 10 epochs (early stopping, patience 3); with --init-from (the version's eagle3 head, which was
+# still improving at its last epoch) 2 more epochs at half the learning rate.
 EAGLE3_LONG = replace(
     EAGLE3,
     max_prompts=192,
@@ -45,6 +46,7 @@ EAGLE3_LONG = replace(
     text_windows=512,
     train=replace(EAGLE3.train, epochs=10, patience=3),
 )
+FINE_TUNE = {"epochs": 2, "lr": EAGLE3.train.lr / 2, "patience": 0}
 VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG}
 
 
@@ -130,10 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="eagle3")
     parser.add_argument("--out", type=Path, help="head directory (default: $ACE_HOME/models/<version>-eagle)")
     parser.add_argument("--epochs", type=int, help="override the recipe's epochs")
+    parser.add_argument("--init-from", type=Path, help="train this saved head (same target) further on the recipe")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)  # the same weights whatever the core count (as the demo pair's build)
     settings = VARIANTS[args.variant]
+    if args.init_from:
+        settings = replace(settings, init_from=str(args.init_from), train=replace(settings.train, **FINE_TUNE))
     if args.epochs:
         settings = replace(settings, train=replace(settings.train, epochs=args.epochs))
     pair = ensure_demo_pair(version=args.version)

@@ -70,6 +70,16 @@ def _collected(
     return train, test
 
 
+def _initial_weights(settings: PipelineSettings, config: EagleConfig, target_dir: Path) -> dict | None:
+    """The weights of settings.init_from (a head for this target, of the same shape), or None."""
+    if not settings.init_from:
+        return None
+    start = EagleHead.load(Path(settings.init_from), target_dir=target_dir)  # EagleHeadError: another target
+    if start.config.feature_layers != config.feature_layers or start.config.hidden_size != config.hidden_size:
+        raise ValueError(f"the head in {settings.init_from} reads other target features than this training's")
+    return start.state_dict()
+
+
 def feature_layers(settings: PipelineSettings, model) -> tuple[int, ...]:
     """The target layers the head reads besides the final-norm feature (EAGLE-3 when settings.multi_layer)."""
     return default_feature_layers(model.config.num_hidden_layers) if settings.multi_layer else ()
@@ -94,8 +104,11 @@ def run_pipeline(
         multi_layer=settings.multi_layer,
     )
     head = EagleHead(config)
-    progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens")
-    reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work, on_epoch=progress.epoch)
+    initial = _initial_weights(settings, config, target_dir)
+    progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens"
+                   + (f", starting from {settings.init_from}" if initial else ""))  # fmt: skip
+    reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work,
+                         on_epoch=progress.epoch, initial=initial)  # fmt: skip
     progress.stage("save", str(out_dir))
     kept = kept_report(reports)  # the best epoch on held-out acceptance: its weights are the head's
     head.save(
@@ -114,6 +127,7 @@ def run_pipeline(
                 "new_tokens": settings.new_tokens,
                 "train_tokens": train.total_tokens,
                 "prompts": settings.prompts,
+                "init_from": settings.init_from,
             }
         },
     )

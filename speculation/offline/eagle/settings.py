@@ -71,6 +71,9 @@ class PipelineSettings:
     window_tokens: int = 128
     # EAGLE-3 features: the head reads the target's low / mid / high layers (eagle.default_feature_layers)
     multi_layer: bool = False
+    # A saved head for the same target to start from (more training steps for a head that was still improving,
+    # on new data); "" starts from the seeded initialisation.
+    init_from: str = ""
     train: TrainSettings = field(default_factory=TrainSettings)
 
     def collect_key(self) -> dict:

@@ -139,8 +139,10 @@ def train_head(
     *,
     work_dir: Path,
     on_epoch: Callable[[EpochReport], None] | None = None,
+    initial: dict[str, torch.Tensor] | None = None,
 ) -> list[EpochReport]:
-    """Train (or resume training) the head on embed's device; returns every epoch's report, resumed ones included."""
+    """Train (or resume training) the head on embed's device; returns every epoch's report, resumed ones included.
+    initial: weights to start from (a saved head's, to train it further) instead of the seeded initialisation."""
     work_dir.mkdir(parents=True, exist_ok=True)
     head.to(embed.device)
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
@@ -165,6 +167,8 @@ def train_head(
         best = state["best"]
         first_epoch = settings.epochs + 1 if best["stopped"] else state["epoch"] + 1
         logger.info("resuming from %s after epoch %d", checkpoint, state["epoch"])
+    elif initial is not None:
+        head.load_state_dict(initial)
     else:
         init_weights(head, torch.Generator().manual_seed(settings.seed))
     for epoch in range(first_epoch, settings.epochs + 1):

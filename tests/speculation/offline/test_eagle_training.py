@@ -130,6 +130,22 @@ def test_early_stopping_keeps_the_best_epochs_head(tmp_path):
         assert torch.equal(tensor, kept[best][name]), name
 
 
+def test_training_further_starts_from_the_given_heads_weights(tmp_path):
+    # given a trained head, and a run that cannot move the weights (learning rate 0)
+    trained, _ = train(tmp_path / "first", epochs=2)
+    start = {name: t.clone() for name, t in trained.state_dict().items()}
+    frozen = TrainSettings(epochs=1, batch_size=4, seed=0, warmup_steps=2, lr=0.0)
+    # when it trains from those weights, and from scratch
+    further, scratch = EagleHead(CONFIG), EagleHead(CONFIG)
+    train_head(further, EMBED, LM_HEAD, random_sequences(12, 3), random_sequences(2, 2), frozen,
+               work_dir=tmp_path / "further", initial=start)  # fmt: skip
+    train_head(scratch, EMBED, LM_HEAD, random_sequences(12, 3), random_sequences(2, 2), frozen,
+               work_dir=tmp_path / "scratch")  # fmt: skip
+    # then the first holds the trained head's weights, the second the seeded initialisation's
+    assert_same_weights(further, trained)
+    assert not torch.equal(scratch.fc.weight, trained.fc.weight)
+
+
 def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
     train(tmp_path, epochs=1)
 
