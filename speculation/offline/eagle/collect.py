@@ -76,15 +76,20 @@ def collect(
     batch_size: int = 16,
     progress=None,
     feature_layers: tuple[int, ...] = (),
+    both_ends: bool = False,
 ) -> Sequences:
-    """Greedy-continue each prompt with the target (batched, left padded), then record its features."""
+    """Greedy-continue each prompt with the target (batched, left padded), then record its features.
+
+    A prompt longer than max_prompt_tokens keeps its last tokens; with both_ends it also gives a second sequence
+    from its first tokens (a long document cut where the text goes on, as a client that truncates sends it)."""
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = tokenizer.eos_token_id
     out = Sequences()
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"][-max_prompt_tokens:] for p in chunk]
+    cuts = _cut_prompts(tokenizer, prompts, max_prompt_tokens, both_ends)
+    for start in range(0, len(cuts), batch_size):
+        chunk = [prompt for prompt, _ in cuts[start : start + batch_size]]
+        encoded = [ids for _, ids in cuts[start : start + batch_size]]
         width = max(len(ids) for ids in encoded)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -112,9 +117,19 @@ def collect(
             out.prompt_lens.append(len(prompt_ids))
             out.categories.append(prompt.category)
         if progress is not None:
-            progress(min(start + batch_size, len(prompts)), len(prompts))
+            progress(min(start + batch_size, len(cuts)), len(cuts))
     logger.info("collected %d sequences, %d tokens", len(out), out.total_tokens)
     return out
+
+
+def _cut_prompts(tokenizer, prompts: list[Prompt], max_tokens: int, both_ends: bool) -> list[tuple[Prompt, list]]:
+    cuts = []
+    for prompt in prompts:
+        ids = tokenizer(prompt.text, add_special_tokens=True)["input_ids"]
+        cuts.append((prompt, ids[-max_tokens:]))
+        if both_ends and len(ids) > max_tokens:
+            cuts.append((prompt, ids[:max_tokens]))
+    return cuts
 
 
 def features_of(model, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> torch.Tensor:

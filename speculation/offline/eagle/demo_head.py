@@ -46,8 +46,11 @@ EAGLE3_LONG = replace(
     text_windows=512,
     train=replace(EAGLE3.train, epochs=10, patience=3),
 )
+# eagle3-long, and a prompt longer than 256 tokens also gives its first 256 tokens (a document cut where its text
+# goes on, as the bench cuts its prompts) besides its last ones.
+EAGLE3_ENDS = replace(EAGLE3_LONG, both_ends=True)
 FINE_TUNE = {"epochs": 2, "lr": EAGLE3.train.lr / 2, "patience": 0}
-VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG}
+VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG, "eagle3-ends": EAGLE3_ENDS}
 
 
 def default_head_dir(pair) -> Path:

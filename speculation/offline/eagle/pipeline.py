@@ -47,7 +47,7 @@ def _collected(
 
     layers = feature_layers(settings, model)
     options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens,
-               "feature_layers": layers}  # fmt: skip
+               "feature_layers": layers, "both_ends": settings.both_ends}  # fmt: skip
     train = collect(model, tokenizer, train_prompts, progress=report, **options)
     test = collect(model, tokenizer, test_prompts, progress=report, **options)
     if settings.text_windows:

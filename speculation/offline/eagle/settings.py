@@ -64,6 +64,8 @@ class PipelineSettings:
     max_prompts: int = 0  # 0: all
     held_out: float = 0.15
     max_prompt_tokens: int = 64
+    # a prompt longer than max_prompt_tokens gives its first tokens as a second sequence (collect.collect)
+    both_ends: bool = False
     new_tokens: int = 64
     intermediate_size: int = 0  # 0: the target's
     # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
@@ -82,6 +84,7 @@ class PipelineSettings:
             "max_prompts",
             "held_out",
             "max_prompt_tokens",
+            "both_ends",
             "new_tokens",
             "text_windows",
             "window_tokens",

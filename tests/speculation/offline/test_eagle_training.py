@@ -146,6 +146,22 @@ def test_training_further_starts_from_the_given_heads_weights(tmp_path):
     assert not torch.equal(scratch.fc.weight, trained.fc.weight)
 
 
+def test_a_long_prompt_gives_its_first_tokens_too_with_both_ends():
+    from speculation.offline.eagle.collect import _cut_prompts
+
+    def tokenizer(text: str, add_special_tokens: bool) -> dict:
+        return {"input_ids": [int(word) for word in text.split()]}
+
+    long, short = Prompt("summarization", " ".join(map(str, range(10)))), Prompt("qa", "7 8")
+
+    last_only = _cut_prompts(tokenizer, [long, short], 4, both_ends=False)
+    both = _cut_prompts(tokenizer, [long, short], 4, both_ends=True)
+
+    assert [ids for _, ids in last_only] == [[6, 7, 8, 9], [7, 8]]
+    assert [ids for _, ids in both] == [[6, 7, 8, 9], [0, 1, 2, 3], [7, 8]]  # a short prompt once
+    assert [p.category for p, _ in both] == ["summarization", "summarization", "qa"]
+
+
 def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
     train(tmp_path, epochs=1)
 
