@@ -2,7 +2,8 @@
 into the evidence.
 
 The rule is auto-pairing's (speculation.selectors.autopairing.workload_choice: a workload's winner once it has
-PROD_MIN_REQUESTS measured requests and clears the policy's draft, else the policy's draft and K). The table it
+PROD_MIN_REQUESTS measured requests and clearly beats the fallback, paired over the same requests; the fallback is
+the pooled winner by the same rule, else the policy's draft and K). The table it
 reads (shadow's candidate rows, calibrations, and prod's own rows below) is aggregated once per endpoint and
 TABLE_TTL_S per worker process, with the drafts it names: a request with a cached table costs no database query
 for its choice (the gateway only puts the request's workload key in the job).
