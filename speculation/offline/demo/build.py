@@ -106,6 +106,8 @@ _V6 = replace(
     code_draft=True,
 )
 
+_V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
+
 RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
     # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
@@ -125,7 +127,15 @@ RECIPES = {
     # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Built and measured
     # 2026-11-30: no stray bytes, loops halved against v5 (0.26 of 42 outputs at 32 tokens, 0.38 at 128) but
     # above the aim (< 0.2) and the text is word salad, so it is not DEMO_VERSION either
-    "demo-v7": replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0)),
+    "demo-v7": _V7,
+    # v8: as v7 without the token-level unlikelihood (at weight 1.0 it pushed down every token already in the
+    # 256-token window, common words and subwords included, so v7 answered in rare word fragments: the word
+    # salad), 300 target steps, the sequence-level unlikelihood from step 100 on 96-token continuations.
+    # Built and measured 2026-11-30 (docs/BENCHMARKS.md, "demo-v8"): English-like text, no stray bytes, but it
+    # loops more than v7 (0.48 of 42 outputs at 32 tokens, 0.40 at 128), so it is not DEMO_VERSION
+    "demo-v8": replace(
+        _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
+    ),
 }
 DEFAULT_DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
 DEMO_VERSION = os.environ.get("ACE_DEMO_VERSION") or DEFAULT_DEMO_VERSION
