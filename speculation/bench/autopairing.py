@@ -162,12 +162,13 @@ def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str,
     best_single = max(keys, key=lambda key: (totals[key], -key[1]))
     workloads: dict[str, Any] = {}
     auto_all, oracle_all = [], []
+    oracles: dict[str, tuple[str, int]] = {}
     by_workload: dict[str, list[int]] = defaultdict(list)
     for i, request in enumerate(measured):
         by_workload[request.workload].append(i)
     for workload, idx in sorted(by_workload.items(), key=lambda t: -len(t[1])):
         rows = [measured[i] for i in idx]
-        oracle = max(keys, key=lambda key: (sum(r.multiplier[key] for r in rows), -key[1]))
+        oracle = oracles[workload] = max(keys, key=lambda key: (sum(r.multiplier[key] for r in rows), -key[1]))
         auto = [measured[i].multiplier[chosen[i]] for i in idx]
         auto_tau = [measured[i].tokens_per_step[chosen[i]] for i in idx]
         auto_all += auto
@@ -197,7 +198,28 @@ def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str,
         "oracle_overall_projected": round(_mean(oracle_all), 4),
         "overall_gain": round(auto_overall / single_overall, 4) if single_overall else None,
         "regret": round(1 - auto_overall / _mean(oracle_all), 4) if oracle_all else None,
+        "oracle_over_best_single": round(_mean(oracle_all) / single_overall, 4) if single_overall else None,
+        "second_half": _second_half(measured, chosen, best_single, oracles),
         "requests": len(measured),
+    }
+
+
+def _second_half(
+    measured: list[Measured],
+    chosen: list[tuple[str, int]],
+    single: tuple[str, int],
+    oracles: dict[str, tuple[str, int]],
+) -> dict[str, Any]:
+    """overall_gain and regret over the stream's second half only (the same choices, learnt from every request
+    before each one): how auto-pairing does once it has learnt, apart from what learning cost it."""
+    late = range(len(measured) // 2, len(measured))
+    auto = _mean([measured[i].multiplier[chosen[i]] for i in late])
+    best = _mean([measured[i].multiplier[single] for i in late])
+    oracle = _mean([measured[i].multiplier[oracles[measured[i].workload]] for i in late])
+    return {
+        "requests": len(late),
+        "overall_gain": round(auto / best, 4) if best else None,
+        "regret": round(1 - auto / oracle, 4) if oracle else None,
     }
 
 

@@ -33,6 +33,9 @@ def test_auto_pairing_learns_a_different_winner_per_workload_from_earlier_reques
     assert result["best_single"] == "ngram@K4"  # n * 2.0 + n * 1.0 > n * 1.2 + n * 1.5
     assert result["workloads"]["english"]["oracle"] == "draft@K4"
     assert result["overall_gain"] > 1.0 and 0.0 <= result["regret"] < 0.1
+    # the ceiling of the gain (the oracle's own), and the second half without the first requests' learning
+    assert result["oracle_over_best_single"] >= result["overall_gain"]
+    assert result["second_half"]["requests"] == n and result["second_half"]["regret"] < result["regret"]
     english = result["workloads"]["english"]
     assert english["best_single_projected"] == pytest.approx(1.0) and english["oracle_projected"] == pytest.approx(1.5)
 
