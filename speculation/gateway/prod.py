@@ -291,14 +291,17 @@ class ProdRun:
                 **common,
             )
             return
+        stats = dict(self.stats)
+        # the worker's reason (draft: auto's pick) and the guard's both say why this request speculated
+        reason = "; ".join(r for r in (stats.pop("reason", None), self.call.guard_reason) if r)
         keep_record(
             endpoint_id=route.endpoint_id,
             request_id=self.call.request_id,
             mode=route.mode,
             action=Action.SPECULATED,
-            reason=self.call.guard_reason,
+            reason=reason,
             output_tokens=len(self.ids),
-            **{**common, **self.stats},
+            **{**common, **stats},
         )
         spawn(
             goodput.observe(self.call, kind=goodput.SPEC, tokens=len(self.ids), latency_ms=latency_ms),
