@@ -24,6 +24,12 @@ after the last byte, never awaited by the client) and prod requests sent plain. 
   the others go plain), so a new prod endpoint at high load learns from a few requests instead of slowing every
   plain neighbour with requests that may all be slow. Once speculation has MIN_SAMPLES there but plain has not,
   every other request goes plain to measure it.
+Speculation's samples are those of every request served while speculation ran at the endpoint: the speculated
+ones and the plain ones beside them (kept as SPEC, not PLAIN). Where the worker and the server share a machine, a
+speculating request slows its plain neighbours, and its own tok/s alone looked faster than plain at 32 streams
+while the endpoint's aggregate fell to half of off's (docs/BENCHMARKS.md, concurrency run 11): the mean over
+all of them is the endpoint's goodput with speculation on at that load (tok/s per request x requests in flight),
+compared with plain's, measured while nothing speculated.
 Nothing speculates at a load measured or presumed slower (a speculating request slows the plain ones beside it when
 the worker and the server share a machine). A change (another draft, a quieter machine) is seen because the
 speculative samples of a load expire SPEC_TTL_S after its first one: the verdict goes and the load is learned again.
@@ -93,6 +99,8 @@ class _Flight:
     started: float
     area: float  # the endpoint's load integral when it started (_Load)
     probe: tuple[str, str] | None = None  # (traffic, bucket) it speculates to learn
+    speculating: bool = False
+    beside: bool = False  # served plain while a request of the endpoint speculated (its sample is speculation's)
 
 
 @dataclass
@@ -150,7 +158,8 @@ def begin(call: Call) -> str:
     for request_id, flight in list(flying.items()):
         if now - flight.started > STALE_S:
             del flying[request_id]
-    flying[call.request_id] = _Flight(started=now, area=load.area)
+    beside = any(f.speculating for f in flying.values())
+    flying[call.request_id] = _Flight(started=now, area=load.area, beside=beside)
     if len(flying) >= load.peak or now - load.peak_at > RECENT_S:
         load.peak, load.peak_at = len(flying), now
     call.load_bucket = bucket_of(load.peak)
@@ -268,9 +277,14 @@ async def decide(call: Call) -> Decision:
 
 
 def _mark(call: Call, decision: Decision) -> None:
-    flight = _in_flight[call.route.endpoint_id].get(call.request_id)
+    flying = _in_flight[call.route.endpoint_id]
+    flight = flying.get(call.request_id)
     if flight is not None:
         flight.probe = (call.traffic, call.load_bucket) if decision.probe and not decision.plain else None
+        flight.speculating = not decision.plain
+        if flight.speculating:  # every request now beside it pays for it too
+            for other in flying.values():
+                other.beside = True
 
 
 def reconsider(call: Call, decision: Decision) -> Decision:
@@ -295,6 +309,9 @@ def reconsider(call: Call, decision: Decision) -> Decision:
 async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:
     """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) at the mean load it ran under, and count
     it out of flight."""
+    flight = _in_flight[call.route.endpoint_id].get(call.request_id)
+    if kind == PLAIN and flight is not None and flight.beside and not flight.speculating:
+        kind = SPEC  # what speculating at this load cost a plain neighbour: part of speculation's goodput
     mean_load = end(call)
     bucket = bucket_of(max(1, round(mean_load))) if mean_load is not None else getattr(call, "load_bucket", "")
     if not bucket or not tokens or latency_ms <= 0:

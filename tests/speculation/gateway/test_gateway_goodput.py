@@ -362,6 +362,45 @@ def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
     assert not after.plain and after.probe
 
 
+def test_plain_requests_served_beside_a_speculating_one_are_speculations_samples(guard_on, monkeypatch):
+    """On a machine the worker shares with the server a speculating request slows its plain neighbours: their tok/s
+    is part of what speculating at that load gives, so it is kept with speculation's samples, not plain's."""
+    clock = [1000.0]
+    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+
+    async def run():
+        # given: plain measured at 5-16 streams (off traffic, nothing speculating), nothing speculated yet
+        await _keep_at(9014, 8, PLAIN, 50.0, n=MIN_SAMPLES)
+        before = [_call(9014, f"before{i}") for i in range(6)]  # in flight when the learner starts
+        for call in before:
+            goodput.begin(call)
+        learner = _call(9014, "learner")
+        first = await goodput.decide(learner)
+        after = _call(9014, "after")  # arrives while the learner speculates: sent plain
+        went = await goodput.decide(after)
+        # when: all of them finish 10 s later (8 in flight throughout), the plain ones at 20 tok/s, the learner at 60
+        clock[0] += 10.0
+        await goodput.observe(learner, kind=SPEC, tokens=10, latency_ms=10_000.0 / 60.0)
+        for call in [*before, after]:
+            await goodput.observe(call, kind=PLAIN, tokens=10, latency_ms=10_000.0 / 20.0)
+        # and: a plain request with nothing speculating beside it
+        alone = _call(9014, "alone")
+        goodput.begin(alone)
+        clock[0] += 10.0
+        await goodput.observe(alone, kind=PLAIN, tokens=10, latency_ms=10_000.0 / 45.0)
+        return first, went
+
+    first, went = asyncio.run(run())
+
+    assert not first.plain and first.probe and went.plain
+    spec, plain = _samples(9014, GREEDY, "5-16", SPEC), _samples(9014, GREEDY, "5-16", PLAIN)
+    assert sorted(spec) == [20.0] * 7 + [60.0]  # the learner and the seven beside it
+    assert len(plain) == MIN_SAMPLES and 45.0 in _samples(9014, GREEDY, "1", PLAIN)
+    # then: the next request at that load goes plain: with its neighbours, speculation served less than plain
+    decided = asyncio.run(_decide_at(9014, 8, "next"))
+    assert decided.plain and "measured slower" in decided.reason and "20.0 vs 50.0" in decided.reason
+
+
 def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_samples(guard_on, monkeypatch):
     # given: speculation faster alone, slower at 8 streams
     asyncio.run(_keep_at(9013, 1, SPEC, 90.0, n=MIN_SAMPLES))
