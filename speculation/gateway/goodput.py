@@ -79,9 +79,10 @@ BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
 KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
 EXPIRE_S = 3600  # plain samples: refreshed with every sample
 SPEC_TTL_S = 900  # speculative samples: a load's verdict lasts this long from its first sample, then is re-learned
-RECENT_S = 30.0  # a request is decided at the endpoint's peak load within this long: the first of a burst starts
-# alone, but on an endpoint that was just busy it will not run alone (10 s was shorter than the drain of a busy
-# round of 8 streams on a loaded machine, so the next round's first requests were decided alone)
+RECENT_S = 5.0  # a request is decided at the endpoint's peak load within this long: the first of a burst starts
+# alone, but on an endpoint that was just busy it will not run alone (reconsider() catches a burst that arrives while
+# a request is prepared). 30 s kept a past burst's bucket on the next, lighter rounds: their learners were decided
+# at 17+ but kept their samples at their own load, so 17+ was learned forever (concurrency runs 12-13, BENCHMARKS)
 STALE_S = 900.0  # an in-flight entry older than this was lost (its record never written): no longer counted
 
 SPEC = "spec"
