@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from speculation.bench.shadow_costs import SIZES, measure
 
 
@@ -12,4 +14,6 @@ def test_it_times_the_batch_row_and_the_batch_1_engine_and_reports_their_ratios(
     ratios = result["batch_over_single"]
     assert set(ratios) == {f"verify_{n}" for n in SIZES} | {"draft_step"} and all(r > 0 for r in ratios.values())
     verify_4 = result["batch"]["verify_ms"][4] / result["single"]["verify_ms"][4]
-    assert ratios["verify_4"] == round(verify_4, 3)
+    # the report's ratio is of the unrounded timings, the test's of the reported (rounded to 1 us) ones: a tiny
+    # model's verify takes a fraction of a millisecond, so the two may differ in the last digit (1.056 vs 1.057)
+    assert ratios["verify_4"] == pytest.approx(verify_4, rel=0.01)
