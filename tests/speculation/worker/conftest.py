@@ -31,3 +31,30 @@ def other_model_dir(tiny_model_dir, tmp_path):
             param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.std())
     model.save_pretrained(out)
     return out
+
+
+def local_prod_endpoint(client, *, name: str, target_dir, draft_dir):
+    """An endpoint in prod on the local path (draft model, K = 3) with its end-to-end baseline already cached, so no
+    calibration call is made; returns (endpoint, policy)."""
+    import json
+    import time
+
+    from fleet.models import Endpoint
+    from speculation.models import DraftModel, SpeculationPolicy
+    from speculation.worker.baseline import _key
+
+    endpoint = Endpoint.objects.create(name=name, base_url="http://127.0.0.1:9", node_class="cpu")
+    draft = DraftModel.objects.create(name=f"{name}-draft", kind="draft_model", path=str(draft_dir))
+    policy, _ = SpeculationPolicy.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={
+            "mode": "prod",
+            "mechanism": "draft_model",
+            "draft": draft,
+            "k": 3,
+            "path": "local",
+            "target_path": str(target_dir),
+        },
+    )
+    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))
+    return endpoint, policy

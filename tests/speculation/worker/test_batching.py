@@ -24,6 +24,7 @@ from speculation.jobs.channel import key as channel_key
 from speculation.worker import batching
 from speculation.worker.generation import Prepared, speculate
 from speculation.worker.paths import resources
+from tests.speculation.worker.conftest import local_prod_endpoint
 from tests.support.models import draft_of, tiny_model
 
 SLOTS = 32
@@ -68,25 +69,8 @@ def batch_loop(settings, monkeypatch):
 
 @pytest.fixture
 def local_endpoint(transactional_db, client, model_dirs):
-    from fleet.models import Endpoint
-    from speculation.models import DraftModel, SpeculationPolicy
-    from speculation.worker.baseline import _key
-
     target_dir, draft_dir = model_dirs
-    endpoint = Endpoint.objects.create(name="batched", base_url="http://127.0.0.1:9", node_class="cpu")
-    draft = DraftModel.objects.create(name="batched-draft", kind="draft_model", path=draft_dir)
-    SpeculationPolicy.objects.update_or_create(
-        endpoint=endpoint,
-        defaults={
-            "mode": "prod",
-            "mechanism": "draft_model",
-            "draft": draft,
-            "k": 3,
-            "path": "local",
-            "target_path": target_dir,
-        },
-    )
-    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))  # no calibration call
+    endpoint, _ = local_prod_endpoint(client, name="batched", target_dir=target_dir, draft_dir=draft_dir)
     return endpoint
 
 

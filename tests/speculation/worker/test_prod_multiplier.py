@@ -16,6 +16,7 @@ import pytest
 from speculation.bench.concurrency import split
 from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import inflight_key
+from tests.speculation.worker.conftest import local_prod_endpoint
 
 STEP_MS = 40.0  # the stored server step, far from the end-to-end baseline (100 tok/s = 10 ms a token)
 COSTS = StepCosts(target_step_s=STEP_MS / 1000.0, draft_step_s=0.002, verify_s={1: 0.020, 4: 0.030, 9: 0.060})
@@ -23,26 +24,8 @@ COSTS = StepCosts(target_step_s=STEP_MS / 1000.0, draft_step_s=0.002, verify_s={
 
 @pytest.fixture
 def prod_setup(db, redis_server, client, tiny_model_dir, settings):
-    from fleet.models import Endpoint
-    from speculation.models import DraftModel, SpeculationPolicy
-    from speculation.worker.baseline import _key
-
     settings.CANDIDATE_REPLAYS_PER_MINUTE = 0  # the policy's own projection only
-    endpoint = Endpoint.objects.create(name="tiny-mult", base_url="http://127.0.0.1:9", node_class="cpu")
-    draft = DraftModel.objects.create(name="tiny-draft", kind="draft_model", path=str(tiny_model_dir))
-    policy, _ = SpeculationPolicy.objects.update_or_create(
-        endpoint=endpoint,
-        defaults={
-            "mode": "prod",
-            "mechanism": "draft_model",
-            "draft": draft,
-            "k": 3,
-            "path": "local",
-            "target_path": str(tiny_model_dir),
-        },
-    )
-    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))  # the end-to-end baseline
-    return endpoint, policy
+    return local_prod_endpoint(client, name="tiny-mult", target_dir=tiny_model_dir, draft_dir=tiny_model_dir)
 
 
 def _store_calibration(endpoint, policy):

@@ -21,6 +21,7 @@ from speculation.engine import DraftModelProposer, LocalTarget
 from speculation.engine import decode as decode_module
 from speculation.jobs.admission import Cancelled, CapacityHeartbeat, JobSlot, cancel_key, inflight_key
 from speculation.worker.generation import Prepared, speculate
+from tests.speculation.worker.conftest import local_prod_endpoint
 from tests.support.models import draft_of, tiny_model
 from tests.support.stats import (
     chi2_critical,
@@ -137,24 +138,7 @@ def test_a_cancel_from_the_gateway_frees_the_slot_and_stops_the_job(client):
 @pytest.fixture
 def local_job(db, redis_server, client, tiny_model_dir):
     """A prod job on the local path of an endpoint whose target and draft are the tiny model."""
-    from fleet.models import Endpoint
-    from speculation.models import DraftModel, SpeculationPolicy
-    from speculation.worker.baseline import _key
-
-    endpoint = Endpoint.objects.create(name="tiny", base_url="http://127.0.0.1:9", node_class="cpu")
-    draft = DraftModel.objects.create(name="tiny-draft", kind="draft_model", path=str(tiny_model_dir))
-    SpeculationPolicy.objects.update_or_create(
-        endpoint=endpoint,
-        defaults={
-            "mode": "prod",
-            "mechanism": "draft_model",
-            "draft": draft,
-            "k": 3,
-            "path": "local",
-            "target_path": str(tiny_model_dir),
-        },
-    )
-    client.set(_key(endpoint.pk), json.dumps({"tok_s": 100.0, "at": time.time()}))  # no calibration call
+    endpoint, _ = local_prod_endpoint(client, name="tiny", target_dir=tiny_model_dir, draft_dir=tiny_model_dir)
     request_id = f"cancel-{time.monotonic_ns()}"
     client.zadd(inflight_key("cpu"), {request_id: time.time() + 60})
     return {
