@@ -42,6 +42,7 @@ _EXPORTS = {
     "K_MIN": "lookahead",
     "DynamicLookahead": "lookahead",
     "LoadAwareLookahead": "lookahead",
+    "TreeLookahead": "lookahead",
     "expected_tokens": "lookahead",
     "ModelArgs": "model",
     "Transformer": "model",

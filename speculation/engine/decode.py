@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from speculation.engine.errors import ContextLengthError, EmptyPromptError, VocabMismatchError
-from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, check_k
+from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, TreeLookahead, check_k
 from speculation.engine.proposers import Proposal, Proposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import Target
-from speculation.engine.tree import verify_tree_step
+from speculation.engine.tree import TreeShape, verify_tree_step
 from speculation.engine.verify import verify_greedy, verify_sampled
 
 OnTokens = Callable[[list[int]], "bool | None"]  # returns True to end the request after these tokens
@@ -98,13 +98,14 @@ def generate(
     stats count only the drafts that were kept.
 
     With ``config.dynamic_k``, pass the same ``lookahead`` to successive requests (one per target/draft pair)
-    so its acceptance and cost estimates carry over; by default each request starts a fresh one.
+    so its acceptance and cost estimates carry over; by default each request starts a fresh one (a TreeLookahead
+    for a draft-tree proposer: it sizes the tree's width too, and the loop hands each step's shape to the proposer).
     """
     max_context = check_request(target, prompt_ids, config)
     if not config.dynamic_k:
         lookahead = None
     elif lookahead is None:
-        lookahead = DynamicLookahead(k_max=config.k, k_start=config.k)
+        lookahead = default_lookahead(proposer, config.k)
     run = _Run(target, proposer, config, ends_after)
     committed, out, k_history = list(prompt_ids), [], []
     finish = "length"
@@ -117,7 +118,7 @@ def generate(
         )
         if len(out) >= config.max_new_tokens or len(committed) >= max_context:
             break
-        step = run.step(committed, k, produced=len(out))
+        step = run.step(committed, k, produced=len(out), tree=getattr(lookahead, "shape", None))
         if lookahead is not None:
             reached = min(step.accepted + 1, step.drafted)
             lookahead.observe(
@@ -126,6 +127,7 @@ def generate(
                 reached=reached,
                 draft_s=step.draft_s,
                 verify_s=step.verify_s,
+                verified=step.verified,
             )
             k_history.append(step.drafted)
         committed.extend(step.new)
@@ -140,6 +142,14 @@ def generate(
     return GenerationResult(tokens=out, stats=run.stats, finish_reason=finish, k_history=k_history)
 
 
+def default_lookahead(proposer: Proposer | None, k: int) -> DynamicLookahead:
+    """Dynamic K for this proposer: a TreeLookahead over its tree's family when it drafts trees (EagleProposer)."""
+    tree = getattr(proposer, "tree", None)
+    if tree is not None:
+        return TreeLookahead.for_tree(tree, k_max=k, k_start=k)
+    return DynamicLookahead(k_max=k, k_start=k)
+
+
 @dataclass
 class _Step:
     new: list[int]  # the committed tokens (cut at the request's end)
@@ -148,6 +158,7 @@ class _Step:
     draft_s: float
     verify_s: float
     stopped: bool
+    verified: int = 0  # tokens the target pass checked (a tree: its nodes + 1)
 
 
 class _Run:
@@ -172,11 +183,14 @@ class _Run:
                 # EAGLE: the prompt's features, all of them true (as if every token were accepted).
                 self.proposer.observe_target(prefilled.hidden, prefilled.hidden.shape[0] - 1)
 
-    def step(self, committed: list[int], k: int, *, produced: int) -> _Step:
+    def step(self, committed: list[int], k: int, *, produced: int, tree: TreeShape | None = None) -> _Step:
+        """tree: this step's draft-tree shape (TreeLookahead's choice; None: the proposer's own)."""
         proposer, target = self.proposer, self.target
+        shape = {"tree": tree} if tree is not None else {}
         t0 = time.perf_counter()
-        proposal = proposer.propose(committed, k, self.params, self.generator) if proposer and k > 0 else _EMPTY
+        proposal = proposer.propose(committed, k, self.params, self.generator, **shape) if proposer and k else _EMPTY
         t1 = time.perf_counter()
+        verified = int(proposal.tokens.shape[0]) + 1
         if proposal.tree is not None:  # a draft tree: one pass over all its nodes, the accepted path kept
             drafted = proposal.tree.depth
             accepted, new, hidden = self._verify_tree(committed[-1], proposal, produced)
@@ -193,7 +207,7 @@ class _Run:
         self.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1
-        return _Step(new, accepted, drafted, t1 - t0, t2 - t1, stopped)
+        return _Step(new, accepted, drafted, t1 - t0, t2 - t1, stopped, verified)
 
     def _verify_chain(self, last_token: int, proposal: Proposal, produced: int):
         drafts = proposal.tokens.to(self.target.device)

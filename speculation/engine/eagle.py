@@ -501,8 +501,15 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(
-        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+        self,
+        committed: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        tree: TreeShape | None = None,
     ) -> Proposal:
+        """tree: this step's shape (the lookahead's choice among the policy tree's family); None: self.tree."""
         if not self._pending and self.drafter.observed_length == 0 and len(committed) > 1:
             prompt = torch.tensor(committed[:-1], device=self.device)
             self._pending.append(self.target_model(prompt, 0, return_hidden=self.wants_hidden).hidden)
@@ -517,8 +524,8 @@ class EagleProposer:
         k = min(k, self.drafter.max_len - self.drafter.observed_length)
         if k <= 0 or self.drafter.observed_length < len(committed) - 1 or not self.drafter.has_new:
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
-        if self.tree is not None:
-            return self._propose_tree(committed, k)
+        if (tree or self.tree) is not None:
+            return self._propose_tree(committed, k, tree or self.tree)
         if params.greedy:
             tokens, _ = self.drafter.draft(k, greedy_choice)
             return Proposal(tokens=tokens, q=None)
@@ -532,13 +539,12 @@ class EagleProposer:
         tokens, _ = self.drafter.draft(k, choose)
         return Proposal(tokens=tokens, q=torch.stack(qs))
 
-    def _propose_tree(self, committed: list[int], k: int) -> Proposal:
+    def _propose_tree(self, committed: list[int], k: int, shape: TreeShape) -> Proposal:
         """A tree of at most k levels that fits the head's cache and the target's (root + nodes after it).
 
         The same tree serves greedy and sampled requests: its candidates are the head's top-k, a deterministic
         choice, which tree verification needs (engine/tree.py).
         """
-        shape = self.tree
         head_room = (self.drafter.max_len - self.drafter.observed_length) // shape.top_k + 1
         depth = min(shape.depth, k, head_room)
         nodes = min(shape.nodes, self.target_model.max_len - len(committed))

@@ -9,22 +9,33 @@ speculation backs off when the draft does not pay; every ``PROBE_EVERY`` plain s
 whether the acceptance came back. For a draft-tree proposer (engine/tree.py) K caps the tree's depth: the
 step's accepted path is what alpha counts, and the measured costs are the tree's (draft time per level,
 verification time of the whole tree at that depth), so the same rule sizes the tree.
+
+TreeLookahead also sizes the tree's WIDTH: each step it picks a shape from a small family derived from the
+policy's tree (the chain, the tree with half its nodes, the tree: ``tree_family``) and a depth, by the same rule
+per shape: E[N] from that shape's own decayed acceptance over (verification of its nodes + depth x its draft level
+cost). On a CPU, where every verified row costs nearly its full price, the chain tends to win; where verifying more
+rows is nearly free (a GPU), the wide tree does. Shapes not used for ``SHAPE_PROBE_EVERY`` steps are probed again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from speculation.engine.errors import LookaheadError
 from speculation.engine.projection import expected_tokens, verify_cost
 from speculation.limits import K_MAX, K_MIN
 
-__all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "check_k", "expected_tokens"]
+if TYPE_CHECKING:
+    from speculation.engine.tree import TreeShape
+
+__all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "TreeLookahead", "check_k", "expected_tokens"]
 
 DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before anything is measured
 PROBE_EVERY = 8
+SHAPE_PROBE_EVERY = 16  # drafting steps a tree shape goes unused before one step probes it again
 REMEASURE_EVERY = 16  # batch steps (per load bucket) between re-measurements of k_start (LoadAwareLookahead)
 
 
@@ -48,7 +59,11 @@ class DynamicLookahead:
     def alpha(self) -> float:
         return self.accepted / self.reached
 
-    def observe(self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float) -> None:
+    def observe(
+        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
+    ) -> None:
+        """One step's counts and wall times; verified: the tokens the target pass checked (default drafted + 1; a
+        draft tree: its nodes + 1), the key of the verify cost table."""
         self.accepted = DECAY * self.accepted + accepted
         self.reached = DECAY * self.reached + reached
         if drafted:
@@ -56,7 +71,7 @@ class DynamicLookahead:
             old_step = self.draft_step_s
             self.draft_step_s = per_step if old_step is None else DECAY * old_step + (1 - DECAY) * per_step
         self.plain_streak = 0 if drafted else self.plain_streak + 1
-        n = drafted + 1
+        n = verified or drafted + 1
         old = self.verify_s.get(n)
         self.verify_s[n] = verify_s if old is None else DECAY * old + (1 - DECAY) * verify_s
 
@@ -80,6 +95,111 @@ class DynamicLookahead:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+
+def tree_family(tree: TreeShape) -> tuple[TreeShape, ...]:
+    """The shapes TreeLookahead chooses among, narrowest first: the chain (top_k 1, one node per level), the
+    policy's tree cut to half its nodes, and the policy's tree (a policy chain of top_k 1: the chain only)."""
+    shapes = [replace(tree, top_k=1, nodes=tree.depth)]
+    if tree.top_k > 1:
+        shapes += [replace(tree, nodes=tree.nodes // 2)] if tree.nodes // 2 > 1 else []
+        shapes.append(tree)
+    return tuple(dict.fromkeys(shapes))  # distinct, in order
+
+
+def shape_label(shape: TreeShape) -> str:
+    """A family member's name in records and the benchmark (its depth is chosen per step, so not in it)."""
+    return "chain" if shape.top_k == 1 else f"k{shape.top_k}-n{shape.nodes}"
+
+
+@dataclass
+class ShapeArm:
+    """One tree shape's decayed acceptance (accepted drafts per position reached, as DynamicLookahead's alpha)."""
+
+    shape: TreeShape
+    accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    reached: float = PRIOR_WEIGHT
+    idle: int = 0  # drafting steps since it was last used
+    used: int = 0  # drafting steps it was used for
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.reached
+
+    def nodes(self, k: int) -> int:
+        """Draft nodes one verification checks at depth k (EagleProposer cuts the shape to depth min(depth, k))."""
+        top_k, depth = self.shape.top_k, min(self.shape.depth, k)
+        return min(self.shape.nodes, top_k + (depth - 1) * top_k**2)
+
+
+@dataclass
+class TreeLookahead(DynamicLookahead):
+    """Dynamic K and tree shape for an EAGLE draft-tree proposer: ``choose`` returns the depth K (0: a plain step)
+    and leaves the step's shape in ``shape``; pass it to the proposer (the decode loop does).
+
+    A step with shape s at depth k commits E[N](alpha_s, k) and costs verify(nodes_s(k) + 1 tokens) + k x the draft
+    level cost of s's width (the head feeds top_k rows per level; measured per top_k, an unmeasured width borrowing
+    the cheapest measured one). The (shape, K) with the most expected tokens per second wins, plain decoding among
+    the candidates; a shape never used is tried first, then one unused for SHAPE_PROBE_EVERY drafting steps is
+    probed, so a shape whose acceptance or cost has changed is not ruled out for good.
+    """
+
+    arms: list[ShapeArm] = field(default_factory=list)
+    level_s: dict[int, float] = field(default_factory=dict)  # top_k -> decayed seconds per draft level
+    shape: TreeShape | None = None  # the shape of the step choose() sized (None: a plain step)
+    _arm: ShapeArm | None = None
+
+    @classmethod
+    def for_tree(cls, tree: TreeShape, *, k_max: int = K_MAX, k_start: int = DEFAULT_K) -> TreeLookahead:
+        return cls(k_max=k_max, k_start=k_start, arms=[ShapeArm(shape) for shape in tree_family(tree)])
+
+    @property
+    def used(self) -> dict[str, int]:
+        """Drafting steps per shape (labels as ``shape_label``), over the controller's life."""
+        return {shape_label(arm.shape): arm.used for arm in self.arms}
+
+    def choose(self) -> int:
+        k_start = min(self.k_start, self.k_max)
+        if not self.level_s or not self.verify_s:  # nothing measured: the policy's tree at the policy's depth
+            return self._pick(self.arms[-1], k_start)
+        if 1 not in self.verify_s:
+            return self._pick(None, 0)  # one plain step: the cost speculation has to beat
+        rated = [(self._rate(arm, k), arm, k) for arm in self.arms for k in range(1, self.k_max + 1)]
+        probe = next((arm for arm in self.arms if not arm.used), None)
+        probe = probe or max(self.arms, key=lambda arm: arm.idle)
+        if probe.idle >= SHAPE_PROBE_EVERY or not probe.used:
+            _, _, k = max((entry for entry in rated if entry[1] is probe), key=lambda entry: entry[0])
+            return self._pick(probe, k)  # the probed shape at its best depth
+        rate, arm, k = max(rated, key=lambda entry: entry[0])
+        if self.plain_streak >= PROBE_EVERY:
+            return self._pick(arm, 1)  # probe: has the draft started agreeing again?
+        return self._pick(arm, k) if rate > 1.0 / self.verify_cost(1) else self._pick(None, 0)
+
+    def _rate(self, arm: ShapeArm, k: int) -> float:
+        alpha = min(arm.alpha, 0.999)
+        level = self.level_s.get(arm.shape.top_k, min(self.level_s.values()))
+        return expected_tokens(alpha=alpha, k=k) / (self.verify_cost(arm.nodes(k) + 1) + k * level)
+
+    def _pick(self, arm: ShapeArm | None, k: int) -> int:
+        self._arm, self.shape = arm, arm.shape if arm is not None else None
+        return k
+
+    def observe(
+        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
+    ) -> None:
+        super().observe(
+            drafted=drafted, accepted=accepted, reached=reached, draft_s=draft_s, verify_s=verify_s, verified=verified
+        )
+        arm = self._arm
+        if not drafted or arm is None:
+            return
+        for other in self.arms:
+            other.idle += 1
+        arm.idle, arm.used = 0, arm.used + 1
+        arm.accepted = DECAY * arm.accepted + accepted
+        arm.reached = DECAY * arm.reached + reached
+        old, per_level = self.level_s.get(arm.shape.top_k), draft_s / drafted
+        self.level_s[arm.shape.top_k] = per_level if old is None else DECAY * old + (1 - DECAY) * per_level
 
 
 def load_bucket(batch_size: int) -> int:
