@@ -35,6 +35,7 @@ from speculation.engine import (
     NgramProposer,
     SpecStats,
     Transformer,
+    TreeLookahead,
     generate,
     load_causal_lm,
 )
@@ -245,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         eagle_trees = {
             label: EagleProposer(eagle.head, target_model, tree=shape) for label, shape in trees.TREES_BY_LABEL.items()
         }
+        eagle_trees[trees.DYNAMIC] = EagleProposer(eagle.head, target_model, tree=trees.DYNAMIC_TREE)
+    depth = trees.DYNAMIC_TREE.depth
+    tree_lookahead = TreeLookahead.for_tree(trees.DYNAMIC_TREE, k_max=depth, k_start=depth)  # kept across requests
     mechanisms = MECHANISMS + ([Mechanism("eagle", K)] if eagle is not None else [])
     mechanisms += [Mechanism("eagle_tree", label) for label in eagle_trees]
 
@@ -253,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_hf(mech, hf_target, hf_draft, prompt, max_new, eos)
         if mech.name in ("eagle", "eagle_tree"):
             proposer = eagle if mech.name == "eagle" else eagle_trees[mech.k]
-            depth = K if mech.name == "eagle" else trees.TREES_BY_LABEL[mech.k].depth
-            config = GenerationConfig(max_new_tokens=max_new, k=depth, stop_token_ids=(eos,))
-            result = generate(target, proposer, prompt.ids, config)
+            dynamic = mech.k == trees.DYNAMIC
+            depth = K if mech.name == "eagle" else proposer.tree.depth
+            config = GenerationConfig(max_new_tokens=max_new, k=depth, dynamic_k=dynamic, stop_token_ids=(eos,))
+            result = generate(target, proposer, prompt.ids, config, lookahead=tree_lookahead if dynamic else None)
             return result.tokens, result.stats
         return run_ace(mech, target, draft_model, prompt, max_new, eos)
 
@@ -266,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     target_model.setup_cache(1024)
     draft_model.setup_cache(1024)
 
+    warm_used = tree_lookahead.used
     results, wall_s = run_interleaved(prompts, mechanisms, run)
     report = build_report(results, costs, prompts, max_new, pair, args)
     report["wall_s"] = wall_s
     print_table(report)
+    trees.add_shapes_used(report, {label: n - warm_used[label] for label, n in tree_lookahead.used.items()})
     write_json(report, args.json)
     return 0
 

@@ -1,10 +1,12 @@
 """EAGLE draft trees in ``python -m speculation.bench``: the tree shapes run, and EAGLE against the draft model.
 
 Runs named ``mechanism: "eagle_tree"`` carry the shape's label as their ``k`` (``k<top_k>-d<depth>-n<nodes>-t<score
-temperature>``) and the shape itself under ``tree``. Per category the report gains ``mechanisms`` (every
-speculative run's alpha, mean accepted length, tok/s and speedup) and, overall, ``eagle_vs_draft``: the best
-EAGLE configuration against the draft model at K=5, overall and per category (and every EAGLE run's under
-``configurations``).
+temperature>``) and the shape itself under ``tree``; the run with ``k: "dynamic"`` lets the lookahead controller
+(engine.lookahead.TreeLookahead) choose each step's shape among the family of ``DYNAMIC_TREE`` (the chain, the
+tree with half its nodes, the tree) and its depth, and says under ``shapes_used`` how many steps each shape ran.
+Per category the report gains ``mechanisms`` (every speculative run's alpha, mean accepted length, tok/s and
+speedup) and, overall, ``eagle_vs_draft``: the best EAGLE configuration against the draft model at K=5, overall and
+per category (and every EAGLE run's under ``configurations``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ EAGLE_TREES = (
     TreeShape(top_k=1, depth=8, nodes=8),
 )
 SPECULATIVE = ("draft_model", "ngram", "eagle", "eagle_tree")
+DYNAMIC = "dynamic"  # the eagle_tree run whose shape and depth the controller chooses
+DYNAMIC_TREE = EAGLE_TREES[0]  # the policy-default tree it chooses around
 
 
 def tree_label(shape: TreeShape) -> str:
@@ -38,7 +42,15 @@ TREES_BY_LABEL = {tree_label(shape): shape for shape in EAGLE_TREES}
 
 def tree_entry(label: str) -> dict:
     """The JSON of a tree run's shape (added to its ``runs`` entry)."""
-    return {"tree": asdict(TREES_BY_LABEL[label])}
+    return {"tree": asdict(DYNAMIC_TREE if label == DYNAMIC else TREES_BY_LABEL[label])}
+
+
+def add_shapes_used(report: dict, used: dict[str, int]) -> None:
+    """The dynamic run's drafting steps per shape (after the warm-up), in its ``runs`` entry and printed."""
+    for run in report["runs"]:
+        if run["mechanism"] == "eagle_tree" and run["k"] == DYNAMIC:
+            run["shapes_used"] = used
+            print(f"eagle_tree dynamic around {tree_label(DYNAMIC_TREE)}: drafting steps per shape {used}")
 
 
 def head_entry(head_dir: Path) -> dict | None:

@@ -57,10 +57,13 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
     report = json.loads(out.read_text())
     assert set(TOP_KEYS) <= set(report)
     assert report["greedy_identical"] is True
-    # the EAGLE head runs as a chain and as the draft trees
+    # the EAGLE head runs as a chain, as the draft trees, and as the tree the controller sizes (shape counts)
     runs = {(r["mechanism"], r["k"]) for r in report["runs"]}
     eagle = {run for run in runs if run[0] in ("eagle", "eagle_tree")}
-    assert eagle == {("eagle", 5)} | {("eagle_tree", label) for label in trees.TREES_BY_LABEL}
+    assert eagle == {("eagle", 5), ("eagle_tree", "dynamic")} | {("eagle_tree", k) for k in trees.TREES_BY_LABEL}
+    dynamic = next(r for r in report["runs"] if r["k"] == "dynamic" and r["mechanism"] == "eagle_tree")
+    assert set(dynamic["shapes_used"]) == {"chain", "k2-n6", "k2-n12"}
+    assert sum(dynamic["shapes_used"].values()) > 0
     assert report["eagle_vs_draft"]["categories"] == len(report["categories"])
     assert report["model"]["eagle_head"]["format"] in (1, 2)  # which head ran, with its training figures
     assert all("eagle_tree:" + label in cat["mechanisms"] for label in trees.TREES_BY_LABEL
