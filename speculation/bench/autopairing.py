@@ -10,13 +10,13 @@ tokens and the draft's step, the fastest repeat; an EAGLE step is the head's lay
 local path's cost model.
 
 Auto-pairing is simulated online with the product's own rule (speculation.selectors.autopairing: the table
-aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request
-r of workload w runs `workload_choice` over the requests before it (w's winner once it has PROD_MIN_REQUESTS
-measured requests and clears the policy's pairing, else the policy's pairing), and the policy's pairing itself
-moves as `draft: auto` moves it (speculation.services.autopairing.auto_decision: the pooled winner, with its minimum
-of evidence and margin), starting from the first draft at K = 5. Every candidate is replayed on every request (as
-shadow does), so the choice learns from full information. The workload is the key the gateway gives the prompt
-(the automatic category: speculation.workloads.classifier). Compared, on the same requests:
+aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request r
+of workload w runs `workload_choice` over the requests before it (after PROD_MIN_REQUESTS pooled requests, w's
+(candidate, K) with the highest mean shrunk toward the pooled one; before, the policy's pairing), and the policy's
+pairing itself moves as `draft: auto` moves it (speculation.services.autopairing.auto_decision: the pooled winner,
+with its minimum of evidence and margin), starting from the first draft at K = 5. Every candidate is replayed on
+every request (as shadow does), so the choice learns from full information. The workload is the key the gateway
+gives the prompt (the automatic category: speculation.workloads.classifier). Compared, on the same requests:
 - best single: the one (candidate, K) with the best mean over all requests (in hindsight);
 - oracle: per workload, the (candidate, K) with the best mean over that workload's requests (in hindsight).
 overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's.

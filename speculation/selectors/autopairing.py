@@ -48,6 +48,7 @@ class Cell:
     mean_accepted_len: float | None = None
     acceptance_rate: float | None = None  # accepted / drafted draft tokens at the best K
     per_k_multiplier: list[float | None] = field(default_factory=list)
+    per_k_requests: list[int] = field(default_factory=list)  # measured requests per K (prod rows: one K each)
 
 
 @dataclass
@@ -104,6 +105,7 @@ def _cell(workload: str, candidate: str, acc: _Acc) -> Cell:
     means = [sum(values) / len(values) if values else None for values in acc.mult]
     cell = Cell(workload, candidate, acc.kind, acc.draft_id, requests=acc.requests, shed=acc.shed)
     cell.per_k_multiplier = [round(m, 4) if m is not None else None for m in means]
+    cell.per_k_requests = [len(values) for values in acc.mult]
     known = [(m, k) for k, m in enumerate(means, start=1) if m is not None]
     if not known:
         return cell
@@ -186,7 +188,8 @@ def table_from_rows(rows: Iterable[dict]) -> dict:
 
 # --- draft: auto in prod: each request's candidate and K ------------------------------------------------------
 
-PROD_MIN_REQUESTS = 10  # measured requests a workload's winner needs before prod uses it for that workload
+PROD_MIN_REQUESTS = 3  # measured requests, every workload pooled, before the evidence replaces the policy's pairing
+PRIOR_REQUESTS = 2.0  # a workload's own mean is shrunk toward the pooled one as if the pooled had this many requests
 
 
 @dataclass(frozen=True)
@@ -224,76 +227,75 @@ def paired_low(table: dict, *, workload: str, winner: Cell, other: Cell) -> tupl
     return mean - Z * sd / math.sqrt(len(diffs)), len(diffs)
 
 
-def _clearly_better(table: dict, workload: str, best: Cell, own: Cell) -> bool:
-    """best beats own: paired over their common requests where there are enough of them, else best's own
-    interval lies above own's mean."""
-    low, _pairs = paired_low(table, workload=workload, winner=best, other=own)
-    if low is not None:
-        return low > 0
-    return best.ci_low is not None and best.ci_low > own.multiplier
+@dataclass(frozen=True)
+class _Estimate:
+    value: float
+    cell: Cell  # the pooled cell
+    k: int
+    own_requests: int  # the workload's measured requests at this K
+    own_mean: float | None
 
 
-def _pick(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None) -> Choice | None:
-    """The rule at one level of the table (a workload's cells, or OVERALL's): None when no cell has the evidence."""
-    entry = table["overall"] if workload == OVERALL else table["workloads"].get(workload) or {}
-    cells = entry.get("cells", [])
-    eligible = [
-        c
-        for c in cells
-        if c.multiplier is not None and c.requests >= PROD_MIN_REQUESTS and (kinds is None or c.kind in kinds)
-    ]
-    if not eligible:
-        return None
-    label = workload or "every workload"
-    best = max(eligible, key=lambda c: (c.multiplier, -c.best_k, c.candidate))
-    own = next((c for c in cells if c.candidate == current.candidate and c.multiplier is not None), None)
-    if best.candidate != current.candidate and own is not None and not _clearly_better(table, workload, best, own):
-        if own in eligible:
-            return Choice(
-                own.candidate,
-                own.kind,
-                own.draft_id,
-                own.best_k,
-                f"auto: {label} -> {own.candidate} K={own.best_k}, {_said(own)} "
-                f"({best.candidate} at {best.multiplier:.2f}x is not clearly better)",
-                from_evidence=True,
-            )
-        whose = "" if current.from_evidence else "the policy's "
-        return replace(
-            current,
-            reason=f"auto: {label}: {best.candidate} ({_said(best)}) is not clearly above {whose}"
-            f"{current.candidate} ({own.multiplier:.2f}x): {whose}{current.candidate} K={current.k}",
-        )
-    return Choice(
-        best.candidate,
-        best.kind,
-        best.draft_id,
-        best.best_k,
-        f"auto: {label} -> {best.candidate} K={best.best_k}, {_said(best)}",
-        from_evidence=True,
-    )
+def shrunk_estimates(table: dict, *, workload: str, kinds: frozenset[str] | None = None) -> list[_Estimate]:
+    """Every (candidate, K) that can run (`kinds`; None: any) with a pooled mean: the workload's own mean at that K
+    shrunk toward the pooled one, (n * own + PRIOR_REQUESTS * pooled) / (n + PRIOR_REQUESTS), n its own requests.
+
+    Why shrink: a workload with a few requests has a noisy mean per cell, and the highest of 32 noisy means is
+    biased up (the winner's curse), so its own evidence counts in proportion to its amount; the pooled mean is
+    the best guess before any (every candidate is replayed on every shadowed request, so all cells fill at once)."""
+    own = {c.candidate: c for c in (table["workloads"].get(workload) or {}).get("cells", [])} if workload else {}
+    found = []
+    for pooled in table["overall"].get("cells", []):
+        if kinds is not None and pooled.kind not in kinds:
+            continue
+        mine = own.get(pooled.candidate)
+        for k, prior in enumerate(pooled.per_k_multiplier, start=1):
+            if prior is None:
+                continue
+            n = mine.per_k_requests[k - 1] if mine and mine.per_k_requests else 0
+            mean = mine.per_k_multiplier[k - 1] if n else None
+            value = (n * mean + PRIOR_REQUESTS * prior) / (n + PRIOR_REQUESTS) if mean is not None else prior
+            found.append(_Estimate(value, pooled, k, n, mean))
+    return found
 
 
 def workload_choice(table: dict, *, workload: str, current: Choice, kinds: frozenset[str] | None = None) -> Choice:
     """The rule prod's `draft: auto` applies per request (`current`: the policy's own candidate and K).
 
-    - The fallback: every workload pooled (OVERALL) by the rule below, against the policy's pairing; where no
-      pooled cell has the evidence either, the policy's draft and K.
-    - The workload's cells that can run on the path (`kinds`; None: any) with a projected multiplier and at least
-      PROD_MIN_REQUESTS measured requests are eligible; none: the fallback (evidence short).
-    - The eligible cell with the highest mean projected multiplier wins, at its best K. A winner other than the
-      fallback's candidate must be clearly better than it in this workload (where it is measured there): the 95 %
-      interval of their difference per request (paired over the requests both were replayed on) above 0, or,
-      with fewer than MIN_REQUESTS such requests, the winner's own interval above the other's mean; otherwise
-      the fallback's candidate runs, at its own best K for the workload when it is eligible."""
-    pooled = _pick(table, workload=OVERALL, current=current, kinds=kinds) if workload != OVERALL else None
-    base = pooled or current
-    chosen = _pick(table, workload=workload, current=base, kinds=kinds)
-    if chosen is not None:
-        return chosen
-    cells = (table["workloads"].get(workload) or {}).get("cells", [])
-    seen = max((c.requests for c in cells), default=0)
-    short = f"auto: {workload or 'no workload'} has {seen} measured requests (needs {PROD_MIN_REQUESTS}): "
-    if pooled is None:
-        return replace(current, reason=f"{short}the policy's {current.candidate} K={current.k}")
-    return replace(pooled, reason=short + "the endpoint's pooled choice: " + pooled.reason.removeprefix("auto: "))
+    - Until PROD_MIN_REQUESTS requests are measured (every workload pooled), the policy's draft and K.
+    - Then the (candidate, K) with the highest shrunk estimate for the request's workload (shrunk_estimates: its
+      own mean pulled toward the pooled one by PRIOR_REQUESTS), among the candidates that can run on the path.
+      A new workload runs the pooled winner; one with evidence of its own moves to its own winner as fast as
+      that evidence outweighs the pooled mean. Ties go to the smaller K, then the policy's candidate.
+
+    This is follow-the-leader on full information: shadow replays every candidate on every request, so nothing is
+    learnt by exploring, and the choice per request needs no hysteresis (the policy's own pairing, which an
+    operator sees in the history, moves only with significance: speculation.services.autopairing.auto_decision)."""
+    pooled = max((c.requests for c in table["overall"].get("cells", [])), default=0)
+    label = workload or "no workload"
+    if pooled < PROD_MIN_REQUESTS:
+        return replace(
+            current,
+            reason=f"auto: {pooled} measured requests (needs {PROD_MIN_REQUESTS}): the policy's "
+            f"{current.candidate} K={current.k}",
+        )
+    estimates = shrunk_estimates(table, workload=workload, kinds=kinds)
+    if not estimates:
+        return replace(current, reason=f"auto: no measured candidate can run here: the policy's {current.candidate}")
+    best = max(estimates, key=lambda e: (round(e.value, 6), -e.k, e.cell.candidate == current.candidate))
+    cell = best.cell
+    own = (
+        f"{best.own_requests} {label} requests at {best.own_mean:.2f}x"
+        if best.own_mean is not None
+        else f"no {label} requests yet"
+    )
+    prior = cell.per_k_multiplier[best.k - 1]
+    return Choice(
+        cell.candidate,
+        cell.kind,
+        cell.draft_id,
+        best.k,
+        f"auto: {label} -> {cell.candidate} K={best.k}, projected {best.value:.2f}x ({own}; "
+        f"{cell.per_k_requests[best.k - 1]} requests pooled at {prior:.2f}x)",
+        from_evidence=True,
+    )

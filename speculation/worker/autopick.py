@@ -1,12 +1,12 @@
 """`draft: auto` in prod: each request runs its workload's best candidate and K, and its own acceptance goes back
 into the evidence.
 
-The rule is auto-pairing's (speculation.selectors.autopairing.workload_choice: a workload's winner once it has
-PROD_MIN_REQUESTS measured requests and clearly beats the fallback, paired over the same requests; the fallback is
-the pooled winner by the same rule, else the policy's draft and K). The table it
-reads (shadow's candidate rows, calibrations, and prod's own rows below) is aggregated once per endpoint and
-TABLE_TTL_S per worker process, with the drafts it names: a request with a cached table costs no database query
-for its choice (the gateway only puts the request's workload key in the job).
+The rule is auto-pairing's (speculation.selectors.autopairing.workload_choice: once PROD_MIN_REQUESTS requests are
+measured, the (candidate, K) with the highest mean for the workload, shrunk toward every workload's pooled mean;
+before that, the policy's draft and K). The table it reads (shadow's candidate rows, calibrations, and prod's own
+rows below) is aggregated once per endpoint and TABLE_TTL_S per worker process, with the drafts it names: a request
+with a cached table costs no database query for its choice (the gateway only puts the request's workload key in the
+job).
 
 Prod's evidence: after a greedy prod request that ran with `draft: auto`, one CandidateMeasurement row for the
 candidate it ran, with the K it ran (the other K are None): its tokens per verification step, counts and the

@@ -90,8 +90,10 @@ def test_a_mixed_stream_in_prod_runs_each_workloads_winner_with_off_s_output(
         ("speculated", "code", "ngram", 2),
         ("speculated", "english", "draft_model", 6),
     ]
-    assert records[0].reason.startswith(f"auto: code -> ngram K=2, {PROD_MIN_REQUESTS + 2} requests, projected")
-    assert records[1].reason.startswith(f"auto: english -> demo-draft K=6, {PROD_MIN_REQUESTS + 2} requests")
+    assert records[0].reason.startswith("auto: code -> ngram K=2, projected"), records[0].reason
+    assert f"({PROD_MIN_REQUESTS + 2} code requests at 1.90x;" in records[0].reason
+    assert records[1].reason.startswith("auto: english -> demo-draft K=6, projected"), records[1].reason
+    assert f"({PROD_MIN_REQUESTS + 2} english requests at 1.90x;" in records[1].reason
     # and: each prod request's own acceptance joined the evidence for the candidate and K it ran
     deadline = time.monotonic() + 30
     while CandidateMeasurement.objects.filter(request_id__in=[r.request_id for r in records]).count() < len(STREAM):

@@ -1,6 +1,6 @@
-"""The per-request rule of `draft: auto` in prod (workload_choice) and prod's own rows in the table: a winner needs
-PROD_MIN_REQUESTS requests and must clear the fallback (the pooled winner, else the policy's draft), paired over the
-requests both were replayed on; a row for one K counts at that K only."""
+"""The per-request rule of `draft: auto` in prod (workload_choice) and prod's own rows in the table: after
+PROD_MIN_REQUESTS pooled requests, the (candidate, K) with the highest mean for the workload shrunk toward the pooled
+mean by PRIOR_REQUESTS; a row for one K counts at that K only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import pytest
 
 from fleet.models import Endpoint
 from speculation.models import CandidateMeasurement, DraftKind, DraftModel
-from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, pairing_table, workload_choice
+from speculation.selectors.autopairing import (
+    PRIOR_REQUESTS,
+    PROD_MIN_REQUESTS,
+    Choice,
+    pairing_table,
+    workload_choice,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -40,58 +46,74 @@ def policy(name="own", kind=DraftKind.DRAFT_MODEL, k=5) -> Choice:
     return Choice(name, kind, None, k, "", from_evidence=False)
 
 
-def test_the_winner_runs_at_its_best_k_once_it_has_enough_requests(endpoint):
-    add(endpoint, "code", "fast", peak_k=6, peak=2.0, n=PROD_MIN_REQUESTS)
-    add(endpoint, "code", "own", peak_k=3, peak=1.4, n=PROD_MIN_REQUESTS)
+def test_the_workloads_winner_runs_at_its_best_k(endpoint):
+    add(endpoint, "code", "fast", peak_k=6, peak=2.0, n=10)
+    add(endpoint, "code", "own", peak_k=3, peak=1.4, n=10)
     choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
     assert (choice.candidate, choice.k, choice.from_evidence) == ("fast", 6, True)
-    assert choice.reason.startswith(f"auto: code -> fast K=6, {PROD_MIN_REQUESTS} requests, projected 2.00x [")
+    assert (
+        choice.reason
+        == "auto: code -> fast K=6, projected 2.00x (10 code requests at 2.00x; 10 requests pooled at 2.00x)"
+    )
 
 
-def test_one_request_short_of_the_minimum_keeps_the_policys_draft_and_k(endpoint):
+def test_until_the_minimum_is_pooled_the_policys_draft_and_k_run(endpoint):
     add(endpoint, "code", "fast", peak_k=6, peak=2.0, n=PROD_MIN_REQUESTS - 1)
     choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
     assert (choice.candidate, choice.k, choice.from_evidence) == ("own", 5, False)
-    assert "9 measured requests (needs 10)" in choice.reason
+    assert choice.reason == (
+        f"auto: {PROD_MIN_REQUESTS - 1} measured requests (needs {PROD_MIN_REQUESTS}): the policy's own K=5"
+    )
 
 
-def test_a_winner_whose_interval_reaches_the_policys_draft_leaves_the_policys_draft_at_its_best_k(endpoint):
-    # given: `fast` leads by 0.02x with draws +-0.3: its interval covers `own`'s mean
-    add(endpoint, "code", "fast", peak_k=6, peak=1.52, n=PROD_MIN_REQUESTS, spread=0.3)
-    add(endpoint, "code", "own", peak_k=4, peak=1.5, n=PROD_MIN_REQUESTS)
-    choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
-    assert (choice.candidate, choice.k) == ("own", 4)
-    assert "fast at 1.52x is not clearly better" in choice.reason
+def shrunk(own_sum: float, own_n: int, pooled: float) -> float:
+    return (own_sum + PRIOR_REQUESTS * pooled) / (own_n + PRIOR_REQUESTS)
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_small_lead_on_the_same_requests_is_resolved_by_pairing_them(endpoint, shared):
-    # given: requests alternate easy / hard (+-0.3, shared by both candidates); `fast` leads by 0.1x on each one
-    add(endpoint, "code", "fast", peak_k=6, peak=1.6, n=PROD_MIN_REQUESTS, spread=0.3, shared=shared)
-    add(endpoint, "code", "own", peak_k=4, peak=1.5, n=PROD_MIN_REQUESTS, spread=0.3, shared=shared)
+def test_a_workloads_own_evidence_is_shrunk_toward_the_pooled_mean_by_its_amount(endpoint):
+    # given: english (20 requests) favours `prose` at K = 2 (1.8 vs 1.2); code has 1 request where `code` leads
+    add(endpoint, "english", "prose", peak_k=2, peak=1.8, n=20, shared=True, spread=0.0)
+    add(endpoint, "english", "code", peak_k=6, peak=1.2, n=20, shared=True, spread=0.0)
+    add(endpoint, "code", "prose", peak_k=2, peak=1.6, n=1, shared=True, spread=0.0)
+    add(endpoint, "code", "code", peak_k=6, peak=2.2, n=1, shared=True, spread=0.0)
     table = pairing_table(endpoint_id=endpoint.pk)
-    best, own = sorted(table["workloads"]["code"]["cells"], key=lambda c: c.candidate)
-    assert best.ci_low < own.multiplier  # the unpaired intervals overlap
 
-    choice = workload_choice(table, workload="code", current=policy())
+    # when / then: code's one request weighs 1 against the pooled mean's PRIOR_REQUESTS
+    one = workload_choice(table, workload="code", current=policy())
+    prose_est = shrunk(1.6, 1, (20 * 1.8 + 1.6) / 21)
+    code_est = shrunk(2.2, 1, (20 * 1.2 + 2.2) / 21)
+    assert prose_est > code_est
+    assert (one.candidate, one.k) == ("prose", 2)
+    assert one.reason.startswith(f"auto: code -> prose K=2, projected {prose_est:.2f}x (1 code requests at 1.60x;")
 
-    # then: paired, every difference is +0.1: `fast` is clearly better; unpaired (other requests) it is not
-    assert (choice.candidate, choice.k) == (("fast", 6) if shared else ("own", 4))
+    # given: 9 more code requests alike; then code's own winner outweighs the pooled mean
+    add(endpoint, "code", "prose", peak_k=2, peak=1.6, n=9, shared=True, spread=0.0)
+    add(endpoint, "code", "code", peak_k=6, peak=2.2, n=9, shared=True, spread=0.0)
+    ten = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
+    assert (ten.candidate, ten.k) == ("code", 6)
+    assert ten.reason.startswith(f"auto: code -> code K=6, projected {shrunk(22.0, 10, (24 + 22) / 30):.2f}x")
 
 
-def test_a_workload_short_of_evidence_runs_the_pooled_winner_when_that_is_clear(endpoint):
-    # given: `fast` clearly above the policy's `own` over code's requests; qa has 3 requests
-    add(endpoint, "code", "fast", peak_k=6, peak=2.0, n=PROD_MIN_REQUESTS, shared=True)
-    add(endpoint, "code", "own", peak_k=3, peak=1.4, n=PROD_MIN_REQUESTS, shared=True)
-    add(endpoint, "qa", "own", peak_k=3, peak=1.4, n=3, shared=True)
+def test_a_workload_without_evidence_runs_the_pooled_winner(endpoint):
+    add(endpoint, "code", "fast", peak_k=6, peak=2.0, n=10, shared=True)
+    add(endpoint, "code", "own", peak_k=3, peak=1.4, n=10, shared=True)
 
     choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="qa", current=policy())
 
     assert (choice.candidate, choice.k, choice.from_evidence) == ("fast", 6, True)
-    assert choice.reason.startswith(
-        f"auto: qa has 3 measured requests (needs {PROD_MIN_REQUESTS}): the endpoint's pooled choice: "
-        f"every workload -> fast K=6, {PROD_MIN_REQUESTS} requests"
-    ), choice.reason
+    assert choice.reason == "auto: qa -> fast K=6, projected 2.00x (no qa requests yet; 10 requests pooled at 2.00x)"
+
+
+def test_a_tie_goes_to_the_smaller_k_then_the_policys_candidate(endpoint):
+    add(endpoint, "code", "own", peak_k=4, peak=1.5, n=4, spread=0.0)
+    add(endpoint, "code", "other", peak_k=4, peak=1.5, n=4, spread=0.0)
+    CandidateMeasurement.objects.filter(candidate="own").update(multiplier=[1.5] * 8)
+    CandidateMeasurement.objects.filter(candidate="other").update(multiplier=[1.0, 1.5] + [1.0] * 6)
+    choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
+    assert (choice.candidate, choice.k) == ("own", 1)
+    CandidateMeasurement.objects.filter(candidate="own").update(multiplier=[1.0, 1.5] + [1.0] * 6)
+    choice = workload_choice(pairing_table(endpoint_id=endpoint.pk), workload="code", current=policy())
+    assert (choice.candidate, choice.k) == ("own", 2)
 
 
 def test_the_remote_path_never_gets_an_eagle_head(endpoint):
@@ -113,6 +135,7 @@ def test_a_prod_row_counts_at_the_k_it_ran_only(endpoint):
     )  # fmt: skip
     (cell,) = pairing_table(endpoint_id=endpoint.pk)["workloads"]["code"]["cells"]
     assert cell.requests == 5
+    assert cell.per_k_requests == [4, 4, 5, 4, 4, 4, 4, 4]
     assert cell.best_k == 3
     assert cell.multiplier == pytest.approx((1.5 * 4 + 2.5) / 5)
     assert cell.mean_accepted_len == pytest.approx((2.0 * 4 + 3.0) / 5)
