@@ -29,6 +29,7 @@ from speculation.engine import (
     SamplingParams,
     SpecStats,
     Target,
+    TreeLookahead,
     generate,
 )
 from speculation.engine.decode import truncate_at_stop
@@ -181,8 +182,10 @@ def speculate(
     stop: StopRule | None = None,
     ends_after: Any = None,
     batch: bool = False,
+    lookahead: TreeLookahead | None = None,
 ) -> SpecStats:
-    """Run the prepared path (fixed K) through the engine's loop; returns its stats.
+    """Run the prepared path (fixed K; with a lookahead, the controller sizes each draft tree within K) through the
+    engine's loop; returns its stats.
 
     on_tokens gets each verification's committed tokens (the accepted drafts + the target's token, cut where
     the request ends). sampling: temperature / top_k / top_p / seed as the gateway parsed them
@@ -190,12 +193,14 @@ def speculate(
     stop: the request's stop rule (its stop tokens, min_tokens); None = the model's end tokens. ends_after is
     asked for each committed token whether the request ends after it (a stop string, max_tokens).
     batch: the process's batch loop serves it, with other requests (speculation.worker.batching.serves).
+    lookahead: a draft-tree policy's controller (``tree_sizing``), kept across requests.
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
     config = GenerationConfig(
         max_new_tokens=max_tokens,
         k=k,
+        dynamic_k=lookahead is not None and not batch and k > 0,
         temperature=float(sampling["temperature"]),
         top_k=int(sampling["top_k"]),
         top_p=float(sampling["top_p"]),
@@ -208,7 +213,47 @@ def speculate(
         return _batched(prepared, config, prompt_ids, on_tokens, ends_after)
     target = prepared.target_for(config.sampling)
     with batching.single_stream():  # the loaded models' own KV caches
-        return generate(target, prepared.proposer, prompt_ids, config, on_tokens=on_tokens, ends_after=ends_after).stats
+        return generate(
+            target,
+            prepared.proposer,
+            prompt_ids,
+            config,
+            on_tokens=on_tokens,
+            ends_after=ends_after,
+            lookahead=lookahead,
+        ).stats
+
+
+_TREE_LOOKAHEADS: dict[tuple, TreeLookahead] = {}  # per endpoint, draft, tree and K: estimates carry over
+
+
+@dataclass
+class TreeSizing:
+    """A draft-tree policy with dynamic K on this worker's local path: the lookahead controller that chooses each
+    step's tree shape (the chain, the tree with half its nodes, the tree) and depth from measured costs."""
+
+    lookahead: TreeLookahead
+    before: dict[str, int]  # the controller's drafting steps per shape before this request
+
+    def reason(self) -> str:
+        steps = {label: n - self.before.get(label, 0) for label, n in self.lookahead.used.items()}
+        counts = ", ".join(f"{label} {n}" for label, n in steps.items())
+        return f"draft tree sized per step by the lookahead controller (drafting steps per shape: {counts})"
+
+
+def tree_sizing(
+    endpoint: Endpoint, policy: SpeculationPolicy, prepared: Prepared, k: int, draft: Any
+) -> TreeSizing | None:
+    """The controller for a policy with ``dynamic_k`` whose proposer drafts trees in this process; None otherwise
+    (a chain, fixed K, the remote path, ACE_PROD_PLAIN). draft: what names the proposer (the candidate or draft)."""
+    tree = getattr(prepared.proposer, "tree", None)
+    if not policy.dynamic_k or tree is None or prepared.target is None or k < 1 or settings.PROD_PLAIN:
+        return None
+    key = (endpoint.pk, draft, tree, k)
+    if key not in _TREE_LOOKAHEADS:
+        _TREE_LOOKAHEADS[key] = TreeLookahead.for_tree(tree, k_max=k, k_start=k)
+    lookahead = _TREE_LOOKAHEADS[key]
+    return TreeSizing(lookahead, dict(lookahead.used))
 
 
 def _batched(prepared: Prepared, config: GenerationConfig, prompt_ids: list[int], on_tokens, ends_after) -> SpecStats:
@@ -317,6 +362,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
     prepared, k, choice = _prepare(endpoint, policy, job)
+    sizing = tree_sizing(endpoint, policy, prepared, k, choice.candidate if choice else policy.draft_id)
     base = _baseline(client, endpoint, job)  # end to end: kept beside the multiplier (the dashboard's baseline)
     server_step_ms = costs.prod_server_step_ms(endpoint=endpoint, policy=policy)
     stream.channel.send({"type": "ready"}, slot=stream.slot)  # loaded and calibrated: the step timeout applies
@@ -338,6 +384,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
         stop=rule,
         ends_after=stream.ends_after,
         batch=batching.serves(prepared),
+        lookahead=sizing.lookahead if sizing else None,
     )
     ended = time.perf_counter()
     tok_s = stats.output_tokens / (ended - started) if ended > started else None
@@ -354,6 +401,8 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     }
     if choice is not None:  # which candidate and K ran, and why
         record.update(mechanism=choice.kind, reason=choice.reason)
+    if sizing is not None:  # which tree shapes ran
+        record["reason"] = "; ".join(r for r in (record.get("reason"), sizing.reason()) if r)
     tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
     done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
     stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)

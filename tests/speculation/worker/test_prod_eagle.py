@@ -108,3 +108,48 @@ def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_
     assert any(nodes > depth for nodes, depth in trees)
     stats = messages[-1]["stats"]
     assert stats["drafted_tokens"] > 0 and stats["target_passes"] >= len(trees)  # a pass per tree, plain steps besides
+
+
+def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape_and_stays_plain_greedy(
+    eagle_job, client, tiny_model_dir, monkeypatch
+):
+    import re
+
+    from speculation.engine import GenerationConfig, LocalTarget, decode, generate_plain
+    from speculation.jobs.channel import key
+    from speculation.models import SpeculationPolicy
+    from speculation.worker import generation
+    from speculation.worker.paths import resources
+
+    # given: the tree policy with dynamic K (the lookahead controller chooses the chain, the tree cut to half its
+    # nodes, or the tree, and the depth within K = 3, each step)
+    SpeculationPolicy.objects.filter(endpoint_id=eagle_job["endpoint_id"]).update(
+        eagle_tree={"top_k": 2, "depth": 4, "nodes": 6}, dynamic_k=True
+    )
+    monkeypatch.setattr(generation, "_TREE_LOOKAHEADS", {})  # a fresh controller (they live for the process)
+    trees: list[tuple[int, int, int]] = []  # (nodes, depth, widest level) of every tree the target verified
+    verify_tree_step = decode.verify_tree_step
+
+    def counted(target, last_token, tree, *args, **kwargs):
+        widest = int(torch.bincount(tree.depths).max())
+        trees.append((tree.size, tree.depth, widest))
+        return verify_tree_step(target, last_token, tree, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "verify_tree_step", counted)  # a spy: the real verification runs
+    # when: the worker runs the job
+    generation.run_prod_generation(eagle_job)
+    # then: the output is plain greedy's; chains (one node per level) and branching trees were both verified
+    messages = [json.loads(m) for m in client.lrange(key(eagle_job["request_id"]), 0, -1)]
+    assert messages[-1]["type"] == "done", messages[-1]
+    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
+    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
+    plain = generate_plain(target, eagle_job["prompt_ids"], GenerationConfig(max_new_tokens=30)).tokens
+    assert streamed == plain
+    assert trees and all(depth <= 3 for _, depth, _ in trees)
+    assert any(widest == 1 for _, _, widest in trees) and any(widest > 1 for _, _, widest in trees), trees
+    # and the record's reason says how many steps each shape drafted (every shape of the family was tried)
+    reason = messages[-1]["stats"]["reason"]
+    counts = dict(re.findall(r"([\w-]+) (\d+)", reason.split("drafting steps per shape:", 1)[1]))
+    assert set(counts) == {"chain", "k2-n3", "k2-n6"}, reason
+    assert all(int(n) > 0 for n in counts.values()), reason
+    assert sum(map(int, counts.values())) == len(trees), (reason, trees)
