@@ -137,15 +137,17 @@ class TreeLookahead(DynamicLookahead):
     """Dynamic K and tree shape for an EAGLE draft-tree proposer: ``choose`` returns the depth K (0: a plain step)
     and leaves the step's shape in ``shape``; pass it to the proposer (the decode loop does).
 
-    A step with shape s at depth k commits E[N](alpha_s, k) and costs verify(nodes_s(k) + 1 tokens) + k x the draft
-    level cost of s's width (the head feeds top_k rows per level; measured per top_k, an unmeasured width borrowing
-    the cheapest measured one). The (shape, K) with the most expected tokens per second wins, plain decoding among
-    the candidates; a shape never used is tried first, then one unused for SHAPE_PROBE_EVERY drafting steps is
+    A step with shape s at depth k commits E[N](alpha_s, k) and costs verify(nodes_s(k) + 1 tokens) + drafting k
+    levels at s's width (the head feeds top_k rows per level). Drafting time is kept per width and depth (it has a
+    fixed part, feeding the head the step's accepted tokens, so a short step's time per level is no level cost) and
+    read as the verify table is (``verify_cost``: measured, interpolated, extended); a width not measured yet
+    borrows the cheapest measured one. The (shape, K) with the most expected tokens per second wins, plain decoding
+    among the candidates; a shape never used is tried first, then one unused for SHAPE_PROBE_EVERY drafting steps is
     probed, so a shape whose acceptance or cost has changed is not ruled out for good.
     """
 
     arms: list[ShapeArm] = field(default_factory=list)
-    level_s: dict[int, float] = field(default_factory=dict)  # top_k -> decayed seconds per draft level
+    drafting_s: dict[int, dict[int, float]] = field(default_factory=dict)  # top_k -> depth -> decayed seconds
     shape: TreeShape | None = None  # the shape of the step choose() sized (None: a plain step)
     _arm: ShapeArm | None = None
 
@@ -160,7 +162,7 @@ class TreeLookahead(DynamicLookahead):
 
     def choose(self) -> int:
         k_start = min(self.k_start, self.k_max)
-        if not self.level_s or not self.verify_s:  # nothing measured: the policy's tree at the policy's depth
+        if not self.drafting_s or not self.verify_s:  # nothing measured: the policy's tree at the policy's depth
             return self._pick(self.arms[-1], k_start)
         if 1 not in self.verify_s:
             return self._pick(None, 0)  # one plain step: the cost speculation has to beat
@@ -177,8 +179,13 @@ class TreeLookahead(DynamicLookahead):
 
     def _rate(self, arm: ShapeArm, k: int) -> float:
         alpha = min(arm.alpha, 0.999)
-        level = self.level_s.get(arm.shape.top_k, min(self.level_s.values()))
-        return expected_tokens(alpha=alpha, k=k) / (self.verify_cost(arm.nodes(k) + 1) + k * level)
+        return expected_tokens(alpha=alpha, k=k) / (self.verify_cost(arm.nodes(k) + 1) + self.drafting_cost(arm, k))
+
+    def drafting_cost(self, arm: ShapeArm, k: int) -> float:
+        """Seconds to draft k levels at the arm's width (one depth measured: proportional to the depth)."""
+        width = arm.shape.top_k
+        tables = [self.drafting_s[width]] if width in self.drafting_s else list(self.drafting_s.values())
+        return min(_drafting_time(table, k) for table in tables)
 
     def _pick(self, arm: ShapeArm | None, k: int) -> int:
         self._arm, self.shape = arm, arm.shape if arm is not None else None
@@ -198,8 +205,18 @@ class TreeLookahead(DynamicLookahead):
         arm.idle, arm.used = 0, arm.used + 1
         arm.accepted = DECAY * arm.accepted + accepted
         arm.reached = DECAY * arm.reached + reached
-        old, per_level = self.level_s.get(arm.shape.top_k), draft_s / drafted
-        self.level_s[arm.shape.top_k] = per_level if old is None else DECAY * old + (1 - DECAY) * per_level
+        table = self.drafting_s.setdefault(arm.shape.top_k, {})
+        old = table.get(drafted)
+        table[drafted] = draft_s if old is None else DECAY * old + (1 - DECAY) * draft_s
+
+
+def _drafting_time(table: dict[int, float], depth: int) -> float:
+    """Drafting time at a depth from one width's measured depths: read as the verify table is (interpolated,
+    extended along the measured slope); with one depth measured, proportional to the depth."""
+    if len(table) == 1:
+        ((measured, seconds),) = table.items()
+        return seconds * depth / measured
+    return verify_cost(table, depth)
 
 
 def load_bucket(batch_size: int) -> int:
