@@ -15,6 +15,13 @@ TREE_NODES_MAX = 64
 TREE_FIELDS = ("top_k", "depth", "nodes", "score_temperature")
 
 
+def tree_nodes_at(top_k: int, depth: int, nodes: int, k: int) -> int:
+    """Draft nodes one verification of a tree checks when it is drafted at lookahead K: the expansion to depth
+    min(depth, K) scores top_k + (levels - 1) x top_k^2 candidates and keeps the best ``nodes`` of them."""
+    levels = max(1, min(depth, k))
+    return min(nodes, top_k + (levels - 1) * top_k**2)
+
+
 def tree_shape_problems(value: object) -> list[str]:
     """Why a policy's ``eagle_tree`` is not a draft-tree shape ([] when it is; {} or None means a chain).
 

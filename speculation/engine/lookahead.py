@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from speculation.engine.errors import LookaheadError
 from speculation.engine.projection import expected_tokens, verify_cost
-from speculation.limits import K_MAX, K_MIN
+from speculation.limits import K_MAX, K_MIN, tree_nodes_at
 
 if TYPE_CHECKING:
     from speculation.engine.tree import TreeShape
@@ -128,8 +128,7 @@ class ShapeArm:
 
     def nodes(self, k: int) -> int:
         """Draft nodes one verification checks at depth k (EagleProposer cuts the shape to depth min(depth, k))."""
-        top_k, depth = self.shape.top_k, min(self.shape.depth, k)
-        return min(self.shape.nodes, top_k + (depth - 1) * top_k**2)
+        return tree_nodes_at(self.shape.top_k, self.shape.depth, self.shape.nodes, k)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculation.engine.projection import StepCosts
+from speculation.limits import tree_nodes_at
 from speculation.models import CostCalibration, DraftModel
 
 
@@ -36,7 +37,7 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
 
     from django.utils import timezone
 
-    from speculation.models import Action, StageRecord
+    from speculation.models import Action, SpeculationPolicy, StageRecord
     from speculation.selectors.costs import projection_basis
 
     rows = StageRecord.objects.filter(
@@ -47,11 +48,13 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
         created_at__gte=timezone.now() - timedelta(seconds=PENDING_WINDOW_S),
     )
     costs = calibration.step_costs()
+    tree = SpeculationPolicy.objects.filter(endpoint_id=calibration.endpoint_id).values_list("eagle_tree", flat=True)
     done = 0
     for record in rows:
         k = record.drafted_tokens / record.target_passes if record.target_passes else float(record.k or 0)
-        multiplier = costs.multiplier(tokens_per_step=record.mean_accepted_len or 1.0, k=k)
         head = record.reason.split(pending, 1)[0]
+        verified = _tree_verified(record, head, tree.first() or {}, k)
+        multiplier = costs.multiplier(tokens_per_step=record.mean_accepted_len or 1.0, k=k, verified=verified)
         record.multiplier = multiplier
         record.tok_s = record.baseline_tok_s * multiplier if record.baseline_tok_s else None
         record.reason = f"{head}{projection_basis(calibration, k=k)}, stored after this record"
@@ -59,3 +62,15 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
         record.save(update_fields=["multiplier", "tok_s", "reason", "server_step_ms"])
         done += 1
     return done
+
+
+TREE_REPLAY = "drafting the tree"  # in the reason of a shadow record of a head replayed as the policy's draft tree
+
+
+def _tree_verified(record: Any, head: str, tree: dict, k: float) -> float | None:
+    """A tree replay's drafts per verification, as shadow's on-time projection counts them (every node of the
+    policy's tree at depth min(depth, K), per drafting level); None for a chain (K + 1 tokens verified)."""
+    if TREE_REPLAY not in head or not tree or not record.k:
+        return None
+    depth = min(tree["depth"], record.k)
+    return k * tree_nodes_at(tree["top_k"], tree["depth"], tree["nodes"], record.k) / depth

@@ -23,6 +23,7 @@ from fleet.models import Endpoint
 from speculation.engine import NgramProposer, SamplingParams, draft_greedy_predictions, replay_greedy, replay_proposer
 from speculation.engine.projection import expected_tokens
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
+from speculation.services.costs import TREE_REPLAY
 from speculation.services.records import record_stage
 from speculation.worker.costs import projection
 from speculation.worker.paths import resources
@@ -163,7 +164,7 @@ def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, An
     verified = None
     if tree is not None:  # one verification checks every node: S = E[N] / (v(nodes) + depth c)
         verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k)
-        how += f" drafting the tree {policy.eagle_tree} (depth min(depth, K), verified against the known output)"
+        how += f" {TREE_REPLAY} {policy.eagle_tree} (depth min(depth, K), verified against the known output)"
     projected, basis = shadowed.project(tokens_per_step=tau, k=k_mean, verified=verified)
     shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
 

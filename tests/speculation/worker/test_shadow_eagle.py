@@ -135,6 +135,35 @@ def test_shadow_replays_the_policys_draft_tree_and_projects_the_verification_of_
     assert record.multiplier < MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean)
 
 
+def test_a_tree_record_projected_late_pays_the_verification_of_every_node_as_the_on_time_projection(
+    tree_policy, target_dir, head_dir, monkeypatch
+):
+    from speculation.models import CostCalibration, StageRecord
+    from speculation.services.costs import project_pending_records, record_calibration
+    from speculation.worker import costs as worker_costs
+
+    # given: no calibration stored yet, so the tree replay's record waits for one (its queueing is not under test)
+    CostCalibration.objects.all().delete()
+    monkeypatch.setattr(worker_costs, "request_calibration", lambda **kw: "a calibration was queued")
+    output = _output(target_dir)
+    tree, _ = _replays(target_dir, head_dir, output)
+    _shadow(tree_policy, "tree-late", output)
+    record = StageRecord.objects.get(request_id="tree-late")
+    assert record.multiplier is None and worker_costs.PENDING in record.reason, record.reason
+    # when: the calibration is stored and the pending records are projected
+    row = record_calibration(endpoint=tree_policy.endpoint, draft=tree_policy.draft, path="local", costs=MEASURED,
+                             repeats=5, context_tokens=8)  # fmt: skip
+    assert project_pending_records(calibration=row, tag=f"local/{tree_policy.draft_id}", pending=worker_costs.PENDING)
+    # then: the projection pays one verification of all the tree's nodes per step, as on time (the first test)
+    record.refresh_from_db()
+    k_mean = tree.drafted_tokens / tree.target_passes
+    nodes = k_mean * TREE["nodes"] / TREE["depth"]
+    costs = row.step_costs()
+    assert record.multiplier == pytest.approx(costs.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean,
+                                                               verified=nodes))  # fmt: skip
+    assert record.multiplier < costs.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean)
+
+
 def test_without_a_tree_shadow_replays_the_heads_chain(tree_policy, target_dir, head_dir):
     from speculation.models import StageRecord
 
