@@ -1,19 +1,23 @@
 """Build (once) and locate the demo target/draft pair under ``$ACE_HOME/models/<version>``.
 
 ``DEMO_VERSION`` names the pair the product uses (``ACE_DEMO_VERSION`` in the environment overrides it, so a
-new version can be tried without switching); every version's recipe stays in ``RECIPES`` so a fresh machine
-builds exactly what the name promises, and switching versions is that one line.
+new version can be tried without switching); every version's recipe stays in ``RECIPES`` (``recipes.py``) so a
+fresh machine builds exactly what the name promises, and switching versions is that one line.
 
 ``ensure_demo_pair()`` returns a ``DemoPair``:
 - ``root``: ``$ACE_HOME/models/<version>``; ``target_dir``; ``draft_dir``: the main draft (``root/draft``);
 - ``drafts``: every draft of the version that is on disk, ``{label: directory}``, the main one first:
   ``{"draft": root/draft}``, and from demo-v6 on also ``"draft-code"``: a second draft of the same tokenizer
   distilled on code only (the main draft is distilled mostly on English), so each wins on its own workload;
+  demo-v3 (a code target, its main draft distilled on code and comments) has ``"draft-prose"`` instead,
+  distilled on English paragraphs only, as requests arrive;
 - ``extra_drafts``: ``drafts`` without the main one (``{}`` for versions with one draft);
 - ``build_info``: the build's figures (``build_info.json``).
 
 The build writes into a temporary directory and renames it into place, so a crashed build is never used;
-a lock file keeps two processes from building at the same time.
+a lock file keeps two processes from building at the same time. A version built before its recipe had a draft
+gets that draft on the next ``ensure_demo_pair()`` (``add_missing_drafts``: distilled from the saved target,
+the target untouched), as a fresh build would make it.
 """
 
 from __future__ import annotations
@@ -26,19 +30,25 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 
 from speculation.offline.demo.corpus import stdlib_corpus, unwrap_paragraphs
+from speculation.offline.demo.recipes import (
+    CODE_DRAFT,
+    DRAFT_LABELS,
+    MAIN_DRAFT,
+    PROSE_DRAFT,
+    RECIPES,
+    Recipe,
+    recipe_drafts,
+)
 from speculation.offline.demo.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
 from speculation.offline.demo.train import (
-    DRAFT_SHAPE,
     MAX_POSITIONS,
-    TARGET_SHAPE,
-    ModelShape,
     TrainPlan,
     bigram_init,
     distill_draft,
@@ -56,92 +66,9 @@ BUILD_INFO = "build_info.json"
 BUILD_THREADS = 1
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """What one demo version is trained on and how long; ``english``: prose mixed into tokenizer, target and
-    distillation (``Corpus.english_text``) instead of the code's comment lines only."""
-
-    plan: TrainPlan
-    target_shape: ModelShape = TARGET_SHAPE
-    draft_shape: ModelShape = DRAFT_SHAPE
-    tokenizer_bytes: int = 1_500_000
-    train_bytes: int = 3_000_000
-    held_out_bytes: int = 400_000
-    prose_bytes: int = 600_000
-    english: bool = False
-    english_sources: tuple[str, ...] = ()  # Corpus.english_text's sources (all when empty)
-    paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
-    code_draft: bool = False  # a second draft, "draft-code", distilled on code only; "draft" then on prose only
-
-
-_V4 = Recipe(
-    plan=TrainPlan(
-        seq_len=256,
-        target_batch=4,
-        target_steps=140,
-        target_lr=2e-3,
-        draft_batch=8,
-        draft_steps=150,
-        teacher_real=12,
-        gen_prompts=24,
-        gen_prompt_len=32,
-        gen_new_tokens=96,
-        prose_share=0.5,
-        unlikelihood=0.5,
-    ),
-    target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
-    draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
-    prose_bytes=1_200_000,
-    english=True,
-)
-# v5: as v4, but the English comes as unwrapped paragraphs each starting with BOS (v4's greedy output fell into
-# newline loops: hard-wrapped docstrings taught it that a line ends after a few words), more of it (70 %), more
-# steps and the unlikelihood weight of the paper (1.0)
-_V5 = replace(_V4, plan=replace(_V4.plan, target_steps=160, prose_share=0.7, unlikelihood=1.0), paragraphs=True)
-
-_V6 = replace(
-    _V5,
-    plan=replace(_V5.plan, target_steps=240, seq_ul_every=2, seq_ul_from=80),
-    english_sources=("docstrings", "pydoc topics"),
-    code_draft=True,
-)
-
-_V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
-
-RECIPES = {
-    # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
-    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
-    "demo-v3": Recipe(plan=TrainPlan()),
-    # v4: half English, 256-token windows, 4x the target tokens of v3 on a narrower target (8 x 256: twice
-    # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
-    "demo-v4": _V4,
-    "demo-v5": _V5,
-    # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
-    # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
-    # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
-    # ("draft-code", distilled on code only; "draft" on English only). Built and measured 2026-11-30
-    # (docs/BENCHMARKS.md): its greedy output no longer loops, but it is stray bytes (the penalty at weight 1.0
-    # on an undertrained target pushes the mass onto rare byte tokens), so it is not DEMO_VERSION
-    "demo-v6": _V6,
-    # v7: as v6, and a penalty on the probability of the tokens the text never has (v6's stray bytes: they all
-    # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Built and measured
-    # 2026-11-30: no stray bytes, loops halved against v5 (0.26 of 42 outputs at 32 tokens, 0.38 at 128) but
-    # above the aim (< 0.2) and the text is word salad, so it is not DEMO_VERSION either
-    "demo-v7": _V7,
-    # v8: as v7 without the token-level unlikelihood (at weight 1.0 it pushed down every token already in the
-    # 256-token window, common words and subwords included, so v7 answered in rare word fragments: the word
-    # salad), 300 target steps, the sequence-level unlikelihood from step 100 on 96-token continuations.
-    # Built and measured 2026-11-30 (docs/BENCHMARKS.md, "demo-v8"): English-like text, no stray bytes, but it
-    # loops more than v7 (0.48 of 42 outputs at 32 tokens, 0.40 at 128), so it is not DEMO_VERSION
-    "demo-v8": replace(
-        _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
-    ),
-}
 DEFAULT_DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
 DEMO_VERSION = os.environ.get("ACE_DEMO_VERSION") or DEFAULT_DEMO_VERSION
 DEMO_NAME = DEMO_VERSION
-MAIN_DRAFT = "draft"
-DRAFT_LABELS = (MAIN_DRAFT, "draft-code")  # subdirectories of a version that hold drafts, main first
 
 
 @dataclass(frozen=True)
@@ -184,6 +111,10 @@ def ensure_demo_pair(*, models_dir: Path | None = None, version: str | None = No
     final = models_dir / name
     pair = DemoPair(root=final, target_dir=final / "target", draft_dir=final / "draft")
     if final.is_dir():
+        if _missing_drafts(final, RECIPES[name]):  # built before its recipe had them
+            with _locked(models_dir / f"{name}.lock"):
+                if _missing_drafts(final, RECIPES[name]):
+                    add_missing_drafts(final, name=name)
         return pair
     with _locked(models_dir / f"{name}.lock"):
         if final.is_dir():  # another process built it while we waited
@@ -231,32 +162,18 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
     torch.manual_seed(SEED)
     corpus = stdlib_corpus()
-    tokenizer, ids, prose_ids = _tokenize(corpus, recipe)
+    tokenizer, texts = _tokenize(corpus, recipe)
     held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
     logger.info(
         "tokenizer: %d tokens of training text, %d held out (%.0fs)",
-        ids.numel(),
+        texts.ids.numel(),
         held_ids.numel(),
         time.perf_counter() - started,
     )
-    special = {
-        "bos_id": tokenizer.token_to_id(BOS),
-        "eos_id": tokenizer.token_to_id(EOS),
-        "pad_id": tokenizer.token_to_id(PAD),
-    }
-    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, ids, prose_ids)
-    target = models["target"]
-    held_prose = None
-    if recipe.english:
-        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
-    info: dict = {}
-    for label, draft in models.items():
-        if label == "target":
-            continue
-        suffix = "" if label == "draft" else f"_{label.replace('-', '_')}"
-        info.update(_evaluate(target, draft, held_ids, recipe.plan, seed=SEED + 5, suffix=suffix))
-        if held_prose is not None:
-            info.update(_evaluate(target, draft, held_prose, recipe.plan, seed=SEED + 6, suffix=f"_prose{suffix}"))
+    special = _special_ids(tokenizer)
+    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, texts)
+    target = models.pop("target")
+    info = _draft_figures(target, models, corpus, tokenizer, recipe)
     info.update(
         name=name,
         seed=SEED,
@@ -264,73 +181,184 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
         **losses,
         target_params=sum(p.numel() for p in target.parameters()),
         draft_params=sum(p.numel() for p in models["draft"].parameters()),
-        train_tokens=ids.numel(),
+        train_tokens=texts.ids.numel(),
         held_out_tokens=held_ids.numel(),
         build_seconds=round(time.perf_counter() - started, 1),
         build_cpu_seconds=round(time.process_time() - cpu_started, 1),  # wall time also counts others' jobs
         torch_threads=torch.get_num_threads(),
     )
     for label, model in models.items():
-        directory = out / label
-        model.save_pretrained(directory, safe_serialization=True)
-        GenerationConfig(
-            bos_token_id=special["bos_id"], eos_token_id=special["eos_id"], pad_token_id=special["pad_id"]
-        ).save_pretrained(directory)
-        save_tokenizer(tokenizer, directory, model_max_length=MAX_POSITIONS)
+        _save_checkpoint(model, out / label, tokenizer, special)
+    _save_checkpoint(target, out / "target", tokenizer, special)
     (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     logger.info("demo pair built in %.0fs: %s", info["build_seconds"], info)
     return info
 
 
+def add_missing_drafts(root: Path, *, name: str) -> dict:
+    """Distil the drafts the recipe of version ``name`` has and ``root`` (built before the recipe had them) lacks,
+    from the saved target and tokenizer, exactly as ``_build`` does (same texts, seeds, one thread); each draft is
+    written to a temporary directory renamed into place, and build_info.json gains their figures (and every
+    draft's on code and prose) by an atomic replace. The caller holds the version's lock."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _add_drafts(root, RECIPES[name], _missing_drafts(root, RECIPES[name]))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _add_drafts(root: Path, recipe: Recipe, labels: list[str]) -> dict:
+    from tokenizers import Tokenizer
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    for stale in root.glob(".draft*.tmp-*"):  # a crashed add
+        shutil.rmtree(stale, ignore_errors=True)
+    tokenizer = Tokenizer.from_file(str(root / "target" / "tokenizer.json"))
+    corpus = stdlib_corpus()
+    texts = _texts(corpus, tokenizer, recipe, corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes)))
+    target = LlamaForCausalLM.from_pretrained(root / "target").eval()
+    special = _special_ids(tokenizer)
+    new, losses = _train_drafts(recipe, tokenizer.get_vocab_size(), special, texts, target, only=labels)
+    drafts = {label: LlamaForCausalLM.from_pretrained(root / label).eval() for label in _on_disk(root, recipe)}
+    figures = _draft_figures(target, {**drafts, **new}, corpus, tokenizer, recipe)
+    for label, model in new.items():
+        tmp = root / f".{label}.tmp-{os.getpid()}"
+        _save_checkpoint(model, tmp, tokenizer, special)
+        os.rename(tmp, root / label)
+    added = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "cpu_seconds": round(time.process_time() - cpu_started, 1),
+    }
+    info = json.loads((root / BUILD_INFO).read_text())
+    info.update(figures, **losses, drafts_added={**info.get("drafts_added", {}), **dict.fromkeys(new, added)})
+    tmp_info = root / f".{BUILD_INFO}.tmp-{os.getpid()}"
+    tmp_info.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(tmp_info, root / BUILD_INFO)
+    logger.info("demo drafts %s added to %s in %.0fs: %s", ", ".join(new), root, added["seconds"], figures)
+    return info
+
+
+def _missing_drafts(root: Path, recipe: Recipe) -> list[str]:
+    """The recipe's drafts besides the main one (a pair without its main draft was never built) not on disk."""
+    return [label for label in recipe_drafts(recipe)[1:] if not (root / label).is_dir()]
+
+
+def _on_disk(root: Path, recipe: Recipe) -> list[str]:
+    return [label for label in recipe_drafts(recipe) if (root / label).is_dir()]
+
+
+def _special_ids(tokenizer) -> dict:
+    return {
+        "bos_id": tokenizer.token_to_id(BOS),
+        "eos_id": tokenizer.token_to_id(EOS),
+        "pad_id": tokenizer.token_to_id(PAD),
+    }
+
+
+def _save_checkpoint(model: LlamaForCausalLM, directory: Path, tokenizer, special: dict) -> None:
+    model.save_pretrained(directory, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=special["bos_id"], eos_token_id=special["eos_id"], pad_token_id=special["pad_id"]
+    ).save_pretrained(directory)
+    save_tokenizer(tokenizer, directory, model_max_length=MAX_POSITIONS)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """The training text as token ids: ``ids`` code; ``prose_ids`` the recipe's prose (comment and docstring
+    lines, or English for recipes with ``english``); ``english_ids`` English paragraphs each after BOS, for the
+    prose draft (None without one)."""
+
+    ids: torch.Tensor
+    prose_ids: torch.Tensor
+    english_ids: torch.Tensor | None
+
+
 def _tokenize(corpus, recipe: Recipe):
-    """The tokenizer (half code, half prose when the recipe has English), the code ids and the prose ids."""
+    """The tokenizer (half code, half prose when the recipe has English) and the ``Texts`` it encodes."""
     train_text = corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes))
     if recipe.english:  # English: the tokenizer sees half code, half prose; the target trains on both
         prose = corpus.english_text(recipe.prose_bytes, sources=recipe.english_sources)
         half = recipe.tokenizer_bytes // 2
         tokenizer = train_tokenizer(train_text[:half] + prose[:half], vocab_size=VOCAB_SIZE)
     else:
-        prose = corpus.prose_text(recipe.prose_bytes)
         tokenizer = train_tokenizer(train_text[: recipe.tokenizer_bytes], vocab_size=VOCAB_SIZE)
-    ids = _encode(tokenizer, train_text[: recipe.train_bytes])
-    if recipe.paragraphs:
-        bos = tokenizer.token_to_id(BOS)
-        prose_ids = torch.tensor(
-            [t for p in unwrap_paragraphs(prose) for t in [bos, *tokenizer.encode(p, add_special_tokens=False).ids]]
-        )
+    return tokenizer, _texts(corpus, tokenizer, recipe, train_text)
+
+
+def _texts(corpus, tokenizer, recipe: Recipe, train_text: str) -> Texts:
+    if recipe.english:
+        prose = corpus.english_text(recipe.prose_bytes, sources=recipe.english_sources)
     else:
-        prose_ids = _encode(tokenizer, prose)
-    return tokenizer, ids, prose_ids
+        prose = corpus.prose_text(recipe.prose_bytes)
+    prose_ids = _paragraph_ids(tokenizer, prose) if recipe.paragraphs else _encode(tokenizer, prose)
+    english = None
+    if recipe.prose_draft:
+        english = _paragraph_ids(tokenizer, corpus.english_text(recipe.prose_bytes, sources=recipe.english_sources))
+    return Texts(ids=_encode(tokenizer, train_text[: recipe.train_bytes]), prose_ids=prose_ids, english_ids=english)
 
 
-def _train_models(recipe: Recipe, vocab: int, special: dict, ids: torch.Tensor, prose_ids: torch.Tensor):
+def _paragraph_ids(tokenizer, text: str) -> torch.Tensor:
+    """``text``'s paragraphs unwrapped, each after BOS (as a prompt arrives)."""
+    bos = tokenizer.token_to_id(BOS)
+    return torch.tensor(
+        [t for p in unwrap_paragraphs(text) for t in [bos, *tokenizer.encode(p, add_special_tokens=False).ids]]
+    )
+
+
+def _train_models(recipe: Recipe, vocab: int, special: dict, texts: Texts):
     """The target, then its drafts (``_train_drafts``)."""
+    ids, prose_ids = texts.ids, texts.prose_ids
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
     prose = prose_ids if recipe.english else None
     target_loss = train_target(target, ids, recipe.plan, seed=SEED + 2, prose_ids=prose)
-    drafts, losses = _train_drafts(recipe, vocab, special, ids, prose_ids, target)
+    drafts, losses = _train_drafts(recipe, vocab, special, texts, target)
     return {"target": target, **drafts}, {"target_final_loss": round(target_loss, 4), **losses}
 
 
-def _train_drafts(recipe: Recipe, vocab: int, special: dict, ids, prose_ids, target: LlamaForCausalLM):
+def _train_drafts(recipe: Recipe, vocab: int, special: dict, texts: Texts, target, only: list[str] | None = None):
     """``draft`` distilled on code and prose (on prose only when the recipe has a code draft), ``draft-code``
-    on code only; every draft starts as the bigram model of all the text (each token needs an embedding)."""
+    on code only, ``draft-prose`` on English paragraphs only; every draft starts as the bigram model of all the
+    text (each token needs an embedding). ``only``: these labels (a cached pair's missing drafts)."""
+    ids, prose_ids = texts.ids, texts.prose_ids
     all_ids = torch.cat([ids, prose_ids]) if recipe.english else ids
-    # (label, the text it is distilled on, a second stream, seed)
-    jobs = [("draft", prose_ids, None, SEED + 3)] if recipe.code_draft else [("draft", ids, prose_ids, SEED + 3)]
+    # label: (the text it is distilled on, a second stream, seed, plan, prompts at paragraph starts)
+    jobs = {MAIN_DRAFT: (ids, prose_ids, SEED + 3, recipe.plan, False)}
     if recipe.code_draft:
-        jobs.append(("draft-code", ids, None, SEED + 7))
+        jobs[MAIN_DRAFT] = (prose_ids, None, SEED + 3, recipe.plan, False)
+        jobs[CODE_DRAFT] = (ids, None, SEED + 7, recipe.plan, False)
+    if recipe.prose_draft:
+        jobs[PROSE_DRAFT] = (texts.english_ids, None, SEED + 9, recipe.prose_draft, True)
     drafts, losses = {}, {}
-    for label, text, second, seed in jobs:
+    for label, (text, second, seed, plan, paragraphs) in jobs.items():
+        if only is not None and label not in only:
+            continue
         torch.manual_seed(seed)
         draft = LlamaForCausalLM(llama_config(recipe.draft_shape, vocab_size=vocab, **special))
         bigram_init(draft, all_ids)
-        kl = distill_draft(draft, target, text, recipe.plan, seed=seed + 1, prose_ids=second)
+        kl = distill_draft(draft, target, text, plan, seed=seed + 1, prose_ids=second, paragraph_prompts=paragraphs)
         drafts[label] = draft
         losses[f"{label.replace('-', '_')}_final_kl"] = round(kl, 4)
     return drafts, losses
+
+
+def _draft_figures(target, drafts: dict, corpus, tokenizer, recipe: Recipe) -> dict:
+    """Every draft's ``_evaluate`` on held-out code, and on held-out English when the recipe has English or a
+    prose draft: ``alpha_heldout_{text,generated}[_prose][_<label>]`` (no label suffix for the main draft)."""
+    held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
+    held_prose = None
+    if recipe.english or recipe.prose_draft:
+        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
+    info: dict = {}
+    for label, draft in drafts.items():
+        suffix = "" if label == MAIN_DRAFT else f"_{label.replace('-', '_')}"
+        info.update(_evaluate(target, draft, held_ids, recipe.plan, seed=SEED + 5, suffix=suffix))
+        if held_prose is not None:
+            info.update(_evaluate(target, draft, held_prose, recipe.plan, seed=SEED + 6, suffix=f"_prose{suffix}"))
+    return info
 
 
 def _evaluate(

@@ -251,14 +251,20 @@ def distill_draft(
     plan: TrainPlan,
     seed: int,
     prose_ids: torch.Tensor | None = None,
+    paragraph_prompts: bool = False,
 ) -> float:
     """KL-distil the draft on a fixed pool: real text windows and the target's own greedy continuations of
-    code prefixes and of English prefixes (comments and docstrings: chat-like prompts land there)."""
+    code prefixes and of English prefixes (comments and docstrings: chat-like prompts land there).
+    ``paragraph_prompts``: the text is paragraphs each after BOS (its first token), and the continued prefixes
+    are paragraph starts, as requests arrive, not windows from anywhere."""
     generator = torch.Generator().manual_seed(seed)
     sources = [ids] if prose_ids is None else [ids, prose_ids]
     pool_parts = []
     for source in sources:
-        prompts = _random_windows(source, plan.gen_prompts, plan.gen_prompt_len, generator)
+        if paragraph_prompts:
+            prompts = _paragraph_prompts(source, plan.gen_prompts, plan.gen_prompt_len, generator)
+        else:
+            prompts = _random_windows(source, plan.gen_prompts, plan.gen_prompt_len, generator)
         generated = greedy_continuations(target, prompts, plan.gen_new_tokens)  # [G, S]
         real = _random_windows(source, plan.teacher_real, generated.shape[1], generator)  # [R, S]
         pool_parts += [real, generated]

@@ -86,16 +86,27 @@ def _check_greedy_identity(pair) -> None:
         assert spec.stats.target_passes < plain.stats.target_passes
 
 
+def _cached(root, version: str) -> None:
+    """A cached pair's directory with every draft of the version's recipe."""
+    for label in demo_build.recipe_drafts(demo_build.RECIPES[version]):
+        (root / version / label).mkdir(parents=True)
+
+
+def _must_not_build(monkeypatch) -> None:
+    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out, name=None: pytest.fail("must not rebuild"))
+    monkeypatch.setattr(demo_build, "_add_drafts", lambda *args: pytest.fail("must not add drafts"))
+
+
 @pytest.mark.parametrize("version", sorted(demo_build.RECIPES))
 def test_a_cached_pair_is_returned_without_building(tmp_path, monkeypatch, version):
-    (tmp_path / version).mkdir()
-    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out, name=None: pytest.fail("must not rebuild"))
+    _cached(tmp_path, version)
+    _must_not_build(monkeypatch)
     assert ensure_demo_pair(models_dir=tmp_path, version=version).root == tmp_path / version
 
 
 def test_the_default_pair_is_the_demo_version(tmp_path, monkeypatch):
-    (tmp_path / demo_build.DEMO_VERSION).mkdir()
-    monkeypatch.setattr(demo_build, "build_demo_pair", lambda out, name=None: pytest.fail("must not rebuild"))
+    _cached(tmp_path, demo_build.DEMO_VERSION)
+    _must_not_build(monkeypatch)
     assert ensure_demo_pair(models_dir=tmp_path).root.name == demo_build.DEMO_VERSION
     assert demo_build.DEMO_VERSION in demo_build.RECIPES
 

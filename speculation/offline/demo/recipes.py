@@ -1,0 +1,102 @@
+"""The demo versions' recipes (``RECIPES``: what each is trained on and how long) and their drafts' labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from speculation.offline.demo.train import DRAFT_SHAPE, TARGET_SHAPE, ModelShape, TrainPlan
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one demo version is trained on and how long; ``english``: prose mixed into tokenizer, target and
+    distillation (``Corpus.english_text``) instead of the code's comment lines only."""
+
+    plan: TrainPlan
+    target_shape: ModelShape = TARGET_SHAPE
+    draft_shape: ModelShape = DRAFT_SHAPE
+    tokenizer_bytes: int = 1_500_000
+    train_bytes: int = 3_000_000
+    held_out_bytes: int = 400_000
+    prose_bytes: int = 600_000
+    english: bool = False
+    english_sources: tuple[str, ...] = ()  # Corpus.english_text's sources (all when empty)
+    paragraphs: bool = False  # English as unwrapped paragraphs, each after BOS (as prompts arrive) (v5 on)
+    code_draft: bool = False  # a second draft, "draft-code", distilled on code only; "draft" then on prose only
+    # a further draft, "draft-prose", distilled with this plan on English only: paragraphs after BOS, the target
+    # continuing each from its start (``distill_draft(paragraph_prompts=True)``); None: no such draft
+    prose_draft: TrainPlan | None = None
+
+
+_V4 = Recipe(
+    plan=TrainPlan(
+        seq_len=256,
+        target_batch=4,
+        target_steps=140,
+        target_lr=2e-3,
+        draft_batch=8,
+        draft_steps=150,
+        teacher_real=12,
+        gen_prompts=24,
+        gen_prompt_len=32,
+        gen_new_tokens=96,
+        prose_share=0.5,
+        unlikelihood=0.5,
+    ),
+    target_shape=ModelShape(hidden_size=256, num_layers=8, num_heads=4, intermediate_size=704),
+    draft_shape=ModelShape(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352),
+    prose_bytes=1_200_000,
+    english=True,
+)
+# v5: as v4, but the English comes as unwrapped paragraphs each starting with BOS (v4's greedy output fell into
+# newline loops: hard-wrapped docstrings taught it that a line ends after a few words), more of it (70 %), more
+# steps and the unlikelihood weight of the paper (1.0)
+_V5 = replace(_V4, plan=replace(_V4.plan, target_steps=160, prose_share=0.7, unlikelihood=1.0), paragraphs=True)
+
+_V6 = replace(
+    _V5,
+    plan=replace(_V5.plan, target_steps=240, seq_ul_every=2, seq_ul_from=80),
+    english_sources=("docstrings", "pydoc topics"),
+    code_draft=True,
+)
+
+_V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
+
+RECIPES = {
+    # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
+    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
+    "demo-v3": Recipe(plan=TrainPlan()),
+    # v4: half English, 256-token windows, 4x the target tokens of v3 on a narrower target (8 x 256: twice
+    # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
+    "demo-v4": _V4,
+    "demo-v5": _V5,
+    # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
+    # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
+    # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
+    # ("draft-code", distilled on code only; "draft" on English only). Built and measured 2026-11-30
+    # (docs/BENCHMARKS.md): its greedy output no longer loops, but it is stray bytes (the penalty at weight 1.0
+    # on an undertrained target pushes the mass onto rare byte tokens), so it is not DEMO_VERSION
+    "demo-v6": _V6,
+    # v7: as v6, and a penalty on the probability of the tokens the text never has (v6's stray bytes: they all
+    # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Built and measured
+    # 2026-11-30: no stray bytes, loops halved against v5 (0.26 of 42 outputs at 32 tokens, 0.38 at 128) but
+    # above the aim (< 0.2) and the text is word salad, so it is not DEMO_VERSION either
+    "demo-v7": _V7,
+    # v8: as v7 without the token-level unlikelihood (at weight 1.0 it pushed down every token already in the
+    # 256-token window, common words and subwords included, so v7 answered in rare word fragments: the word
+    # salad), 300 target steps, the sequence-level unlikelihood from step 100 on 96-token continuations.
+    # Built and measured 2026-11-30 (docs/BENCHMARKS.md, "demo-v8"): English-like text, no stray bytes, but it
+    # loops more than v7 (0.48 of 42 outputs at 32 tokens, 0.40 at 128), so it is not DEMO_VERSION
+    "demo-v8": replace(
+        _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
+    ),
+}
+
+MAIN_DRAFT = "draft"
+CODE_DRAFT, PROSE_DRAFT = "draft-code", "draft-prose"
+DRAFT_LABELS = (MAIN_DRAFT, CODE_DRAFT, PROSE_DRAFT)  # subdirectories of a version that hold drafts, main first
+
+
+def recipe_drafts(recipe: Recipe) -> tuple[str, ...]:
+    """The drafts a build of ``recipe`` makes, main first."""
+    return (MAIN_DRAFT, *([CODE_DRAFT] if recipe.code_draft else []), *([PROSE_DRAFT] if recipe.prose_draft else []))
