@@ -77,11 +77,9 @@ def test_an_eagle_head_on_the_local_path_speculates_with_plain_greedy_output(eag
 def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_output(
     eagle_job, client, tiny_model_dir, monkeypatch
 ):
-    from speculation.engine import GenerationConfig, LocalTarget, decode, generate_plain
-    from speculation.jobs.channel import key
+    from speculation.engine import decode
     from speculation.models import SpeculationPolicy
     from speculation.worker.generation import run_prod_generation
-    from speculation.worker.paths import resources
 
     # given: the policy drafts an EAGLE-2 tree (two candidates per level, depth 4, 6 nodes; K = 3 caps the depth)
     SpeculationPolicy.objects.filter(endpoint_id=eagle_job["endpoint_id"]).update(
@@ -98,12 +96,7 @@ def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_
     # when: the worker runs the job
     run_prod_generation(eagle_job)
     # then: every step verified a tree (branching: more nodes than levels), and the output is plain greedy's
-    messages = [json.loads(m) for m in client.lrange(key(eagle_job["request_id"]), 0, -1)]
-    assert messages[-1]["type"] == "done", messages[-1]
-    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
-    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
-    plain = generate_plain(target, eagle_job["prompt_ids"], GenerationConfig(max_new_tokens=30)).tokens
-    assert streamed == plain
+    messages = streamed_plain_greedy(eagle_job, client, tiny_model_dir)
     assert trees and all(depth <= 3 for _, depth in trees)
     assert any(nodes > depth for nodes, depth in trees)
     stats = messages[-1]["stats"]
@@ -115,11 +108,9 @@ def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape
 ):
     import re
 
-    from speculation.engine import GenerationConfig, LocalTarget, decode, generate_plain
-    from speculation.jobs.channel import key
+    from speculation.engine import decode
     from speculation.models import SpeculationPolicy
     from speculation.worker import generation
-    from speculation.worker.paths import resources
 
     # given: the tree policy with dynamic K (the lookahead controller chooses the chain, the tree cut to half its
     # nodes, or the tree, and the depth within K = 3, each step)
@@ -139,12 +130,7 @@ def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape
     # when: the worker runs the job
     generation.run_prod_generation(eagle_job)
     # then: the output is plain greedy's; chains (one node per level) and branching trees were both verified
-    messages = [json.loads(m) for m in client.lrange(key(eagle_job["request_id"]), 0, -1)]
-    assert messages[-1]["type"] == "done", messages[-1]
-    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
-    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
-    plain = generate_plain(target, eagle_job["prompt_ids"], GenerationConfig(max_new_tokens=30)).tokens
-    assert streamed == plain
+    messages = streamed_plain_greedy(eagle_job, client, tiny_model_dir)
     assert trees and all(depth <= 3 for _, depth, _ in trees)
     assert any(widest == 1 for _, _, widest in trees) and any(widest > 1 for _, _, widest in trees), trees
     # and the record's reason says how many steps each shape drafted (every shape of the family was tried)
@@ -153,3 +139,18 @@ def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape
     assert set(counts) == {"chain", "k2-n3", "k2-n6"}, reason
     assert all(int(n) > 0 for n in counts.values()), reason
     assert sum(map(int, counts.values())) == len(trees), (reason, trees)
+
+
+def streamed_plain_greedy(job: dict, client, tiny_model_dir) -> list[dict]:
+    """The job's messages, after checking that it finished and streamed exactly plain greedy decoding's tokens."""
+    from speculation.engine import GenerationConfig, LocalTarget, generate_plain
+    from speculation.jobs.channel import key
+    from speculation.worker.paths import resources
+
+    messages = [json.loads(m) for m in client.lrange(key(job["request_id"]), 0, -1)]
+    assert messages[-1]["type"] == "done", messages[-1]
+    streamed = [t for m in messages if m["type"] == "tokens" for t in m["ids"]]
+    target = LocalTarget(resources.model(str(tiny_model_dir)).model)
+    plain = generate_plain(target, job["prompt_ids"], GenerationConfig(max_new_tokens=job["max_tokens"])).tokens
+    assert streamed == plain
+    return messages
