@@ -44,6 +44,7 @@ from speculation.engine import NgramProposer, SamplingParams, SpecStats
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.engine.tree import TreeShape
+from speculation.limits import tree_nodes_at
 from speculation.models import CandidateMeasurement, CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.selectors import capabilities
 from speculation.worker.costs import current_costs
@@ -146,7 +147,7 @@ def replay_eagle_head(
 
 def tree_nodes(tree: TreeShape, k: int) -> int:
     """The draft nodes one verification checks when prod drafts this tree at lookahead K (depth min(depth, K))."""
-    return min(tree.nodes, TreeShape(tree.top_k, min(tree.depth, k), tree.nodes).candidates)
+    return tree_nodes_at(tree.top_k, tree.depth, tree.nodes, k)
 
 
 def take_budget(endpoint_id: int, wanted: int) -> tuple[int, str]:
