@@ -29,6 +29,7 @@ from speculation.bench.stack import BenchStack
 CONCURRENCY = (1, 8, 32)
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "top_p": 0.9}}
 OUTCOMES = ("speculated", "skipped", "fell_back")
+PROD_K = 5  # the policy's K in prod (the demo's default)
 
 
 GUARD = "goodput guard"  # in the reason of a request the guard decided (sent plain, or let speculate)
@@ -140,7 +141,12 @@ def run_all(
 
     stack.set_policy("demo", mode="off")
     measured = {"off": phase("off", prod=False, repeats=rounds)}  # also the guard's warm-up: plain samples
-    stack.set_policy("demo", mode="prod", path="local", target_path=str(stack.target_dir))
+    # the run command's demo pairing (the demo draft at K = 5 on the local path), set in full: a policy left at its
+    # defaults would run n-gram lookup, which `--only concurrency` measured until 2026-12-01
+    stack.set_policy(
+        "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=PROD_K, path="local",
+        target_path=str(stack.target_dir),
+    )  # fmt: skip
     measured["prod"] = phase("prod", prod=True, repeats=rounds)
     stack.restart_worker(extra_env={"ACE_PROD_PLAIN": "true"})  # the same path at K = 0: the engine's plain decoding
     stack.restart_ace(extra_env={"ACE_GOODPUT_GUARD": "false"})  # every K = 0 request on the engine
