@@ -7,10 +7,11 @@ plain decoding, a worker started with ACE_PROD_PLAIN=true), so that `prod_over_p
 speculation alone and `prod_over_off` the user's gain over the server. `shape` turns the measured runs into the
 issue's JSON; it is pure, so a test pins the shape.
 
-With the goodput guard on (the product's default), each load runs `rounds` times in a row in each phase: the off
-phase first, which is also the guard's warm-up (off traffic is plain serving by the same server: its tok/s per load
-and traffic kind are the guard's plain samples, as on an endpoint that ran in off or shadow before prod), then prod,
-where the guard learns in the first rounds and acts in the later ones (`prod_over_off_last_round`). The K = 0 phase
+With the goodput guard on (the product's default), each load runs `rounds` rounds of off and of prod, alternating
+(off, prod, off, prod: a drift of the machine falls on both alike). Off traffic is also the guard's warm-up (plain
+serving by the same server: its tok/s per load and traffic kind are the guard's plain samples, as on an endpoint
+that ran in off or shadow before prod); in prod the guard learns in the first rounds and acts in the later ones
+(`prod_over_off_last_round`). The K = 0 phase
 runs with the guard off (ACE restarted with ACE_GOODPUT_GUARD=false): it measures the engine, not the guard.
 """
 
@@ -114,43 +115,50 @@ def run_all(
     log: Callable[[str], None],
     rounds: int = 1,
 ) -> dict[str, dict[str, dict[str, Run]]]:
-    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}, one phase per worker setup;
-    off and prod run each load `rounds` times in a row (merged runs that keep their rounds), the K = 0 phase once.
+    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}. Off and prod alternate round by
+    round at each load (off, prod, off, prod...: `rounds` of each, merged runs that keep their rounds), so a drift
+    of the machine's speed (another job starting, the server warming) falls on both alike; the K = 0 phase runs once
+    per load after them.
 
     The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
     (call it last in a run)."""
 
-    def phase(name: str, prod: bool, repeats: int) -> dict[str, dict[str, Run]]:
-        run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=prod)  # warm: load
-        out: dict[str, dict[str, Run]] = {}
-        for kind, sampling in SAMPLINGS.items():
-            for concurrency in CONCURRENCY:
-                batch = [prompts[i % len(prompts)] for i in range(requests[concurrency])]
-                runs = []
-                for index in range(repeats):
-                    run = run_once(
-                        stack, batch, concurrency=concurrency, max_tokens=max_tokens, sampling=sampling, prod=prod
-                    )
-                    runs.append(run)
-                    log(
-                        f"concurrency {name} {kind} x{concurrency} round {index + 1}: {run.tok_s:.1f} tok/s "
-                        f"{dict(run.outcomes)} guard skipped {run.guard_skipped}"
-                    )
-                out.setdefault(kind, {})[str(concurrency)] = merge(runs)
-        return out
+    def one(name: str, kind: str, concurrency: int, index: int) -> Run:
+        batch = [prompts[i % len(prompts)] for i in range(requests[concurrency])]
+        run = run_once(
+            stack, batch, concurrency=concurrency, max_tokens=max_tokens, sampling=SAMPLINGS[kind], prod=name != "off"
+        )
+        log(
+            f"concurrency {name} {kind} x{concurrency} round {index + 1}: {run.tok_s:.1f} tok/s "
+            f"{dict(run.outcomes)} guard skipped {run.guard_skipped}"
+        )
+        return run
 
-    stack.set_policy("demo", mode="off")
-    measured = {"off": phase("off", prod=False, repeats=rounds)}  # also the guard's warm-up: plain samples
+    def mode(name: str) -> None:
+        stack.set_policy("demo", mode="off" if name == "off" else "prod")
+
     # the run command's demo pairing (the demo draft at K = 5 on the local path), set in full: a policy left at its
     # defaults would run n-gram lookup, which `--only concurrency` measured until 2026-12-01
     stack.set_policy(
         "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=PROD_K, path="local",
         target_path=str(stack.target_dir),
     )  # fmt: skip
-    measured["prod"] = phase("prod", prod=True, repeats=rounds)
+    run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
+    measured: dict[str, dict[str, dict[str, Run]]] = {"off": {}, "prod": {}}
+    for kind in SAMPLINGS:
+        for concurrency in CONCURRENCY:
+            runs: dict[str, list[Run]] = {"off": [], "prod": []}
+            for index in range(rounds):
+                for name in ("off", "prod"):  # off first: the guard's plain samples at this load (its warm-up)
+                    mode(name)
+                    runs[name].append(one(name, kind, concurrency, index))
+            for name, done in runs.items():
+                measured[name].setdefault(kind, {})[str(concurrency)] = merge(done)
     stack.restart_worker(extra_env={"ACE_PROD_PLAIN": "true"})  # the same path at K = 0: the engine's plain decoding
     stack.restart_ace(extra_env={"ACE_GOODPUT_GUARD": "false"})  # every K = 0 request on the engine
-    measured["plain"] = phase("plain", prod=True, repeats=1)
+    mode("plain")
+    run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
+    measured["plain"] = {kind: {str(c): merge([one("plain", kind, c, 0)]) for c in CONCURRENCY} for kind in SAMPLINGS}
     return measured
 
 
