@@ -84,6 +84,9 @@ PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
 # prod: go plain at a load where speculation measured slower than plain serving (speculation.gateway.goodput).
 GOODPUT_GUARD = env_bool("ACE_GOODPUT_GUARD", True)
+# ...and above one request in flight, speculate at most this many of an endpoint's requests at once where speculation
+# measured faster: the verdict was measured with one learner among plain neighbours (concurrency run 15, BENCHMARKS)
+GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
 # The GPU worker's torch (OpenMP) threads sleep when idle instead of spinning, so that on a node whose CPUs the
 # model server shares they do not take its cores (docs/BENCHMARKS.md, concurrency run 7); the server is not affected
 WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", True)

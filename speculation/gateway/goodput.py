@@ -12,7 +12,11 @@ Plain samples come from every request the server answered as itself: off and sha
 the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
 after the last byte, never awaited by the client) and prod requests sent plain. The rule (`choose`), per request:
 
-- Speculation measured faster at this load (its median at least plain's over MIN_SAMPLES each): speculate.
+- Speculation measured faster at this load (its median at least plain's over MIN_SAMPLES each): speculate; above one
+  request in flight, at most GOODPUT_SPECULATING (ACE_GOODPUT_SPECULATING, 1) of the endpoint's requests at once,
+  the others plain: the verdict was measured with one learner among plain neighbours, and speculating every request
+  at that load is another regime (at 8 streams on this 2-core machine the worker's batch of 11 speculating requests
+  beside 5 plain ones ran at 0.93 of off, after one learner among plain ones had measured faster: run 15).
 - Speculation measured slower (its median below plain's over MIN_SAMPLES each, its first EARLY_SAMPLES all below
   plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a 1-in-45 chance if both were
   equally fast): plain, `skipped` with both figures.
@@ -186,6 +190,10 @@ def _learning(endpoint_id: int) -> int:
     return sum(1 for f in _in_flight[endpoint_id].values() if f.probe is not None)
 
 
+def _speculating(endpoint_id: int) -> int:
+    return sum(1 for f in _in_flight[endpoint_id].values() if f.speculating)
+
+
 def verdict(spec: Sequence[float], plain: Sequence[float]) -> str:
     """ "slower" / "faster" where the samples of one load say so, "" where they do not yet."""
     if len(plain) < MIN_SAMPLES:
@@ -224,12 +232,22 @@ def presumed_slower(samples: Samples, *, traffic: str, bucket: str) -> str:
     return ""
 
 
-def choose(samples: Samples, *, traffic: str, bucket: str, turn: int, learning: int = 0) -> Decision:
+def choose(
+    samples: Samples, *, traffic: str, bucket: str, turn: int, learning: int = 0, speculating: int = 0
+) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
-    requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load."""
+    requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load,
+    speculating all its speculated requests in flight."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
     own = verdict(spec, plain)
     if own == "faster":
+        cap = max(1, int(getattr(settings, "GOODPUT_SPECULATING", 1)))
+        if bucket != BUCKET_NAMES[0] and speculating >= cap:
+            return Decision(
+                plain=True,
+                reason=f"speculation measured faster at load {bucket} with at most {cap} of the endpoint's requests "
+                f"speculating; {speculating} already are ({GUARD})",
+            )
         return Decision(plain=False, reason=f"{GUARD}: speculation measured faster at load {bucket}")
     if own == "slower":
         return Decision(
@@ -272,7 +290,10 @@ async def decide(call: Call) -> Decision:
     # the peak again: requests of a burst that arrived during the read count (the first would be decided alone)
     call.load_bucket = bucket = bucket_of(max(1, _load[endpoint_id].peak))
     turn = next(_turns[(endpoint_id, call.traffic, bucket)])
-    decision = choose(samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id))
+    decision = choose(
+        samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id),
+        speculating=_speculating(endpoint_id),
+    )  # fmt: skip
     _mark(call, decision)
     return Decision(decision.plain, decision.reason, decision.probe, samples=samples)
 
@@ -299,7 +320,10 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     if BUCKET_NAMES.index(bucket) <= BUCKET_NAMES.index(call.load_bucket):
         return decision
     _mark(call, Decision(plain=True))  # not counted as learning while it is decided again
-    again = choose(decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id))
+    again = choose(
+        decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
+        speculating=_speculating(endpoint_id),
+    )  # fmt: skip
     call.load_bucket = bucket
     if again.plain:
         again = Decision(plain=True, reason=f"{again.reason}; the load rose to {bucket} while it was prepared")

@@ -65,6 +65,24 @@ def test_speculation_measured_faster_speculates_and_says_why():
     assert decisions[0].reason == "goodput guard: speculation measured faster at load 1" and not decisions[0].probe
 
 
+def test_above_one_request_in_flight_a_faster_load_speculates_as_many_at_once_as_it_was_measured_with(settings):
+    # given: speculation measured faster at 5-16 (with one learner among plain requests)
+    samples = measured(greedy__5_16__spec=FAST, greedy__5_16__plain=SLOW, greedy__1__spec=FAST, greedy__1__plain=SLOW)
+    # then: one speculates; with one already speculating, the next goes plain and says why
+    assert not choose(samples, traffic=GREEDY, bucket="5-16", turn=0, speculating=0).plain
+    capped = choose(samples, traffic=GREEDY, bucket="5-16", turn=1, speculating=1)
+    assert capped.plain
+    assert capped.reason == (
+        "speculation measured faster at load 5-16 with at most 1 of the endpoint's requests speculating; "
+        "1 already are (goodput guard)"
+    )
+    # a single stream is never capped (no other request to serve plain); the cap is a setting
+    assert not choose(samples, traffic=GREEDY, bucket="1", turn=0, speculating=1).plain
+    settings.GOODPUT_SPECULATING = 3
+    assert not choose(samples, traffic=GREEDY, bucket="5-16", turn=1, speculating=2).plain
+    assert choose(samples, traffic=GREEDY, bucket="5-16", turn=1, speculating=3).plain
+
+
 def test_without_a_plain_baseline_it_speculates_and_measures_plain_every_other_request_once_spec_is_known():
     unknown = [choose({}, traffic=GREEDY, bucket="1", turn=t) for t in range(4)]
     spec_only = measured(greedy__1__spec=SLOW)
