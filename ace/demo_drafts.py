@@ -1,8 +1,9 @@
 """The run command's candidates for the demo target, so that auto-pairing has a choice that matters on the demo.
 
-- `demo-draft`: the demo pair's main draft (speculation.offline.demo: distilled mostly on English);
-- `demo-<label>` for each other draft of the demo version (`DemoPair.extra_drafts`, e.g. `demo-draft-code`:
-  the same tokenizer, distilled on code only), when the version has them;
+- `demo-draft`: the demo pair's main draft (speculation.offline.demo: on demo-v3 distilled on code and its
+  comments, from demo-v6 on on English);
+- `demo-<label>` for each other draft of the demo version (`DemoPair.extra_drafts`, the same tokenizer:
+  `demo-draft-prose` on demo-v3, distilled on English only; `demo-draft-code` from demo-v6 on, on code only);
 - `demo-eagle`: an EAGLE head for the demo target, cached in `$ACE_HOME/models/<version>-eagle`
   (speculation.offline.eagle.demo_head). Registered when it is there; otherwise the launcher trains it in the
   background with `manage.py train_eagle` (a training run the dashboard shows, registered as `demo-eagle` when

@@ -5,7 +5,7 @@
         [--save-measurements PATH] [--shard I/N] [--from-measurements PATH[,PATH...]]
 
 Defaults: the demo pair's target (speculation.offline.demo, DEMO_VERSION or ACE_DEMO_VERSION) with every draft of
-its version (DemoPair.drafts: the main draft and, from demo-v6 on, draft-code, distilled on code only), the demo
+its version (DemoPair.drafts: the main draft and draft-prose on demo-v3, draft-code from demo-v6 on), the demo
 target's EAGLE head when it is built (`--eagle ""`: none), and n-gram lookup; `--demo-version` picks another demo
 version (e.g. demo-v7: two drafts and a head). `--save-measurements` keeps the raw per-request figures;
 `--shard I/N` measures only the stream's places I, I + N, ... (N processes share a loaded machine's cores);

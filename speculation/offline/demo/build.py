@@ -346,18 +346,21 @@ def _train_drafts(recipe: Recipe, vocab: int, special: dict, texts: Texts, targe
 
 
 def _draft_figures(target, drafts: dict, corpus, tokenizer, recipe: Recipe) -> dict:
-    """Every draft's ``_evaluate`` on held-out code, and on held-out English when the recipe has English or a
-    prose draft: ``alpha_heldout_{text,generated}[_prose][_<label>]`` (no label suffix for the main draft)."""
-    held_ids = _encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes))
-    held_prose = None
+    """Every draft's ``_evaluate`` on held-out text: ``alpha_heldout_{text,generated}<text><label>`` (no label
+    suffix for the main draft) where ``<text>`` is "" for code, "_prose" for English docstrings as they stand in
+    code (recipes with English or a prose draft) and "_paragraphs" for the same unwrapped, each after BOS, as
+    requests arrive (recipes with a prose draft)."""
+    texts = {"": (_encode(tokenizer, corpus.held_out_text(recipe.held_out_bytes)), SEED + 5)}
     if recipe.english or recipe.prose_draft:
-        held_prose = _encode(tokenizer, corpus.english_text(recipe.held_out_bytes, held_out=True))
+        english = corpus.english_text(recipe.held_out_bytes, held_out=True)
+        texts["_prose"] = (_encode(tokenizer, english), SEED + 6)
+        if recipe.prose_draft:
+            texts["_paragraphs"] = (_paragraph_ids(tokenizer, english), SEED + 6)
     info: dict = {}
     for label, draft in drafts.items():
         suffix = "" if label == MAIN_DRAFT else f"_{label.replace('-', '_')}"
-        info.update(_evaluate(target, draft, held_ids, recipe.plan, seed=SEED + 5, suffix=suffix))
-        if held_prose is not None:
-            info.update(_evaluate(target, draft, held_prose, recipe.plan, seed=SEED + 6, suffix=f"_prose{suffix}"))
+        for kind, (held, seed) in texts.items():
+            info.update(_evaluate(target, draft, held, recipe.plan, seed=seed, suffix=f"{kind}{suffix}"))
     return info
 
 

@@ -64,8 +64,13 @@ _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 
 RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
-    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4").
-    "demo-v3": Recipe(plan=TrainPlan()),
+    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4"). Its second draft (added
+    # 2026-12-01, docs/BENCHMARKS.md "demo-v3 gets a prose draft"): distilled on English paragraphs only, the
+    # target continuing 32-token paragraph starts, twice the main draft's steps and pool (150 steps on 48 rows lost
+    # to the main draft on English too)
+    "demo-v3": Recipe(
+        plan=TrainPlan(), prose_draft=TrainPlan(draft_steps=300, gen_prompts=64, teacher_real=32, gen_prompt_len=32)
+    ),
     # v4: half English, 256-token windows, 4x the target tokens of v3 on a narrower target (8 x 256: twice
     # the tokens per CPU second), unlikelihood against copying loops; the draft 2 x 128, distilled as before
     "demo-v4": _V4,
