@@ -78,7 +78,6 @@ class _Acc:
     mal_n: list[int] = field(default_factory=lambda: [0] * 8)
     drafted: list[int] = field(default_factory=lambda: [0] * 8)
     accepted: list[int] = field(default_factory=lambda: [0] * 8)
-    draws: list[dict[str, float]] = field(default_factory=lambda: [{} for _ in range(8)])  # per K: request -> value
 
     def add(self, row: dict) -> None:
         """One row: shadow's (every K) or prod's (the one K it ran: None elsewhere)."""
@@ -89,8 +88,6 @@ class _Acc:
         for i, value in enumerate((row["multiplier"] or [])[:8]):
             if value is not None:
                 self.mult[i].append(float(value))
-                if row.get("request_id"):
-                    self.draws[i][row["request_id"]] = float(value)
         for i, value in enumerate((row["mean_accepted_len"] or [])[:8]):
             if value is not None:
                 self.mal[i] += float(value)
@@ -159,7 +156,7 @@ def pairing_table(*, endpoint_id: int, since: datetime | None = None) -> dict:
 
 
 ROW_FIELDS = (
-    "workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts", "request_id",
+    "workload", "candidate", "kind", "draft_id", "status", "multiplier", "mean_accepted_len", "counts",
 )  # fmt: skip
 
 
@@ -182,8 +179,7 @@ def table_from_rows(rows: Iterable[dict]) -> dict:
     }
     overall = table.pop(OVERALL, {"cells": [], "recommendation": None})
     order = sorted(table, key=lambda w: (-max(c.requests for c in table[w]["cells"]), w))
-    draws = {key: acc.draws for key, acc in accs.items()}  # (workload, candidate) -> per K {request: value}
-    return {"workloads": {w: table[w] for w in order}, "overall": overall, "draws": draws}
+    return {"workloads": {w: table[w] for w in order}, "overall": overall}
 
 
 # --- draft: auto in prod: each request's candidate and K ------------------------------------------------------
@@ -202,29 +198,6 @@ class Choice:
     k: int
     reason: str
     from_evidence: bool  # False: the policy's own draft and K
-
-
-def _said(cell: Cell) -> str:
-    interval = f" [{cell.ci_low:.2f}, {cell.ci_high:.2f}]" if cell.ci_low is not None else ""
-    return f"{cell.requests} requests, projected {cell.multiplier:.2f}x{interval}"
-
-
-def paired_low(table: dict, *, workload: str, winner: Cell, other: Cell) -> tuple[float | None, int]:
-    """(the 95 % interval's low end of winner - other, each at its best K, over the requests both were measured
-    on, the number of those requests). Shadow replays every candidate on the same request, so the difference per
-    request removes what the requests share (a long, easy answer lifts every candidate): a lead the unpaired
-    intervals cannot resolve in a few requests is resolved here. (None, n) with fewer than MIN_REQUESTS pairs."""
-    draws = table.get("draws") or {}
-    if winner.best_k is None or other.best_k is None:
-        return None, 0
-    mine = (draws.get((workload, winner.candidate)) or [{}] * 8)[winner.best_k - 1]
-    theirs = (draws.get((workload, other.candidate)) or [{}] * 8)[other.best_k - 1]
-    diffs = [value - theirs[request] for request, value in mine.items() if request in theirs]
-    if len(diffs) < MIN_REQUESTS:
-        return None, len(diffs)
-    mean = sum(diffs) / len(diffs)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-    return mean - Z * sd / math.sqrt(len(diffs)), len(diffs)
 
 
 @dataclass(frozen=True)

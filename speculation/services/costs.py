@@ -48,12 +48,16 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
         created_at__gte=timezone.now() - timedelta(seconds=PENDING_WINDOW_S),
     )
     costs = calibration.step_costs()
-    tree = SpeculationPolicy.objects.filter(endpoint_id=calibration.endpoint_id).values_list("eagle_tree", flat=True)
+    tree = (
+        SpeculationPolicy.objects.filter(endpoint_id=calibration.endpoint_id)
+        .values_list("eagle_tree", flat=True)
+        .first()
+    ) or {}  # fmt: skip
     done = 0
     for record in rows:
         k = record.drafted_tokens / record.target_passes if record.target_passes else float(record.k or 0)
         head = record.reason.split(pending, 1)[0]
-        verified = _tree_verified(record, head, tree.first() or {}, k)
+        verified = _tree_verified(record, head, tree, k)
         multiplier = costs.multiplier(tokens_per_step=record.mean_accepted_len or 1.0, k=k, verified=verified)
         record.multiplier = multiplier
         record.tok_s = record.baseline_tok_s * multiplier if record.baseline_tok_s else None
