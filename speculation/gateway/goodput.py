@@ -12,12 +12,12 @@ Plain samples come from every request the server answered as itself: off and sha
 the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
 after the last byte, never awaited by the client) and prod requests sent plain. The rule (`choose`), per request:
 
-- Speculation measured faster at this load (its median at least plain's over MIN_SAMPLES each): speculate; above one
+- Speculation measured faster at this load (its goodput at least plain's over MIN_SAMPLES each): speculate; above one
   request in flight, at most GOODPUT_SPECULATING (ACE_GOODPUT_SPECULATING, 1) of the endpoint's requests at once,
   the others plain: the verdict was measured with one learner among plain neighbours, and speculating every request
   at that load is another regime (at 8 streams on this 2-core machine the worker's batch of 11 speculating requests
   beside 5 plain ones ran at 0.93 of off, after one learner among plain ones had measured faster: run 15).
-- Speculation measured slower (its median below plain's over MIN_SAMPLES each, its first EARLY_SAMPLES all below
+- Speculation measured slower (its goodput below plain's over MIN_SAMPLES each, its first EARLY_SAMPLES all below
   plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a 1-in-45 chance if both were
   equally fast): plain, `skipped` with both figures.
 - Not measured at this load, but presumed slower: speculation measured slower at a lower load of the same traffic
@@ -26,13 +26,21 @@ after the last byte, never awaited by the client) and prod requests sent plain. 
   verified at more cost). Plain, with the evidence named.
 - Otherwise the load is learned: one speculated request of the endpoint in flight at a time (LEARNERS_IN_FLIGHT;
   the others go plain), so a new prod endpoint at high load learns from a few requests instead of slowing every
-  plain neighbour with requests that may all be slow. Once speculation has MIN_SAMPLES there but plain has not,
-  every other request goes plain to measure it.
+  plain neighbour with requests that may all be slow. No further learner starts while the requests in flight that
+  will be speculation's samples (the learners and the plain ones beside them) and the samples kept already make
+  MIN_SAMPLES: a learner's requests end first and fast, its neighbours' last and slow, so learning on until
+  MIN_SAMPLES had landed decided on the learners alone (8 streams: 9 fast learners in a row made it "faster" while
+  the 7 plain requests beside them ran 3.7x slower than off's; docs/BENCHMARKS.md, the sixth session's diagnosis).
+  Once speculation has MIN_SAMPLES there but plain has not, every other request goes plain to measure it.
+- Goodput, the figure compared: tokens / seconds over the window's requests (each kept with its tok/s and its
+  seconds), i.e. each request's tok/s weighted by how long it ran. At a steady number of streams that is what the
+  endpoint serves per stream (Little's law), where a median of per-request tok/s let many short fast requests
+  outvote a few long slow ones.
 Speculation's samples are those of every request served while speculation ran at the endpoint: the speculated
 ones and the plain ones beside them (kept as SPEC, not PLAIN). Where the worker and the server share a machine, a
 speculating request slows its plain neighbours, and its own tok/s alone looked faster than plain at 32 streams
 while the endpoint's aggregate fell to half of off's (docs/BENCHMARKS.md, concurrency run 11): the mean over
-all of them is the endpoint's goodput with speculation on at that load (tok/s per request x requests in flight),
+all of them is the endpoint's goodput with speculation on at that load (per stream x requests in flight),
 compared with plain's, measured while nothing speculated.
 Nothing speculates at a load measured or presumed slower (a speculating request slows the plain ones beside it when
 the worker and the server share a machine). A change (another draft, a quieter machine) is seen because the
@@ -96,7 +104,8 @@ GUARD = "goodput guard"
 SAMPLED = "sampled"
 TRAFFIC = (GREEDY, SAMPLED)
 
-Samples = Mapping[tuple[str, str, str], Sequence[float]]  # (traffic, bucket, SPEC | PLAIN) -> tok/s per request
+Sample = float | tuple[float, float]  # a request's tok/s, with the seconds it ran (a bare tok/s weighs 1 s)
+Samples = Mapping[tuple[str, str, str], Sequence[Sample]]  # (traffic, bucket, SPEC | PLAIN) -> per request
 
 
 @dataclass
@@ -194,23 +203,39 @@ def _speculating(endpoint_id: int) -> int:
     return sum(1 for f in _in_flight[endpoint_id].values() if f.speculating)
 
 
-def verdict(spec: Sequence[float], plain: Sequence[float]) -> str:
+def _pending(endpoint_id: int, request_id: str) -> int:
+    """The endpoint's other requests in flight whose samples will be speculation's."""
+    return sum(1 for rid, f in _in_flight[endpoint_id].items() if rid != request_id and (f.speculating or f.beside))
+
+
+def _tok_s(sample: Sample) -> float:
+    return sample[0] if isinstance(sample, tuple) else float(sample)
+
+
+def goodput(samples: Sequence[Sample]) -> float:
+    """Tokens / seconds over the samples: each request's tok/s weighted by the seconds it ran."""
+    pairs = [s if isinstance(s, tuple) else (float(s), 1.0) for s in samples]
+    seconds = sum(sec for _, sec in pairs)
+    return sum(rate * sec for rate, sec in pairs) / seconds if seconds > 0 else 0.0
+
+
+def verdict(spec: Sequence[Sample], plain: Sequence[Sample]) -> str:
     """ "slower" / "faster" where the samples of one load say so, "" where they do not yet."""
     if len(plain) < MIN_SAMPLES:
         return ""
-    plain_median = statistics.median(plain)
     if len(spec) >= MIN_SAMPLES:
-        return "slower" if statistics.median(spec) < plain_median else "faster"
-    if len(spec) >= EARLY_SAMPLES and max(spec) < plain_median:
+        return "slower" if goodput(spec) < goodput(plain) else "faster"
+    spec_rates, plain_rates = [_tok_s(s) for s in spec], [_tok_s(s) for s in plain]
+    if len(spec) >= EARLY_SAMPLES and max(spec_rates) < statistics.median(plain_rates):
         return "slower"
-    if len(spec) >= FEW_SAMPLES and max(spec) < min(plain):
+    if len(spec) >= FEW_SAMPLES and max(spec_rates) < min(plain_rates):
         return "slower"
     return ""
 
 
-def _figures(spec: Sequence[float], plain: Sequence[float]) -> str:
+def _figures(spec: Sequence[Sample], plain: Sequence[Sample]) -> str:
     return (
-        f"median {statistics.median(spec):.1f} vs {statistics.median(plain):.1f} tok/s per request over the last "
+        f"goodput {goodput(spec):.1f} vs {goodput(plain):.1f} tok/s per stream (tokens / seconds) over the last "
         f"{len(spec)} / {len(plain)} requests"
     )
 
@@ -233,11 +258,19 @@ def presumed_slower(samples: Samples, *, traffic: str, bucket: str) -> str:
 
 
 def choose(
-    samples: Samples, *, traffic: str, bucket: str, turn: int, learning: int = 0, speculating: int = 0
+    samples: Samples,
+    *,
+    traffic: str,
+    bucket: str,
+    turn: int,
+    learning: int = 0,
+    speculating: int = 0,
+    pending: int = 0,
 ) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
     requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load,
-    speculating all its speculated requests in flight."""
+    speculating all its speculated requests in flight, pending its other requests in flight whose samples will be
+    speculation's (the speculating ones and the plain ones beside them)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
     own = verdict(spec, plain)
     if own == "faster":
@@ -264,6 +297,12 @@ def choose(
             plain=True,
             reason=f"learning load {bucket}: a speculated request in flight measures it first ({GUARD})",
         )
+    if pending and len(spec) + pending >= MIN_SAMPLES:
+        return Decision(
+            plain=True,
+            reason=f"learning load {bucket}: the {pending} requests in flight beside speculation finish first, "
+            f"{len(spec)} of its samples kept ({GUARD})",
+        )
     return Decision(plain=False, reason=f"{GUARD}: learning load {bucket}", probe=True)
 
 
@@ -273,7 +312,14 @@ async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
     for traffic, bucket, kind in names:
         pipe.lrange(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind), 0, WINDOW - 1)
     found = await pipe.execute()
-    return {name: [float(v) for v in raw] for name, raw in zip(names, found, strict=True) if raw}
+    return {name: [_parse(v) for v in raw] for name, raw in zip(names, found, strict=True) if raw}
+
+
+def _parse(raw: bytes | str) -> Sample:
+    """A kept sample: "tok/s:seconds" (a bare tok/s, as kept before 2026-12-01, weighs 1 s)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rate, _, seconds = text.partition(":")
+    return (float(rate), float(seconds)) if seconds else float(rate)
 
 
 async def decide(call: Call) -> Decision:
@@ -292,7 +338,7 @@ async def decide(call: Call) -> Decision:
     turn = next(_turns[(endpoint_id, call.traffic, bucket)])
     decision = choose(
         samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id),
-        speculating=_speculating(endpoint_id),
+        speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
     )  # fmt: skip
     _mark(call, decision)
     return Decision(decision.plain, decision.reason, decision.probe, samples=samples)
@@ -322,7 +368,7 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     _mark(call, Decision(plain=True))  # not counted as learning while it is decided again
     again = choose(
         decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
-        speculating=_speculating(endpoint_id),
+        speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
     )  # fmt: skip
     call.load_bucket = bucket
     if again.plain:
@@ -344,7 +390,8 @@ async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: floa
     key = KEY.format(endpoint_id=call.route.endpoint_id, traffic=call.traffic or SAMPLED, bucket=bucket, kind=kind)
     try:
         pipe = client().pipeline(transaction=False)
-        pipe.lpush(key, round(tokens / (latency_ms / 1000.0), 3))
+        seconds = latency_ms / 1000.0
+        pipe.lpush(key, f"{tokens / seconds:.3f}:{seconds:.3f}")
         pipe.ltrim(key, 0, WINDOW - 1)
         if kind == SPEC:
             pipe.expire(key, SPEC_TTL_S, nx=True)  # from the first sample: the verdict lasts SPEC_TTL_S

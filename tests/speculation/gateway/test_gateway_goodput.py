@@ -148,6 +148,34 @@ def test_sampled_traffic_is_presumed_slower_where_greedy_is_but_not_the_other_wa
     assert not choose(only_sampled, traffic=GREEDY, bucket="1", turn=0).plain
 
 
+def test_goodput_weighs_each_request_by_the_seconds_it_ran_so_short_fast_ones_do_not_outvote_long_slow_ones():
+    """8 streams on a machine the worker shares with the server (the sixth session's diagnosis): the learner's
+    requests end in 0.6 s at 107 tok/s one after another, the plain ones beside it in 7.4 s at 8.6 tok/s; off's in
+    2 s at 32 tok/s. Per stream the endpoint served 64 x 16 tokens in 9 x 0.6 + 7 x 7.4 s: 17.9 tok/s, slower than
+    plain's 32, though the median request (a learner's) was faster."""
+    spec = [(107.0, 0.6)] * 9 + [(8.6, 7.4)] * 7
+    plain = [(32.0, 2.0)] * MIN_SAMPLES
+
+    assert round(goodput.goodput(spec), 1) == 17.9 and goodput.goodput(plain) == 32.0
+    assert goodput.verdict(spec, plain) == "slower"
+    assert goodput.verdict([(107.0, 0.6)] * 9, plain) == "faster"  # the learners alone
+    assert goodput.goodput([10.0, 30.0]) == 20.0  # a bare tok/s (kept before the seconds were) weighs 1 s
+    assert goodput._parse(b"12.5:0.400") == (12.5, 0.4) and goodput._parse(b"12.5") == 12.5
+
+
+def test_no_learner_starts_while_the_requests_beside_speculation_would_complete_its_samples():
+    samples = measured(greedy__5_16__plain=FAST, greedy__5_16__spec=[(80.0, 0.6)])
+
+    waiting = choose(samples, traffic=GREEDY, bucket="5-16", turn=0, pending=MIN_SAMPLES - 1)
+    short = choose(samples, traffic=GREEDY, bucket="5-16", turn=0, pending=MIN_SAMPLES - 2)
+    alone = choose({}, traffic=GREEDY, bucket="5-16", turn=0, pending=0)
+
+    assert waiting.plain and not waiting.probe
+    assert f"the {MIN_SAMPLES - 1} requests in flight beside speculation finish first, 1 of its" in waiting.reason
+    assert not short.plain and short.probe  # 1 kept + 6 in flight: one more learner may start
+    assert not alone.plain and alone.probe
+
+
 def test_a_load_without_a_verdict_is_learned_by_one_speculated_request_at_a_time():
     samples = measured(greedy__17__plain=FAST)
 
@@ -370,14 +398,21 @@ def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
         # and: the learner ends (its sample kept), then another request arrives
         await goodput.observe(learner, kind=SPEC, tokens=10, latency_ms=500.0)
         after = await goodput.decide(_call(9012, "after"))
-        return first, while_learning, after
+        # and: the requests that ran beside the learner end too (no sample kept), then another arrives
+        for request_id, flight in list(goodput._in_flight[9012].items()):
+            if flight.beside:
+                goodput.end(_call(9012, request_id))
+        drained = await goodput.decide(_call(9012, "drained"))
+        return first, while_learning, after, drained
 
-    first, while_learning, after = asyncio.run(run())
+    first, while_learning, after, drained = asyncio.run(run())
 
     assert not first.plain and first.probe
     assert all(d.plain for d in while_learning)
     assert "a speculated request in flight measures it first" in while_learning[0].reason
-    assert not after.plain and after.probe
+    # the 41 requests beside the learner will be speculation's samples: no second learner until they are in
+    assert after.plain and "the 41 requests in flight beside speculation finish first" in after.reason
+    assert not drained.plain and drained.probe
 
 
 def test_plain_requests_served_beside_a_speculating_one_are_speculations_samples(guard_on, monkeypatch):
@@ -416,7 +451,8 @@ def test_plain_requests_served_beside_a_speculating_one_are_speculations_samples
     assert len(plain) == MIN_SAMPLES and 45.0 in _samples(9014, GREEDY, "1", PLAIN)
     # then: the next request at that load goes plain: with its neighbours, speculation served less than plain
     decided = asyncio.run(_decide_at(9014, 8, "next"))
-    assert decided.plain and "measured slower" in decided.reason and "20.0 vs 50.0" in decided.reason
+    # (goodput: 7 x 10 tokens in 0.5 s and the learner's 10 in 0.17 s, 80 tokens in 3.67 s: 21.8 tok/s per stream)
+    assert decided.plain and "measured slower" in decided.reason and "21.8 vs 50.0" in decided.reason
 
 
 def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_samples(guard_on, monkeypatch):
@@ -534,7 +570,8 @@ def _samples(endpoint_id: int, traffic: str, bucket: str, kind: str) -> list[flo
     from django.conf import settings
 
     key = goodput.KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
-    return [float(v) for v in redis.Redis.from_url(settings.REDIS_URL).lrange(key, 0, -1)]
+    kept = redis.Redis.from_url(settings.REDIS_URL).lrange(key, 0, -1)
+    return [goodput._tok_s(goodput._parse(v)) for v in kept]
 
 
 @pytest.mark.django_db(transaction=True)
