@@ -85,6 +85,12 @@ MIN_SAMPLES = 8
 EARLY_SAMPLES = 4
 FEW_SAMPLES = 2
 LEARNERS_IN_FLIGHT = 1
+# Above one request in flight, speculation counts as faster only at this multiple of plain's goodput. The losses are
+# not alike: there at most GOODPUT_SPECULATING requests speculate, so a right "faster" gains a share of one stream,
+# while a wrong one slows every neighbour (8 streams, 2 cores: 3.7x); and the two sides' samples are taken at
+# different moments of a drifting machine (plain's goodput per stream at 5-16 went 19.0 -> 12.6 within a minute
+# while another job started, and turned a 12.3 "slower" into "faster": the sixth session's diagnosis run).
+CROWDED_MARGIN = 1.25
 BUCKETS = ((1, "1"), (4, "2-4"), (16, "5-16"))
 TOP_BUCKET = "17+"
 BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
@@ -219,12 +225,14 @@ def goodput(samples: Sequence[Sample]) -> float:
     return sum(rate * sec for rate, sec in pairs) / seconds if seconds > 0 else 0.0
 
 
-def verdict(spec: Sequence[Sample], plain: Sequence[Sample]) -> str:
-    """ "slower" / "faster" where the samples of one load say so, "" where they do not yet."""
+def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BUCKET_NAMES[0]) -> str:
+    """ "slower" / "faster" where the samples of one load say so, "" where they do not yet. Above one request in
+    flight "faster" needs CROWDED_MARGIN times plain's goodput ("slower" covers "not that much faster")."""
     if len(plain) < MIN_SAMPLES:
         return ""
     if len(spec) >= MIN_SAMPLES:
-        return "slower" if goodput(spec) < goodput(plain) else "faster"
+        margin = 1.0 if bucket == BUCKET_NAMES[0] else CROWDED_MARGIN
+        return "slower" if goodput(spec) < margin * goodput(plain) else "faster"
     spec_rates, plain_rates = [_tok_s(s) for s in spec], [_tok_s(s) for s in plain]
     if len(spec) >= EARLY_SAMPLES and max(spec_rates) < statistics.median(plain_rates):
         return "slower"
@@ -244,7 +252,8 @@ def presumed_slower(samples: Samples, *, traffic: str, bucket: str) -> str:
     """Why speculation is presumed slower at a load it has not been measured at enough ("" when it is not)."""
 
     def slower(kind: str, name: str) -> bool:
-        return verdict(samples.get((kind, name, SPEC), ()), samples.get((kind, name, PLAIN), ())) == "slower"
+        spec, plain = samples.get((kind, name, SPEC), ()), samples.get((kind, name, PLAIN), ())
+        return verdict(spec, plain, bucket=name) == "slower"
 
     lower = BUCKET_NAMES[: BUCKET_NAMES.index(bucket)]
     for name in reversed(lower):
@@ -272,7 +281,7 @@ def choose(
     speculating all its speculated requests in flight, pending its other requests in flight whose samples will be
     speculation's (the speculating ones and the plain ones beside them)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
-    own = verdict(spec, plain)
+    own = verdict(spec, plain, bucket=bucket)
     if own == "faster":
         cap = max(1, int(getattr(settings, "GOODPUT_SPECULATING", 1)))
         if bucket != BUCKET_NAMES[0] and speculating >= cap:
@@ -283,6 +292,12 @@ def choose(
             )
         return Decision(plain=False, reason=f"{GUARD}: speculation measured faster at load {bucket}")
     if own == "slower":
+        if len(spec) >= MIN_SAMPLES and goodput(spec) >= goodput(plain):  # faster, but within the crowded margin
+            return Decision(
+                plain=True,
+                reason=f"speculation measured less than {CROWDED_MARGIN}x plain's goodput at this load ({GUARD}): "
+                f"{_figures(spec, plain)}",
+            )
         return Decision(
             plain=True,
             reason=f"speculation measured slower than plain at this load ({GUARD}): {_figures(spec, plain)}",

@@ -163,6 +163,23 @@ def test_goodput_weighs_each_request_by_the_seconds_it_ran_so_short_fast_ones_do
     assert goodput._parse(b"12.5:0.400") == (12.5, 0.4) and goodput._parse(b"12.5") == 12.5
 
 
+def test_above_one_request_in_flight_faster_needs_the_crowded_margin_over_plains_goodput():
+    plain = [(40.0, 2.0)] * MIN_SAMPLES
+    a_little = [(40.0 * (1 + goodput.CROWDED_MARGIN) / 2, 2.0)] * MIN_SAMPLES  # between plain and the margin
+    clearly = [(40.0 * goodput.CROWDED_MARGIN + 1, 2.0)] * MIN_SAMPLES
+    samples = measured(greedy__1__plain=plain, greedy__1__spec=a_little, greedy__5_16__plain=plain)
+    samples |= measured(greedy__5_16__spec=a_little, greedy__17__plain=plain, greedy__17__spec=clearly)
+
+    alone = choose(samples, traffic=GREEDY, bucket="1", turn=0)
+    crowded = choose(samples, traffic=GREEDY, bucket="5-16", turn=0)
+    higher = choose(samples, traffic=GREEDY, bucket="17+", turn=0)
+
+    assert goodput.CROWDED_MARGIN > 1.0
+    assert not alone.plain  # at one request in flight any gain counts
+    assert crowded.plain and f"less than {goodput.CROWDED_MARGIN}x plain's goodput" in crowded.reason
+    assert not higher.plain  # its own verdict, clear of the margin
+
+
 def test_no_learner_starts_while_the_requests_beside_speculation_would_complete_its_samples():
     samples = measured(greedy__5_16__plain=FAST, greedy__5_16__spec=[(80.0, 0.6)])
 
