@@ -137,6 +137,9 @@ _now = time.monotonic
 _in_flight: dict[int, dict[str, _Flight]] = defaultdict(dict)
 _load: dict[int, _Load] = defaultdict(_Load)
 _turns: dict[tuple[int, str, str], itertools.count] = defaultdict(itertools.count)
+# (endpoint, traffic, bucket) -> when a "slower" verdict above one request in flight was reached: it holds while the
+# load's speculative samples live (SPEC_TTL_S), whatever plain's newer samples say (see CROWDED_MARGIN)
+_held: dict[tuple[int, str, str], float] = {}
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,22 @@ def _speculating(endpoint_id: int) -> int:
     return sum(1 for f in _in_flight[endpoint_id].values() if f.speculating)
 
 
+def hold_slower(endpoint_id: int, samples: Samples, *, traffic: str, bucket: str) -> bool:
+    """Whether a "slower" verdict of this crowded load holds (reached within SPEC_TTL_S and its speculative samples
+    still kept); a new one is remembered here. At one request in flight verdicts follow the samples."""
+    key, spec = (endpoint_id, traffic, bucket), samples.get((traffic, bucket, SPEC), ())
+    if bucket == BUCKET_NAMES[0] or not spec:
+        _held.pop(key, None)
+        return False
+    now = _now()
+    if key in _held and now - _held[key] < SPEC_TTL_S:
+        return True
+    _held.pop(key, None)
+    if verdict(spec, samples.get((traffic, bucket, PLAIN), ()), bucket=bucket) == "slower":
+        _held[key] = now
+    return False
+
+
 def _pending(endpoint_id: int, request_id: str) -> int:
     """The endpoint's other requests in flight whose samples will be speculation's."""
     return sum(1 for rid, f in _in_flight[endpoint_id].items() if rid != request_id and (f.speculating or f.beside))
@@ -275,13 +294,15 @@ def choose(
     learning: int = 0,
     speculating: int = 0,
     pending: int = 0,
+    held: bool = False,
 ) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
     requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load,
     speculating all its speculated requests in flight, pending its other requests in flight whose samples will be
-    speculation's (the speculating ones and the plain ones beside them)."""
+    speculation's (the speculating ones and the plain ones beside them), held whether a "slower" verdict reached
+    earlier at this load still holds (hold_slower)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
-    own = verdict(spec, plain, bucket=bucket)
+    own = "slower" if held else verdict(spec, plain, bucket=bucket)
     if own == "faster":
         cap = max(1, int(getattr(settings, "GOODPUT_SPECULATING", 1)))
         if bucket != BUCKET_NAMES[0] and speculating >= cap:
@@ -291,6 +312,12 @@ def choose(
                 f"speculating; {speculating} already are ({GUARD})",
             )
         return Decision(plain=False, reason=f"{GUARD}: speculation measured faster at load {bucket}")
+    if held:
+        return Decision(
+            plain=True,
+            reason=f"speculation measured slower than plain at this load, a verdict held {SPEC_TTL_S} s ({GUARD}); "
+            f"now {_figures(spec, plain)}",
+        )
     if own == "slower":
         if len(spec) >= MIN_SAMPLES and goodput(spec) >= goodput(plain):  # faster, but within the crowded margin
             return Decision(
@@ -354,6 +381,7 @@ async def decide(call: Call) -> Decision:
     decision = choose(
         samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
+        held=hold_slower(endpoint_id, samples, traffic=call.traffic, bucket=bucket),
     )  # fmt: skip
     _mark(call, decision)
     return Decision(decision.plain, decision.reason, decision.probe, samples=samples)
@@ -384,6 +412,7 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     again = choose(
         decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
+        held=hold_slower(endpoint_id, decision.samples, traffic=call.traffic, bucket=bucket),
     )  # fmt: skip
     call.load_bucket = bucket
     if again.plain:

@@ -180,6 +180,33 @@ def test_above_one_request_in_flight_faster_needs_the_crowded_margin_over_plains
     assert not higher.plain  # its own verdict, clear of the margin
 
 
+def test_a_slower_verdict_above_one_request_in_flight_holds_while_plains_newer_samples_drift(monkeypatch):
+    clock = [5000.0]
+    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+    goodput._held.clear()
+    spec = [(12.3, 3.0)] * MIN_SAMPLES
+    before = measured(greedy__5_16__plain=[(19.0, 2.0)] * MIN_SAMPLES, greedy__1__plain=[(19.0, 2.0)] * MIN_SAMPLES)
+    before |= measured(greedy__5_16__spec=spec, greedy__1__spec=spec)
+    drifted = before | measured(greedy__5_16__plain=[(9.0, 4.0)] * MIN_SAMPLES, greedy__1__plain=[(9.0, 4.0)] * 8)
+
+    try:
+        assert not goodput.hold_slower(1, before, traffic=GREEDY, bucket="5-16")  # reached now: remembered
+        clock[0] += 60.0
+        held = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
+        at_one = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="1")
+        decided = choose(drifted, traffic=GREEDY, bucket="5-16", turn=0, held=held)
+        clock[0] += goodput.SPEC_TTL_S
+        expired = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
+        gone = goodput.hold_slower(1, before | {(GREEDY, "5-16", SPEC): []}, traffic=GREEDY, bucket="5-16")
+    finally:
+        goodput._held.clear()
+
+    assert goodput.verdict(spec, drifted[(GREEDY, "5-16", PLAIN)], bucket="5-16") == "faster"  # the drift alone
+    assert held and decided.plain and "measured slower" in decided.reason
+    assert not at_one  # at one request in flight the verdict follows the samples
+    assert not expired and not gone
+
+
 def test_no_learner_starts_while_the_requests_beside_speculation_would_complete_its_samples():
     samples = measured(greedy__5_16__plain=FAST, greedy__5_16__spec=[(80.0, 0.6)])
 
@@ -221,10 +248,10 @@ def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> Sim
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    for state in (goodput._in_flight, goodput._turns, goodput._load):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held):
         state.clear()
     yield
-    for state in (goodput._in_flight, goodput._turns, goodput._load):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held):
         state.clear()
 
 
