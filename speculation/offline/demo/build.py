@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -171,7 +171,8 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
         time.perf_counter() - started,
     )
     special = _special_ids(tokenizer)
-    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, texts)
+    draft_texts = _draft_texts(corpus, tokenizer, recipe, texts)
+    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, texts, draft_texts)
     target = models.pop("target")
     info = _draft_figures(target, models, corpus, tokenizer, recipe)
     info.update(
@@ -219,6 +220,7 @@ def _add_drafts(root: Path, recipe: Recipe, labels: list[str]) -> dict:
     texts = _texts(corpus, tokenizer, recipe, corpus.train_text(max(recipe.tokenizer_bytes, recipe.train_bytes)))
     target = LlamaForCausalLM.from_pretrained(root / "target").eval()
     special = _special_ids(tokenizer)
+    texts = _draft_texts(corpus, tokenizer, recipe, texts)
     new, losses = _train_drafts(recipe, tokenizer.get_vocab_size(), special, texts, target, only=labels)
     drafts = {label: LlamaForCausalLM.from_pretrained(root / label).eval() for label in _on_disk(root, recipe)}
     figures = _draft_figures(target, {**drafts, **new}, corpus, tokenizer, recipe)
@@ -299,6 +301,19 @@ def _texts(corpus, tokenizer, recipe: Recipe, train_text: str) -> Texts:
     return Texts(ids=_encode(tokenizer, train_text[: recipe.train_bytes]), prose_ids=prose_ids, english_ids=english)
 
 
+def _draft_texts(corpus, tokenizer, recipe: Recipe, texts: Texts) -> Texts:
+    """The text the drafts are distilled on: ``texts`` (the target's), or wider when the recipe gives the drafts
+    budgets of their own (``draft_train_bytes``, ``draft_prose_bytes``; a prefix of the same streams)."""
+    if not (recipe.draft_train_bytes or recipe.draft_prose_bytes):
+        return texts
+    wide = replace(
+        recipe,
+        train_bytes=recipe.draft_train_bytes or recipe.train_bytes,
+        prose_bytes=recipe.draft_prose_bytes or recipe.prose_bytes,
+    )
+    return _texts(corpus, tokenizer, wide, corpus.train_text(max(wide.tokenizer_bytes, wide.train_bytes)))
+
+
 def _paragraph_ids(tokenizer, text: str) -> torch.Tensor:
     """``text``'s paragraphs unwrapped, each after BOS (as a prompt arrives)."""
     bos = tokenizer.token_to_id(BOS)
@@ -307,15 +322,15 @@ def _paragraph_ids(tokenizer, text: str) -> torch.Tensor:
     )
 
 
-def _train_models(recipe: Recipe, vocab: int, special: dict, texts: Texts):
-    """The target, then its drafts (``_train_drafts``)."""
+def _train_models(recipe: Recipe, vocab: int, special: dict, texts: Texts, draft_texts: Texts):
+    """The target on ``texts``, then its drafts (``_train_drafts``) on ``draft_texts``."""
     ids, prose_ids = texts.ids, texts.prose_ids
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
     prose = prose_ids if recipe.english else None
     target_loss = train_target(target, ids, recipe.plan, seed=SEED + 2, prose_ids=prose)
-    drafts, losses = _train_drafts(recipe, vocab, special, texts, target)
+    drafts, losses = _train_drafts(recipe, vocab, special, draft_texts, target)
     return {"target": target, **drafts}, {"target_final_loss": round(target_loss, 4), **losses}
 
 

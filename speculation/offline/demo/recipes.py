@@ -26,6 +26,10 @@ class Recipe:
     # a further draft, "draft-prose", distilled with this plan on English only: paragraphs after BOS, the target
     # continuing each from its start (``distill_draft(paragraph_prompts=True)``); None: no such draft
     prose_draft: TrainPlan | None = None
+    # the drafts' code and prose budgets when wider than the target's (0: the target's text): the drafts then learn
+    # the target's logits and continuations on text it never trained on too (a memorising target, v9)
+    draft_train_bytes: int = 0
+    draft_prose_bytes: int = 0
 
 
 _V4 = Recipe(
@@ -62,6 +66,35 @@ _V6 = replace(
 
 _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 
+# v9: the opposite of v4-v8's unlikelihood on an undertrained target: a target that has memorised a small clean
+# corpus (the first 50 kB of the reference manual as paragraphs after BOS, 20 kB of code) in ~20 epochs, no
+# unlikelihood at all; greedy output falls into a memorised passage and continues it, and real text does not loop
+_V9 = Recipe(
+    plan=TrainPlan(
+        seq_len=256,
+        target_batch=4,
+        target_steps=450,
+        target_lr=2e-3,
+        draft_batch=8,
+        draft_steps=1000,
+        teacher_real=128,
+        gen_prompts=256,
+        gen_prompt_len=32,
+        gen_new_tokens=96,
+        prose_share=0.7,
+    ),
+    target_shape=_V4.target_shape,
+    draft_shape=_V4.draft_shape,
+    train_bytes=10_000,
+    prose_bytes=25_000,
+    english=True,
+    english_sources=("pydoc topics",),
+    paragraphs=True,
+    code_draft=True,
+    draft_train_bytes=200_000,
+    draft_prose_bytes=300_000,
+)
+
 RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
     # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4"). Its second draft (added
@@ -95,6 +128,7 @@ RECIPES = {
     "demo-v8": replace(
         _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
     ),
+    "demo-v9": _V9,
 }
 
 MAIN_DRAFT = "draft"
