@@ -99,7 +99,7 @@ def run_once(
         wall_s=wall,
     )
     if prod:
-        records = [r for r in wait_records(stack, endpoint, "prod", len(seen) + len(prompts)) if r["id"] not in seen]
+        records = wait_new_records(stack, endpoint, "prod", seen=seen, count=len(prompts))
         run.outcomes = Counter(r["action"] for r in records)
         run.guard_skipped = sum(1 for r in records if r["action"] == "skipped" and GUARD in (r.get("reason") or ""))
         run.reasons = Counter(reason_key(r) for r in records)
@@ -267,10 +267,15 @@ def split(shadow: dict, prod: dict) -> dict:
     return out
 
 
-def wait_records(stack: BenchStack, endpoint: str, mode: str, count: int, timeout_s: float = 300) -> list[dict]:
+def wait_new_records(
+    stack: BenchStack, endpoint: str, mode: str, *, seen: set, count: int, timeout_s: float = 300
+) -> list[dict]:
+    """The endpoint's records of `mode` not in `seen`, once there are `count` of them (or at the timeout). Counted by
+    id: the API returns the newest 1000, so with more records in all a total count would never grow (a 6-round run
+    has about 1000 prod records by its K = 0 phase, whose every wait then ran into the timeout)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        records = stack.records(endpoint, mode=mode)
-        if len(records) >= count or time.monotonic() > deadline:
-            return records
+        new = [r for r in stack.records(endpoint, mode=mode) if r["id"] not in seen]
+        if len(new) >= count or time.monotonic() > deadline:
+            return new
         time.sleep(0.5)
