@@ -91,6 +91,10 @@ LEARNERS_IN_FLIGHT = 1
 # different moments of a drifting machine (plain's goodput per stream at 5-16 went 19.0 -> 12.6 within a minute
 # while another job started, and turned a 12.3 "slower" into "faster": the sixth session's diagnosis run).
 CROWDED_MARGIN = 1.25
+# A verdict's goodput leaves out each side's longest-running sample: with every request weighted by its seconds, the
+# worker's first request (loading the models: seconds) outweighed 7 fast ones, and one stream went plain at a load
+# where speculation ran 2x (concurrency run 17, docs/BENCHMARKS.md). The neighbours of a learner are several.
+TRIM = 1
 BUCKETS = ((1, "1"), (4, "2-4"), (16, "5-16"))
 TOP_BUCKET = "17+"
 BUCKET_NAMES = (*(name for _, name in BUCKETS), TOP_BUCKET)
@@ -237,9 +241,12 @@ def _tok_s(sample: Sample) -> float:
     return sample[0] if isinstance(sample, tuple) else float(sample)
 
 
-def goodput(samples: Sequence[Sample]) -> float:
-    """Tokens / seconds over the samples: each request's tok/s weighted by the seconds it ran."""
+def goodput(samples: Sequence[Sample], *, trim: int = 0) -> float:
+    """Tokens / seconds over the samples: each request's tok/s weighted by the seconds it ran; `trim`: without that
+    many of the longest-running ones (a worker's cold start, a pause: one request must not decide alone)."""
     pairs = [s if isinstance(s, tuple) else (float(s), 1.0) for s in samples]
+    if trim and len(pairs) > trim:
+        pairs = sorted(pairs, key=lambda pair: pair[1])[:-trim]
     seconds = sum(sec for _, sec in pairs)
     return sum(rate * sec for rate, sec in pairs) / seconds if seconds > 0 else 0.0
 
@@ -251,7 +258,7 @@ def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BU
         return ""
     if len(spec) >= MIN_SAMPLES:
         margin = 1.0 if bucket == BUCKET_NAMES[0] else CROWDED_MARGIN
-        return "slower" if goodput(spec) < margin * goodput(plain) else "faster"
+        return "slower" if goodput(spec, trim=TRIM) < margin * goodput(plain, trim=TRIM) else "faster"
     spec_rates, plain_rates = [_tok_s(s) for s in spec], [_tok_s(s) for s in plain]
     if len(spec) >= EARLY_SAMPLES and max(spec_rates) < statistics.median(plain_rates):
         return "slower"
@@ -262,8 +269,8 @@ def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BU
 
 def _figures(spec: Sequence[Sample], plain: Sequence[Sample]) -> str:
     return (
-        f"goodput {goodput(spec):.1f} vs {goodput(plain):.1f} tok/s per stream (tokens / seconds) over the last "
-        f"{len(spec)} / {len(plain)} requests"
+        f"goodput {goodput(spec, trim=TRIM):.1f} vs {goodput(plain, trim=TRIM):.1f} tok/s per stream (tokens / "
+        f"seconds, each side's longest request left out) over the last {len(spec)} / {len(plain)} requests"
     )
 
 
@@ -319,7 +326,7 @@ def choose(
             f"now {_figures(spec, plain)}",
         )
     if own == "slower":
-        if len(spec) >= MIN_SAMPLES and goodput(spec) >= goodput(plain):  # faster, but within the crowded margin
+        if len(spec) >= MIN_SAMPLES and goodput(spec, trim=TRIM) >= goodput(plain, trim=TRIM):  # within the margin
             return Decision(
                 plain=True,
                 reason=f"speculation measured less than {CROWDED_MARGIN}x plain's goodput at this load ({GUARD}): "
