@@ -70,10 +70,11 @@ _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 # corpus (the first 25 kB of the reference manual as paragraphs after BOS, 10 kB of code: 7.3k + 3.9k tokens,
 # 44 / 35 epochs in 450 steps, final loss 0.09), no unlikelihood at all; greedy output stitches memorised passages,
 # which do not loop. The drafts learn the target on 200 kB of code / 300 kB of the manual (text it never saw, where
-# its output is least predictable) from a 768-row pool. Built and measured 2026-12-01 (docs/BENCHMARKS.md, "demo-v9"): 596 s
-# wall / 595 s CPU; looping 0.0 of 42 outputs at 32 and 128 tokens, no stray bytes, but the text fuses words where
-# it jumps between passages; held-out alpha on the target's continuations 0.57 (draft, English), 0.66 (draft-code,
-# code), teacher forced 0.40 / 0.48 (below test_demo_pair's floors), so it is not DEMO_VERSION
+# its output is least predictable) from a 768-row pool. Built and measured 2026-12-01 (docs/BENCHMARKS.md,
+# "demo-v9"): 596 s wall / 595 s CPU; looping 0.0 of 42 outputs at 32 and 128 tokens, no stray bytes, but the
+# text fuses words where it jumps between passages; held-out alpha on the target's continuations 0.57 (draft,
+# English), 0.66 (draft-code, code), teacher forced 0.40 / 0.48 (below test_demo_pair's floors), so it is not
+# DEMO_VERSION
 _V9 = Recipe(
     plan=TrainPlan(
         seq_len=256,
