@@ -75,25 +75,19 @@ _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 # text fuses words where it jumps between passages; held-out alpha on the target's continuations 0.57 (draft,
 # English), 0.66 (draft-code, code), teacher forced 0.40 / 0.48 (below test_demo_pair's floors), so it is not
 # DEMO_VERSION
-_V9 = Recipe(
-    plan=TrainPlan(
-        seq_len=256,
-        target_batch=4,
+_V9 = replace(
+    _V4,
+    plan=replace(
+        _V4.plan,
         target_steps=450,
-        target_lr=2e-3,
-        draft_batch=8,
         draft_steps=1000,
         teacher_real=256,
         gen_prompts=512,
-        gen_prompt_len=32,
-        gen_new_tokens=96,
         prose_share=0.7,
+        unlikelihood=0.0,
     ),
-    target_shape=_V4.target_shape,
-    draft_shape=_V4.draft_shape,
     train_bytes=10_000,
     prose_bytes=25_000,
-    english=True,
     english_sources=("pydoc topics",),
     paragraphs=True,
     code_draft=True,
