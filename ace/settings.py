@@ -87,6 +87,9 @@ GOODPUT_GUARD = env_bool("ACE_GOODPUT_GUARD", True)
 # ...and above one request in flight, speculate at most this many of an endpoint's requests at once where speculation
 # measured faster: the verdict was measured with one learner among plain neighbours (concurrency run 15, BENCHMARKS)
 GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
+# ...and where the worker's engine shares the server's machine, learn loads above one request in flight anyway instead
+# of presuming them slower (speculation.gateway.goodput.shares_machine; e.g. the server runs on a GPU of that machine)
+GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
 # The GPU worker's torch (OpenMP) threads sleep when idle instead of spinning, so that on a node whose CPUs the
 # model server shares they do not take its cores (docs/BENCHMARKS.md, concurrency run 7); the server is not affected
 WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", True)

@@ -48,6 +48,13 @@ speculative samples of a load expire SPEC_TTL_S after its first one: the verdict
 Loads are learned lowest first in practice, since a lower load's fresh "slower" verdict already presumes the higher
 ones slower when their own verdicts expire.
 
+Where the worker's engine shares the server's machine (the endpoint's server is on this machine, by a loopback or this
+host's name, and a worker of its node class declares capacity from this machine too: `shares_machine`), a load above
+one request in flight is not learned but presumed slower: every core the worker's engine takes is one the server's
+plain requests wait for (8 streams on 2 cores: the 7 plain requests beside one speculating ran 3.7x slower than off),
+and learning it cost a bench round of 8 streams 15-37 % of off's tok/s (concurrency runs 17-19, docs/BENCHMARKS.md).
+ACE_GOODPUT_SHARED_LEARN=true learns such loads as any other (e.g. where the server runs on a GPU of that machine).
+
 Every decision carries its reason, which the stage record keeps (speculated requests too, so that a benchmark can
 say why each request speculated or went plain).
 
@@ -59,9 +66,11 @@ ACE_GOODPUT_GUARD=false turns it off (the tests of speculation itself do, so tha
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import re
+import socket
 import statistics
 import time
 from collections import defaultdict
@@ -76,6 +85,7 @@ from speculation.gateway import background
 from speculation.gateway.call import Call
 from speculation.gateway.channel import client
 from speculation.gateway.sampling import GREEDY_BELOW
+from speculation.jobs.admission import workers_key
 from speculation.models import Mode
 
 logger = logging.getLogger(__name__)
@@ -152,6 +162,7 @@ class Decision:
     reason: str = ""
     probe: bool = False  # speculates to learn a load that has no verdict yet
     samples: Samples | None = field(default=None, compare=False, repr=False)  # what it was decided on (reconsider)
+    shared: bool = field(default=False, compare=False, repr=False)  # the worker shares the server's machine
 
 
 def bucket_of(in_flight: int) -> str:
@@ -302,12 +313,14 @@ def choose(
     speculating: int = 0,
     pending: int = 0,
     held: bool = False,
+    shared: bool = False,
 ) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
     requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load,
     speculating all its speculated requests in flight, pending its other requests in flight whose samples will be
     speculation's (the speculating ones and the plain ones beside them), held whether a "slower" verdict reached
-    earlier at this load still holds (hold_slower)."""
+    earlier at this load still holds (hold_slower), shared whether the worker's engine shares the server's machine
+    (shares_machine: then a load above one request in flight without a verdict is presumed slower, not learned)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
     own = "slower" if held else verdict(spec, plain, bucket=bucket)
     if own == "faster":
@@ -337,6 +350,8 @@ def choose(
             reason=f"speculation measured slower than plain at this load ({GUARD}): {_figures(spec, plain)}",
         )
     presumed = presumed_slower(samples, traffic=traffic, bucket=bucket)
+    if not presumed and shared and bucket != BUCKET_NAMES[0]:
+        presumed = SHARED_REASON
     if presumed:
         return Decision(plain=True, reason=f"{presumed}; not measured at load {bucket} ({GUARD})")
     if len(plain) < MIN_SAMPLES and len(spec) >= MIN_SAMPLES and turn % 2 == 1:
@@ -353,6 +368,65 @@ def choose(
             f"{len(spec)} of its samples kept ({GUARD})",
         )
     return Decision(plain=False, reason=f"{GUARD}: learning load {bucket}", probe=True)
+
+
+SHARED_REASON = (
+    "the worker's engine shares the server's machine: a speculating request takes the cores the plain ones beside "
+    "it wait for (ACE_GOODPUT_SHARED_LEARN=true learns this load instead)"
+)
+SHARED_TTL_S = 30.0  # how long the gateway keeps its finding per (node class, server host)
+_shared: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
+def _this_machine() -> set[str]:
+    names = {socket.gethostname().lower()}
+    try:
+        names.add(socket.getfqdn().lower())
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return names
+
+
+def server_on_this_machine(base_url: str) -> bool:
+    """Whether the endpoint's server runs on the machine of this web process: a loopback address or this host."""
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    return host in _this_machine()
+
+
+def worker_machines(members: Sequence[bytes | str]) -> set[str]:
+    """The machines of the capacity members "<celery node name>|<slots>" (speculation.jobs.admission): a node name
+    is "<name>@<host>" (Celery's default is "celery@<hostname>")."""
+    machines = set()
+    for member in members:
+        text = member.decode() if isinstance(member, bytes) else member
+        node = text.rsplit("|", 1)[0]
+        machines.add(node.rpartition("@")[2].lower())
+    return machines
+
+
+async def shares_machine(route: Any) -> bool:
+    """Whether the worker's engine would run on the same machine as the endpoint's server: the server is on this
+    machine and a live worker of the endpoint's node class declares capacity from this machine. Kept SHARED_TTL_S."""
+    if getattr(settings, "GOODPUT_SHARED_LEARN", False) or not server_on_this_machine(route.base_url):
+        return False
+    key, now = (route.node_class, route.base_url), _now()
+    found = _shared.get(key)
+    if found is not None and now - found[0] < SHARED_TTL_S:
+        return found[1]
+    members = await client().zrangebyscore(workers_key(route.node_class), time.time(), "+inf")
+    shared = bool(worker_machines(members) & _this_machine())
+    _shared[key] = (now, shared)
+    return shared
 
 
 async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
@@ -379,6 +453,7 @@ async def decide(call: Call) -> Decision:
     endpoint_id = call.route.endpoint_id
     try:
         samples = await _read(endpoint_id)
+        shared = await shares_machine(call.route)
     except (aioredis.RedisError, OSError) as exc:  # no measurement: speculate as without the guard
         logger.warning("goodput guard: Redis unavailable (%s)", exc)
         return Decision(plain=False)
@@ -388,10 +463,10 @@ async def decide(call: Call) -> Decision:
     decision = choose(
         samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
-        held=hold_slower(endpoint_id, samples, traffic=call.traffic, bucket=bucket),
+        held=hold_slower(endpoint_id, samples, traffic=call.traffic, bucket=bucket), shared=shared,
     )  # fmt: skip
     _mark(call, decision)
-    return Decision(decision.plain, decision.reason, decision.probe, samples=samples)
+    return Decision(decision.plain, decision.reason, decision.probe, samples=samples, shared=shared)
 
 
 def _mark(call: Call, decision: Decision) -> None:
@@ -419,7 +494,7 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     again = choose(
         decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
-        held=hold_slower(endpoint_id, decision.samples, traffic=call.traffic, bucket=bucket),
+        held=hold_slower(endpoint_id, decision.samples, traffic=call.traffic, bucket=bucket), shared=decision.shared,
     )  # fmt: skip
     call.load_bucket = bucket
     if again.plain:

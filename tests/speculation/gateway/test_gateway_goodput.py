@@ -247,9 +247,87 @@ def test_a_load_without_a_verdict_is_learned_by_one_speculated_request_at_a_time
     assert no_baseline.plain  # nothing known at all: learned one request at a time too
 
 
-def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> SimpleNamespace:
+def test_where_the_worker_shares_the_servers_machine_a_load_above_one_is_presumed_slower_not_learned():
+    samples = measured(greedy__5_16__plain=FAST, greedy__1__plain=FAST, greedy__1__spec=[f * 2 for f in FAST])
+
+    crowded = choose(samples, traffic=GREEDY, bucket="5-16", turn=0, shared=True)
+    sampled = choose(samples, traffic=SAMPLED, bucket="2-4", turn=0, shared=True)
+    alone = choose(samples, traffic=GREEDY, bucket="1", turn=0, shared=True)
+    apart = choose(samples, traffic=GREEDY, bucket="5-16", turn=0, shared=False)
+    # a load measured faster (learned with ACE_GOODPUT_SHARED_LEARN=true, say) keeps its verdict
+    learned = choose({**samples, **measured(greedy__5_16__spec=[f * 2 for f in FAST])}, traffic=GREEDY,
+                     bucket="5-16", turn=0, shared=True)  # fmt: skip
+
+    assert crowded.plain and not crowded.probe and "shares the server's machine" in crowded.reason
+    assert "not measured at load 5-16" in crowded.reason
+    assert sampled.plain and "shares the server's machine" in sampled.reason
+    assert not alone.plain  # one request in flight has no neighbour to take cores from: measured faster there
+    assert not apart.plain and apart.probe  # a worker on its own machine learns the load as before
+    assert not learned.plain and "measured faster at load 5-16" in learned.reason
+
+
+def test_a_server_on_this_machine_is_one_at_a_loopback_address_or_this_hosts_name():
+    import socket
+
+    from speculation.gateway.goodput import server_on_this_machine, worker_machines
+
+    assert all(
+        server_on_this_machine(url)
+        for url in (
+            "http://127.0.0.1:8000",
+            "http://localhost:8000/v1",
+            "http://[::1]:9/",
+            f"http://{socket.gethostname()}:1",
+        )
+    )
+    assert not any(server_on_this_machine(url) for url in ("http://10.255.0.1:8000", "https://gpu-7.example.com"))
+    members = [b"celery@gpu-7|4", "worker1@Node-B.local|2", "plain-name|1"]
+    assert worker_machines(members) == {"gpu-7", "node-b.local", "plain-name"}
+
+
+def test_the_guard_finds_a_worker_on_the_servers_machine_from_the_workers_declared_capacity(guard_on, settings):
+    import socket
+    import time
+
+    from speculation.jobs.admission import workers_key
+
+    r = _redis()
+    here = socket.gethostname()
+    r.delete(workers_key("shared-here"), workers_key("elsewhere"), workers_key("expired"))
+    r.zadd(workers_key("shared-here"), {f"celery@{here}|4": time.time() + 30})
+    r.zadd(workers_key("elsewhere"), {"celery@gpu-7.example.com|4": time.time() + 30})
+    r.zadd(workers_key("expired"), {f"celery@{here}|4": time.time() - 1})  # a worker that stopped declaring
+
+    def shares(node_class: str, base_url: str = "http://127.0.0.1:8000") -> bool:
+        goodput._shared.clear()
+        return asyncio.run(goodput.shares_machine(_call(1, "x", base_url=base_url, node_class=node_class).route))
+
+    async def at_8_streams() -> goodput.Decision:
+        await _keep_at(9020, 8, PLAIN, 40.0, n=MIN_SAMPLES)
+        for i in range(7):
+            goodput.begin(_call(9020, f"n{i}", base_url="http://127.0.0.1:8000", node_class="shared-here"))
+        return await goodput.decide(_call(9020, "eighth", base_url="http://127.0.0.1:8000", node_class="shared-here"))
+
+    assert shares("shared-here")
+    assert not shares("shared-here", base_url="http://10.255.0.1:8000")  # the server is on another machine
+    assert not shares("elsewhere") and not shares("expired") and not shares("nobody")
+    goodput._shared.clear()
+    decision = asyncio.run(at_8_streams())
+    assert decision.plain and not decision.probe and "shares the server's machine" in decision.reason
+    settings.GOODPUT_SHARED_LEARN = True
+    assert not shares("shared-here")
+
+
+def _call(
+    endpoint_id: int,
+    request_id: str,
+    *,
+    temperature: float = 0.0,
+    base_url: str = "http://gpu-node.invalid:8000",
+    node_class: str = "cpu",
+) -> SimpleNamespace:
     return SimpleNamespace(
-        route=SimpleNamespace(endpoint_id=endpoint_id, mode="prod"),
+        route=SimpleNamespace(endpoint_id=endpoint_id, mode="prod", base_url=base_url, node_class=node_class),
         request_id=request_id,
         body={"temperature": temperature},
         load_bucket="",
@@ -262,10 +340,10 @@ def _call(endpoint_id: int, request_id: str, *, temperature: float = 0.0) -> Sim
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared):
         state.clear()
     yield
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared):
         state.clear()
 
 
