@@ -206,6 +206,24 @@ NGRAM_SPECULATIVE_CONFIG = {
 }
 
 
+def vllm_cpu_env() -> dict[str, str]:
+    """The environment of vLLM's CPU build here: its KV cache (VLLM_CPU_KVCACHE_SPACE, GiB), no thread binding, and
+    ACE_VLLM_OMP_THREADS (default 1) OpenMP threads for its model worker. With the default of one thread per core,
+    vLLM 0.32's engine core process busy-waits (sched_yield) on a core the model's OpenMP threads need, and on 2
+    cores whole rounds stalled: engine core and model worker at 1.0 core each, nothing else running, generation
+    at 45-155 tok/s where it ran 400-500, in off and prod alike (docs/BENCHMARKS.md, seventh session). One thread
+    left a core to the engine core and served 8 streams faster (median 555 vs 400 tok/s over 8 rounds each).
+    "0" leaves vLLM's own default."""
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+    }
+    threads = os.environ.get("ACE_VLLM_OMP_THREADS", "1").strip()
+    if threads not in ("", "0"):
+        env["OMP_NUM_THREADS"] = threads
+    return env
+
+
 def start_vllm(
     *,
     model_dir: Path,
@@ -233,8 +251,7 @@ def start_vllm(
     if speculative_config:
         argv += ["--speculative-config", json.dumps(speculative_config)]
     env = {
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        **vllm_cpu_env(),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ace.processes import vllm_cpu_env
+
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -137,6 +139,5 @@ def server_env(kind: str) -> dict[str, str]:
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1"}
     if kind == "vllm":
         env["VLLM_NO_USAGE_STATS"] = "1"
-        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.update(vllm_cpu_env())
     return env

@@ -186,3 +186,16 @@ def test_only_prod_asks_the_server_to_speculate():
         "draft_path": "",
         "k": 3,
     }
+
+
+def test_vllms_cpu_build_gets_one_openmp_thread_unless_told_otherwise(monkeypatch):
+    from fleet.managed.args import server_env
+
+    monkeypatch.delenv("ACE_VLLM_OMP_THREADS", raising=False)
+    assert server_env("vllm")["OMP_NUM_THREADS"] == "1"  # the engine core's busy wait keeps a core (BENCHMARKS)
+    assert server_env("vllm")["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert "OMP_NUM_THREADS" not in server_env("sglang")
+    monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "2")
+    assert server_env("vllm")["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "0")  # vLLM's own default
+    assert "OMP_NUM_THREADS" not in server_env("vllm")
