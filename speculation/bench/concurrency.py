@@ -200,7 +200,8 @@ def shape(measured: dict[str, dict[str, dict[str, Run]]]) -> dict:
 
 
 def _per_round(prod: Run, off: Run) -> dict:
-    """With rounds: prod / off per round (round i of each) and in the last round, when the guard has learned."""
+    """With rounds: prod / off per round (round i of each), their median, and in the last round, when the guard has
+    learned."""
     if len(prod.rounds) < 2 or len(off.rounds) != len(prod.rounds):
         return {}
     ratios = [_ratio(p.tok_s, o.tok_s) for p, o in zip(prod.rounds, off.rounds, strict=True)]
@@ -208,6 +209,9 @@ def _per_round(prod: Run, off: Run) -> dict:
         "rounds": len(prod.rounds),
         "prod_over_off_per_round": ratios,
         "prod_over_off_last_round": ratios[-1],
+        # robust to one round of either mode in which the server stalled (vLLM's CPU build does, in off as in prod:
+        # docs/BENCHMARKS.md, seventh session), which the aggregate tokens / seconds weighs by its length
+        "prod_over_off_median_round": statistics.median(r for r in ratios if r is not None) if any(ratios) else None,
         "guard_skipped_per_round": [p.guard_skipped for p in prod.rounds],
         "speculated_per_round": [p.outcomes.get("speculated", 0) for p in prod.rounds],
         "reasons_per_round": [dict(p.reasons.most_common()) for p in prod.rounds],

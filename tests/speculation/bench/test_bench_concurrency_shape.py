@@ -126,6 +126,7 @@ def test_rounds_merge_into_one_rate_and_the_report_shows_each_round_and_the_last
     assert prod.tok_s == pytest.approx(100.0) and prod.tokens == 600 and prod.wall_s == 6.0
     assert row["prod_over_off"] == pytest.approx(1.0)
     assert row["prod_over_off_per_round"] == [0.5, 1.0, 1.5] and row["prod_over_off_last_round"] == 1.5
+    assert row["prod_over_off_median_round"] == 1.0
     assert row["guard_skipped"] == 7 and row["guard_skipped_per_round"] == [0, 3, 4]
     assert (row["speculated"], row["skipped"]) == (5, 7)
     assert row["speculated_per_round"] == [4, 1, 0]
