@@ -17,8 +17,9 @@ after the last byte, never awaited by the client) and prod requests sent plain. 
   the others plain: the verdict was measured with one learner among plain neighbours, and speculating every request
   at that load is another regime (at 8 streams on this 2-core machine the worker's batch of 11 speculating requests
   beside 5 plain ones ran at 0.93 of off, after one learner among plain ones had measured faster: run 15).
-- Speculation measured slower (its goodput below plain's over MIN_SAMPLES each, its first EARLY_SAMPLES all below
-  plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a 1-in-45 chance if both were
+- Speculation measured slower (its goodput below plain's over MIN_SAMPLES each, or, above one request in flight, its
+  first EARLY_SAMPLES all below plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a
+  1-in-45 chance if both were
   equally fast): plain, `skipped` with both figures.
 - Not measured at this load, but presumed slower: speculation measured slower at a lower load of the same traffic
   (its gain does not grow with load: verification stops being free once the target is busy), or, for sampled
@@ -94,6 +95,10 @@ WINDOW = 20
 MIN_SAMPLES = 8
 EARLY_SAMPLES = 4
 FEW_SAMPLES = 2
+# The early rules (EARLY_SAMPLES, FEW_SAMPLES) decide above one request in flight only, where a slow learner slows its
+# neighbours too. Alone it slows no one, and its first requests run while the worker warms up (a calibration beside
+# them, first passes): two at 87-101 tok/s against plain's 90-120 held speculation off at load 1 for SPEC_TTL_S in a
+# run where it went on to 1.2-2.5x (bench_gateway's shadow_vs_prod, the seventh session, docs/BENCHMARKS.md).
 LEARNERS_IN_FLIGHT = 1
 # Above one request in flight, speculation counts as faster only at this multiple of plain's goodput. The losses are
 # not alike: there at most GOODPUT_SPECULATING requests speculate, so a right "faster" gains a share of one stream,
@@ -270,6 +275,8 @@ def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BU
     if len(spec) >= MIN_SAMPLES:
         margin = 1.0 if bucket == BUCKET_NAMES[0] else CROWDED_MARGIN
         return "slower" if goodput(spec, trim=TRIM) < margin * goodput(plain, trim=TRIM) else "faster"
+    if bucket == BUCKET_NAMES[0]:  # alone, a request slows no neighbour: learned on MIN_SAMPLES (EARLY_RULES_ABOVE)
+        return ""
     spec_rates, plain_rates = [_tok_s(s) for s in spec], [_tok_s(s) for s in plain]
     if len(spec) >= EARLY_SAMPLES and max(spec_rates) < statistics.median(plain_rates):
         return "slower"

@@ -93,21 +93,35 @@ def test_without_a_plain_baseline_it_speculates_and_measures_plain_every_other_r
     assert all("measuring plain speed" in d.reason for d in decisions if d.plain)
 
 
-def test_the_first_few_speculated_requests_all_slower_than_plains_median_are_enough():
+def test_the_first_few_speculated_requests_all_slower_than_plains_median_are_enough_above_one_in_flight():
     # given: plain known from off traffic; the first EARLY_SAMPLES speculated requests all below its median
-    early = measured(greedy__1__spec=SLOW[:EARLY_SAMPLES], greedy__1__plain=FAST)
+    early = measured(greedy__5_16__spec=SLOW[:EARLY_SAMPLES], greedy__5_16__plain=FAST)
     # and: as many, one of which was faster than plain's median (no verdict yet)
-    mixed = measured(greedy__1__spec=[*SLOW[: EARLY_SAMPLES - 1], 60.0], greedy__1__plain=FAST)
+    mixed = measured(greedy__5_16__spec=[*SLOW[: EARLY_SAMPLES - 1], 60.0], greedy__5_16__plain=FAST)
     # and: as few as FEW_SAMPLES, all below plain's slowest (a 1-in-45 chance were both equally fast)
-    below_all = measured(greedy__1__spec=[9.0] * FEW_SAMPLES, greedy__1__plain=[*FAST, 10.0])
-    within = measured(greedy__1__spec=[9.0, 11.0], greedy__1__plain=[*FAST, 10.0])
-    one = measured(greedy__1__spec=[1.0] * (FEW_SAMPLES - 1), greedy__1__plain=FAST)
+    below_all = measured(greedy__5_16__spec=[9.0] * FEW_SAMPLES, greedy__5_16__plain=[*FAST, 10.0])
+    within = measured(greedy__5_16__spec=[9.0, 11.0], greedy__5_16__plain=[*FAST, 10.0])
+    one = measured(greedy__5_16__spec=[1.0] * (FEW_SAMPLES - 1), greedy__5_16__plain=FAST)
 
-    assert choose(early, traffic=GREEDY, bucket="1", turn=0).plain
-    assert not choose(mixed, traffic=GREEDY, bucket="1", turn=0).plain
-    assert choose(below_all, traffic=GREEDY, bucket="1", turn=0).plain
-    assert not choose(within, traffic=GREEDY, bucket="1", turn=0).plain
-    assert not choose(one, traffic=GREEDY, bucket="1", turn=0).plain
+    def decide(samples) -> goodput.Decision:
+        return choose(samples, traffic=GREEDY, bucket="5-16", turn=0)
+
+    assert decide(early).plain and "slower than plain" in decide(early).reason
+    assert decide(below_all).plain and "slower than plain" in decide(below_all).reason
+    for undecided in (mixed, within, one):  # learned on: one learner at a time
+        assert not decide(undecided).plain and decide(undecided).probe
+
+
+def test_alone_the_first_slow_requests_do_not_decide_only_min_samples_do():
+    # the worker's first requests run while it warms up; alone they slow no neighbour
+    early = measured(greedy__1__spec=SLOW[:EARLY_SAMPLES], greedy__1__plain=FAST)
+    few = measured(greedy__1__spec=[9.0] * FEW_SAMPLES, greedy__1__plain=[*FAST, 10.0])
+    enough = measured(greedy__1__spec=SLOW, greedy__1__plain=FAST)
+
+    assert not choose(early, traffic=GREEDY, bucket="1", turn=0).plain
+    assert not choose(few, traffic=GREEDY, bucket="1", turn=0).plain
+    decided = choose(enough, traffic=GREEDY, bucket="1", turn=0)
+    assert decided.plain and "slower than plain at this load" in decided.reason
 
 
 def test_slower_at_a_lower_load_is_presumed_slower_at_a_higher_one_until_measured_there():
