@@ -292,6 +292,13 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     assert (policy.mode, policy.mechanism, policy.draft_id, policy.path) == ("prod", "draft_model", draft.pk, "native")
     draft_record = _native_record(endpoint, gateway_client, "draft_model")
     off = _switch_and_drain(endpoint, clients, user=user, mode="off")
+    # and: greedy requests of the last off period that began after its margin (the phases below count only those)
+    back_at = off.finished_at.timestamp() + ROUTE_MARGIN_S
+    _wait(
+        "greedy requests of the last off period",
+        lambda: sum(sent > back_at for c in clients if c.temperature == 0 for sent, _, _ in list(c.texts)) >= 4,
+        300,
+    )
     assert (drafted.canary["outcome"], off.canary["outcome"]) == ("skipped", "not needed")
     for client in clients:
         client.stop.set()
