@@ -19,8 +19,7 @@ after the last byte, never awaited by the client) and prod requests sent plain. 
   beside 5 plain ones ran at 0.93 of off, after one learner among plain ones had measured faster: run 15).
 - Speculation measured slower (its goodput below plain's over MIN_SAMPLES each, or, above one request in flight, its
   first EARLY_SAMPLES all below plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a
-  1-in-45 chance if both were
-  equally fast): plain, `skipped` with both figures.
+  1-in-45 chance if both were equally fast): plain, `skipped` with both figures.
 - Not measured at this load, but presumed slower: speculation measured slower at a lower load of the same traffic
   (its gain does not grow with load: verification stops being free once the target is busy), or, for sampled
   traffic, greedy speculation measured slower at this load or a lower one (sampled drafts are accepted less and
@@ -67,6 +66,7 @@ ACE_GOODPUT_GUARD=false turns it off (the tests of speculation itself do, so tha
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import logging
@@ -275,7 +275,7 @@ def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BU
     if len(spec) >= MIN_SAMPLES:
         margin = 1.0 if bucket == BUCKET_NAMES[0] else CROWDED_MARGIN
         return "slower" if goodput(spec, trim=TRIM) < margin * goodput(plain, trim=TRIM) else "faster"
-    if bucket == BUCKET_NAMES[0]:  # alone, a request slows no neighbour: learned on MIN_SAMPLES (EARLY_RULES_ABOVE)
+    if bucket == BUCKET_NAMES[0]:  # alone, a request slows no neighbour: MIN_SAMPLES decide (see FEW_SAMPLES)
         return ""
     spec_rates, plain_rates = [_tok_s(s) for s in spec], [_tok_s(s) for s in plain]
     if len(spec) >= EARLY_SAMPLES and max(spec_rates) < statistics.median(plain_rates):
@@ -385,14 +385,16 @@ SHARED_TTL_S = 30.0  # how long the gateway keeps its finding per (node class, s
 _shared: dict[tuple[str, str], tuple[float, bool]] = {}
 
 
-def _this_machine() -> set[str]:
+@functools.cache
+def _this_machine() -> frozenset[str]:
+    """This host's names and addresses, looked up once per process (the lookups may ask DNS)."""
     names = {socket.gethostname().lower()}
     try:
         names.add(socket.getfqdn().lower())
         names.update(socket.gethostbyname_ex(socket.gethostname())[2])
     except OSError:
         pass
-    return names
+    return frozenset(names)
 
 
 def server_on_this_machine(base_url: str) -> bool:
@@ -424,12 +426,15 @@ def worker_machines(members: Sequence[bytes | str]) -> set[str]:
 async def shares_machine(route: Any) -> bool:
     """Whether the worker's engine would run on the same machine as the endpoint's server: the server is on this
     machine and a live worker of the endpoint's node class declares capacity from this machine. Kept SHARED_TTL_S."""
-    if getattr(settings, "GOODPUT_SHARED_LEARN", False) or not server_on_this_machine(route.base_url):
+    if getattr(settings, "GOODPUT_SHARED_LEARN", False):
         return False
     key, now = (route.node_class, route.base_url), _now()
     found = _shared.get(key)
     if found is not None and now - found[0] < SHARED_TTL_S:
         return found[1]
+    if not server_on_this_machine(route.base_url):
+        _shared[key] = (now, False)
+        return False
     members = await client().zrangebyscore(workers_key(route.node_class), time.time(), "+inf")
     shared = bool(worker_machines(members) & _this_machine())
     _shared[key] = (now, shared)
