@@ -1,5 +1,6 @@
 """The demo pair behaves like a real one (issue 10 item 5, issue 12 item 6): its target's greedy answers to
-Spec-Bench prompts are mostly not loops, and each of its two drafts wins on its own kind of text.
+Spec-Bench prompts are mostly not loops, and each of its two drafts wins on its own kind of text (held-out real
+text, teacher forced).
 
 The targets of demo-v3 to demo-v5 loop on most prompts (docs/BENCHMARKS.md): the looping test skips there. The
 drafts' test runs on every version with two drafts: demo-v3 (the main draft on code and comments,
@@ -24,6 +25,9 @@ MAX_LOOPING = 3
 MAX_GARBLED = 0.01  # share of decoded characters that are U+FFFD (a broken UTF-8 byte run) or control codes
 LOOPING_TARGETS = ("demo-v3", "demo-v4", "demo-v5")  # measured to loop on most prompts (docs/BENCHMARKS.md)
 SPECIALISTS = {"draft-code": "code", "draft-prose": "english"}  # a second draft's own kind of text
+TEXT_WINDOWS = 64  # windows of 128 tokens: 8192 positions per kind (16 windows, as build_info has, moved the code
+# figure by 0.01, more than one build's prose draft led the main draft by there)
+HELD_OUT_BYTES = 400_000  # the build's held-out budget (Recipe.held_out_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -73,30 +77,48 @@ def test_the_targets_greedy_answers_to_spec_bench_prompts_are_mostly_not_loops(d
     assert garbled <= MAX_GARBLED * len(text), text[:400]
 
 
-def _mean_accepted_len(target, draft, prompts: list[list[int]]) -> float:
-    from speculation.engine import DraftModelProposer, GenerationConfig, generate
-    from speculation.engine.stats import SpecStats
+def _teacher_forced_alpha(demo_pair, held_ids, seed: int) -> dict[str, float]:
+    """Each draft's greedy acceptance on ``TEXT_WINDOWS`` seeded windows of held-out real text (teacher forced)."""
+    import torch
+    from transformers import LlamaForCausalLM
 
-    config = GenerationConfig(max_new_tokens=48, k=5)
-    proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
-    return SpecStats.combine([generate(target, proposer, p, config).stats for p in prompts]).mean_accepted_len
+    from speculation.offline.demo.train import greedy_agreement
+
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, held_ids.numel() - 129, (TEXT_WINDOWS,), generator=generator).tolist()
+    windows = torch.stack([held_ids[s : s + 128] for s in starts])
+    target = LlamaForCausalLM.from_pretrained(demo_pair.target_dir).eval()
+    return {
+        label: greedy_agreement(LlamaForCausalLM.from_pretrained(path).eval(), target, windows, start=1)
+        for label, path in demo_pair.drafts.items()
+    }
 
 
-def test_each_draft_wins_on_its_own_kind_of_text(demo_pair, engine_models):
+def test_each_draft_wins_on_its_own_kind_of_text(demo_pair):
+    """On held-out real text of each kind (English paragraphs each after BOS, as requests arrive; stdlib code
+    neither draft trained on), teacher forced, each draft agrees with the target more often on its own kind.
+
+    Not asserted: speculation on Spec-Bench's English requests. demo-v3's target answers them with comment loops
+    (``#  If the`` repeated) that any draft follows, so both drafts accept about 5.5 of 6 there and the order is
+    noise: 5.85 vs 5.56 for the prose draft on one build, 5.41 vs 5.69 on another CPU's build of the same seeded
+    recipe, and 5.31-5.69 across prose-draft variants on that build. Nor speculation on held-out code files: the
+    code draft leads there on demo-v3 (5.05 vs 4.47) but not on demo-v9 (2.12 vs 2.19; docs/BENCHMARKS.md)."""
+    from tokenizers import Tokenizer
+
+    from speculation.offline.demo.build import _encode, _paragraph_ids
     from speculation.offline.demo.corpus import stdlib_corpus
 
     if len(demo_pair.extra_drafts) != 1:
         pytest.skip(f"{demo_pair.root.name} has {len(demo_pair.drafts)} drafts, not two")
     (second,) = demo_pair.extra_drafts
-    tokenizer, target, drafts = engine_models
-    questions = _first_question_per_category()[::3]  # English requests, several categories
-    english = [tokenizer.encode(q).ids[:128] for q in questions]
-    files = stdlib_corpus().held_out_files[:4]  # held out: neither draft trained on them
-    code = [tokenizer.encode(f.read_text(encoding="utf-8", errors="replace")).ids[:128] for f in files]
-    on = {
-        kind: {label: _mean_accepted_len(target, d, prompts) for label, d in drafts.items()}
-        for kind, prompts in (("english", english), ("code", code))
+    corpus = stdlib_corpus()
+    tokenizer = Tokenizer.from_file(str(demo_pair.target_dir / "tokenizer.json"))
+    english = corpus.english_text(HELD_OUT_BYTES, held_out=True)
+    held = {
+        "english": _paragraph_ids(tokenizer, english),
+        "code": _encode(tokenizer, corpus.held_out_text(HELD_OUT_BYTES)),
     }
-    own, other = SPECIALISTS[second], next(kind for kind in on if kind != SPECIALISTS[second])
-    assert on[own][second] > on[own]["draft"], on
-    assert on[other]["draft"] > on[other][second], on
+    alpha = {kind: _teacher_forced_alpha(demo_pair, ids, seed=7) for kind, ids in held.items()}
+    own, other = SPECIALISTS[second], next(kind for kind in held if kind != SPECIALISTS[second])
+    assert alpha[own][second] > alpha[own]["draft"], alpha
+    assert alpha[other]["draft"] > alpha[other][second], alpha
