@@ -21,9 +21,12 @@ from collections.abc import Iterable
 
 import torch
 
+from speculation.engine.projection import non_decreasing
 from speculation.engine.proposers import Proposer
 from speculation.engine.sampling import SamplingParams
 from speculation.engine.target import Target
+
+__all__ = ["REPEATS", "SUMMARY", "non_decreasing", "time_draft_step", "time_verify"]
 
 REPEATS = 5
 SUMMARY = min  # of the repeats: see the module docstring
@@ -71,16 +74,3 @@ def time_verify(
             samples[n].append(time.perf_counter() - started)
             target.rollback(cached)
     return non_decreasing({n: SUMMARY(values) for n, values in samples.items()})
-
-
-def non_decreasing(costs: dict[int, float]) -> dict[int, float]:
-    """The closest non-decreasing costs by size (pool adjacent violators, least squares): verifying more tokens
-    never costs less, so a size measured cheaper than a smaller one is noise, averaged with its neighbours."""
-    blocks: list[list[float]] = []  # [mean, count] per pooled run of sizes
-    for n in sorted(costs):
-        blocks.append([costs[n], 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
-            blocks.append([(mean_a * count_a + mean_b * count_b) / (count_a + count_b), count_a + count_b])
-    pooled = [mean for mean, count in blocks for _ in range(int(count))]
-    return dict(zip(sorted(costs), pooled, strict=True))

@@ -23,13 +23,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from speculation.engine.errors import LookaheadError
-from speculation.engine.projection import expected_tokens, verify_cost
+from speculation.engine.projection import expected_tokens, non_decreasing, verify_cost
 from speculation.limits import K_MAX, K_MIN, tree_nodes_at
 
 if TYPE_CHECKING:
     from speculation.engine.tree import TreeShape
 
-__all__ = ["DEFAULT_K", "K_MAX", "K_MIN", "DynamicLookahead", "TreeLookahead", "check_k", "expected_tokens"]
+__all__ = [
+    "DEFAULT_K",
+    "K_MAX",
+    "K_MIN",
+    "DynamicLookahead",
+    "ModeledLookahead",
+    "TreeLookahead",
+    "check_k",
+    "expected_tokens",
+]
 
 DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
@@ -37,6 +46,10 @@ PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before
 PROBE_EVERY = 8
 SHAPE_PROBE_EVERY = 16  # drafting steps a tree shape goes unused before one step probes it again
 REMEASURE_EVERY = 16  # batch steps (per load bucket) between re-measurements of k_start (LoadAwareLookahead)
+# one step's time counts at most this many times the estimate it updates: a stall (another process on the core, a
+# garbage collection) would otherwise raise a size's cost for good, since a size that looks dear is not chosen, so
+# not measured again (seen on the demo: verify(5) at 16 ms beside verify(6) at 13 ms held K at 1 for 9 steps)
+SPIKE = 3.0
 
 
 def check_k(k: int) -> int:
@@ -54,6 +67,7 @@ class DynamicLookahead:
     draft_step_s: float | None = None
     verify_s: dict[int, float] = field(default_factory=dict)  # tokens verified -> decayed seconds
     plain_streak: int = 0
+    seen: dict[tuple, int] = field(default_factory=dict, repr=False)  # measurements per estimate (``_decayed``)
 
     @property
     def alpha(self) -> float:
@@ -67,16 +81,26 @@ class DynamicLookahead:
         self.accepted = DECAY * self.accepted + accepted
         self.reached = DECAY * self.reached + reached
         if drafted:
-            per_step = draft_s / drafted
-            old_step = self.draft_step_s
-            self.draft_step_s = per_step if old_step is None else DECAY * old_step + (1 - DECAY) * per_step
+            self.draft_step_s = self._decayed(("draft",), self.draft_step_s, draft_s / drafted)
         self.plain_streak = 0 if drafted else self.plain_streak + 1
         n = verified or drafted + 1
-        old = self.verify_s.get(n)
-        self.verify_s[n] = verify_s if old is None else DECAY * old + (1 - DECAY) * verify_s
+        self.verify_s[n] = self._decayed(("verify", n), self.verify_s.get(n), verify_s)
+
+    def _decayed(self, key: tuple, old: float | None, new: float) -> float:
+        """The estimate after one more measurement: the mean of the measurements while they are fewer than
+        1 / (1 - DECAY), then the decayed average (a size's first step runs on cold caches and is rarely measured
+        again: at weight 1 - DECAY a cold first measurement outlived many steps); a measurement counts at most
+        SPIKE times the estimate. A value set without measurements counts as one."""
+        count = self.seen.get(key, 0 if old is None else 1) + 1
+        self.seen[key] = count
+        if old is None:
+            return new
+        return old + max(1 - DECAY, 1.0 / count) * (min(new, SPIKE * old) - old)
 
     def verify_cost(self, n_tokens: int) -> float:
-        return verify_cost(self.verify_s, n_tokens)  # the shadow projection's interpolation too
+        """The shadow projection's interpolation over the measured sizes, pooled to be non-decreasing (verifying
+        more tokens never costs less: a size that looks dearer than a larger one is noise)."""
+        return verify_cost(non_decreasing(self.verify_s), n_tokens)
 
     def choose(self) -> int:
         k_start = min(self.k_start, self.k_max)
@@ -95,6 +119,35 @@ class DynamicLookahead:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+
+@dataclass
+class ModeledLookahead(DynamicLookahead):
+    """Dynamic K over fixed costs (a calibration's), for a replay: it chooses each step's K by DynamicLookahead's
+    rule, learns the acceptance from the replayed steps, ignores their wall times (a replay's verification is a
+    lookup, not the target) and adds up what the chosen steps would cost (``modeled_s``: verify(K + 1) + K draft
+    steps each), so that a shadow projection is over the K prod's controller would choose, not a fixed one."""
+
+    modeled_s: float = 0.0
+    steps: int = 0
+
+    @classmethod
+    def over(
+        cls, *, verify_s: dict[int, float], draft_step_s: float, k: int, accepted: float, reached: float
+    ) -> ModeledLookahead:
+        """A controller with these costs (seconds) and acceptance counts (e.g. carried over from earlier requests)."""
+        return cls(
+            k_max=k, k_start=k, accepted=accepted, reached=reached, draft_step_s=draft_step_s, verify_s=dict(verify_s)
+        )
+
+    def observe(
+        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
+    ) -> None:
+        self.accepted = DECAY * self.accepted + accepted
+        self.reached = DECAY * self.reached + reached
+        self.plain_streak = 0 if drafted else self.plain_streak + 1
+        self.modeled_s += self.verify_cost(verified or drafted + 1) + drafted * (self.draft_step_s or 0.0)
+        self.steps += 1
 
 
 def tree_family(tree: TreeShape) -> tuple[TreeShape, ...]:
@@ -205,8 +258,7 @@ class TreeLookahead(DynamicLookahead):
         arm.accepted = DECAY * arm.accepted + accepted
         arm.reached = DECAY * arm.reached + reached
         table = self.drafting_s.setdefault(arm.shape.top_k, {})
-        old = table.get(drafted)
-        table[drafted] = draft_s if old is None else DECAY * old + (1 - DECAY) * draft_s
+        table[drafted] = self._decayed(("drafting", arm.shape.top_k, drafted), table.get(drafted), draft_s)
 
 
 def _drafting_time(table: dict[int, float], depth: int) -> float:

@@ -61,6 +61,19 @@ def project(
     return [ProjectionPoint(p.k, p.expected_tokens, p.multiplier, best=p.k == best_k) for p in points]
 
 
+def non_decreasing(costs: Mapping[int, float]) -> dict[int, float]:
+    """The closest non-decreasing costs by size (pool adjacent violators, least squares): verifying more tokens
+    never costs less, so a size measured cheaper than a smaller one is noise, averaged with its neighbours."""
+    blocks: list[list[float]] = []  # [mean, count] per pooled run of sizes
+    for n in sorted(costs):
+        blocks.append([costs[n], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
+            blocks.append([(mean_a * count_a + mean_b * count_b) / (count_a + count_b), count_a + count_b])
+    pooled = [mean for mean, count in blocks for _ in range(int(count))]
+    return dict(zip(sorted(costs), pooled, strict=True))
+
+
 def verify_cost(verify_s: Mapping[int, float], n_tokens: float) -> float:
     """The cost of verifying n_tokens from the sizes measured: the measurement itself, else interpolated between
     the nearest measured sizes, else extended from the nearest one along the measured slope (never falling).

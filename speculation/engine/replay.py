@@ -26,7 +26,7 @@ from torch import Tensor
 
 from speculation.engine.decode import GenerationConfig, generate
 from speculation.engine.errors import EmptyPromptError
-from speculation.engine.lookahead import check_k
+from speculation.engine.lookahead import DynamicLookahead, check_k
 from speculation.engine.model import Transformer
 from speculation.engine.proposers import Proposal, Proposer
 from speculation.engine.sampling import SamplingParams
@@ -147,6 +147,7 @@ def replay_proposer(
     max_new_tokens: int | None = None,
     max_context: int | None = None,
     hidden: Tensor | None = None,
+    lookahead: DynamicLookahead | None = None,
 ) -> SpecStats:
     """Greedy speculation with this proposer on a finished request, replayed through ``generate``.
 
@@ -154,6 +155,8 @@ def replay_proposer(
     max_new_tokens / max_context: the request's limits, as generate applied them (max_context: the target's
     context when the request set none; None here = unbounded). They shorten the last steps as in generate.
     hidden: the target's features of target_tokens, for a proposer that reads them (an EAGLE head).
+    lookahead: K chosen per step by this controller within k (``ModeledLookahead``: over a calibration's costs);
+    None: K = k every step.
     """
     check_k(k)
     if prompt_len < 1:
@@ -162,7 +165,10 @@ def replay_proposer(
     if output_len <= 0:
         return SpecStats()
     config = GenerationConfig(
-        max_new_tokens=output_len if max_new_tokens is None else max_new_tokens, k=k, max_context=max_context
+        max_new_tokens=output_len if max_new_tokens is None else max_new_tokens,
+        k=k,
+        max_context=max_context,
+        dynamic_k=lookahead is not None,
     )
     produced = 0
 
@@ -172,7 +178,8 @@ def replay_proposer(
         return produced >= output_len
 
     target = ReplayTarget(target_tokens, hidden=hidden)
-    return generate(target, proposer, list(target_tokens[:prompt_len]), config, ends_after=ends_after).stats
+    prompt = list(target_tokens[:prompt_len])
+    return generate(target, proposer, prompt, config, ends_after=ends_after, lookahead=lookahead).stats
 
 
 def replay_greedy(
@@ -183,6 +190,7 @@ def replay_greedy(
     prompt_len: int,
     max_new_tokens: int | None = None,
     max_context: int | None = None,
+    lookahead: DynamicLookahead | None = None,
 ) -> SpecStats:
     """Replay a draft model's greedy speculation on one request (see ``replay_proposer``).
 
@@ -203,6 +211,7 @@ def replay_greedy(
         prompt_len=prompt_len,
         max_new_tokens=max_new_tokens,
         max_context=max_context,
+        lookahead=lookahead,
     )
 
 

@@ -19,13 +19,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from fleet.models import Endpoint
 from speculation.engine import NgramProposer, SamplingParams, draft_greedy_predictions, replay_greedy, replay_proposer
+from speculation.engine.lookahead import PRIOR_ALPHA, PRIOR_WEIGHT, ModeledLookahead
 from speculation.engine.projection import expected_tokens
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
+from speculation.selectors.costs import projection_basis
 from speculation.services.costs import TREE_REPLAY
 from speculation.services.records import record_stage
-from speculation.worker.costs import projection
+from speculation.worker.costs import batched_path, projected_path, projection, shadow_costs
 from speculation.worker.paths import resources
 from speculation.worker.stats import stage_fields
 
@@ -47,6 +51,7 @@ class Shadowed:
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
     server_step_ms: float | None = None  # the stored server step the last projection was over
+    _costs: Any = None  # (calibration, note) the controller() was built over
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
         tok_s = self.baseline_tok_s * multiplier if self.baseline_tok_s and multiplier else None
@@ -73,6 +78,57 @@ class Shadowed:
             verified=verified,
         )
         return value, basis
+
+    def controller(self) -> ModeledLookahead | None:
+        """Where prod would choose K per step (the batch loop's load-aware controller: the local path batched,
+        ACE_BATCH_LOAD_AWARE_K on, greedy), that rule over the newest stored calibration's costs, with the
+        acceptance this process's earlier replays of the pair left (as prod's controller carries it across
+        requests); None where prod drafts the policy's K every step, or before the first calibration (the record
+        is then projected at the policy's K when one arrives)."""
+        policy = self.policy
+        if not settings.PROD_BATCH_LOAD_AWARE_K or not batched_path(
+            policy=policy, path=projected_path(policy=policy, endpoint=self.endpoint)
+        ):
+            return None
+        try:
+            row, note = shadow_costs(endpoint=self.endpoint, policy=policy, context=self.prompt_ids)
+        except Exception as exc:  # noqa: BLE001 - the fixed-K projection reports it
+            logger.warning("reading the costs of endpoint %s failed: %s", self.endpoint.pk, exc)
+            return None
+        if row is None:
+            return None
+        costs = row.step_costs()
+        accepted, reached = _CARRIED.get(self._pair(), (PRIOR_ALPHA * PRIOR_WEIGHT, PRIOR_WEIGHT))
+        self._costs = row, note
+        return ModeledLookahead.over(
+            verify_s=dict(costs.verify_s),
+            draft_step_s=costs.draft_step_s,
+            k=policy.k,
+            accepted=accepted,
+            reached=reached,
+        )
+
+    def project_modeled(self, controller: ModeledLookahead, stats: Any) -> tuple[float | None, str]:
+        """S = the replay's tokens x the server step / the modeled time of the steps the controller chose."""
+        _CARRIED[self._pair()] = (controller.accepted, controller.reached)
+        row, note = self._costs
+        self.server_step_ms = row.target_step_ms
+        if not controller.steps or controller.modeled_s <= 0 or not stats.output_tokens:
+            return None, "no projection: the replay made no step"
+        k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
+        value = stats.output_tokens * row.step_costs().target_step_s / controller.modeled_s
+        basis = projection_basis(row, k=k_mean) + (f"; {note}" if note else "")
+        return value, (
+            f"K chosen per step as prod's load-aware controller would at load 1 over these costs (mean K "
+            f"{k_mean:.2f} of {self.policy.k}, {stats.target_passes} steps); {basis}"
+        )
+
+    def _pair(self) -> tuple:
+        return self.endpoint.pk, self.policy.mechanism, self.policy.draft_id, self.policy.k
+
+
+# acceptance counts of the replays' controllers per (endpoint, mechanism, draft, K) in this worker process
+_CARRIED: dict[tuple, tuple[float, float]] = {}
 
 
 def measure_shadow(
@@ -132,11 +188,16 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         _measure_eagle(shadowed, sequence, common)
         return
+    controller = shadowed.controller()
     if policy.mechanism == Mechanism.NGRAM:
-        stats = replay_proposer(NgramProposer(), sequence, k, **common)
+        stats = replay_proposer(NgramProposer(), sequence, k, lookahead=controller, **common)
     else:
         predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
-        stats = replay_greedy(predictions, sequence, k, **common)
+        stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
+    if controller is not None:
+        projected, basis = shadowed.project_modeled(controller, stats)
+        shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
+        return
     tau = stats.mean_accepted_len or 1.0  # no drafts at all: one token per step, as plain decoding
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     projected, basis = shadowed.project(tokens_per_step=tau, k=k_mean)

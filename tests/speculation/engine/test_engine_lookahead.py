@@ -45,3 +45,39 @@ def test_verify_cost_that_jumps_with_size_keeps_k_below_the_jump():
     # a CPU matrix kernel: up to 4 rows cost one row, 6 rows cost twice as much
     lookahead = measured(0.8, {1: 1.0, 4: 1.0, 6: 2.0, 9: 3.0}, draft_step=0.1)
     assert lookahead.choose() == 3
+
+
+def test_a_size_measured_dearer_than_a_larger_one_is_pooled_with_it():
+    # given: verifying 5 tokens looked dearer than verifying 6 (noise: the demo measured 16 vs 13 ms)
+    lookahead = measured(0.975, {1: 6.5, 2: 6.5, 3: 9.3, 4: 16.5, 5: 10.6, 6: 13.2}, draft_step=1.2)
+    lookahead.k_max = 5
+    # then: the sizes out of order count as their mean (4 and 5, then 6 too, which is below that mean), so
+    # K = 5 (6 tokens) is not ruled out by 5 tokens' dear look
+    pooled = (16.5 + 10.6 + 13.2) / 3
+    assert [lookahead.verify_cost(n) for n in (4, 5, 6)] == pytest.approx([pooled] * 3)
+    assert lookahead.choose() == 5
+
+
+def test_one_stalled_step_moves_a_cost_by_at_most_spike_times_its_weight():
+    from speculation.engine.lookahead import DECAY, SPIKE
+
+    lookahead = measured(0.9, {1: 1.0, 6: 1.2}, draft_step=0.05)  # each set value counts as one measurement
+    lookahead.k_max = 5
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0)  # a 100 s stall
+    assert lookahead.verify_s[6] == pytest.approx((1.2 + SPIKE * 1.2) / 2)  # the mean of two measurements
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=100.0, verify_s=1.2)
+    assert lookahead.draft_step_s == pytest.approx((0.05 + 0.05 + SPIKE * 0.05) / 3)
+    assert lookahead.choose() == 5  # still speculating
+    for _ in range(20):  # past 1 / (1 - DECAY) measurements: the decayed average
+        lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=1.2)
+    before = lookahead.verify_s[6]
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0)
+    assert lookahead.verify_s[6] == pytest.approx(DECAY * before + (1 - DECAY) * SPIKE * before)
+
+
+def test_a_cold_first_measurement_does_not_outlive_the_next_ones():
+    lookahead = DynamicLookahead(k_max=5, k_start=5)
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.030)  # the first step: cold
+    for _ in range(3):
+        lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.010)
+    assert lookahead.verify_s[6] == pytest.approx((0.030 + 3 * 0.010) / 4)  # the mean while they are few

@@ -80,12 +80,12 @@ def _queued(client: redis.Redis) -> list[tuple[str, dict]]:
 MEASURED = StepCosts(target_step_s=0.010, draft_step_s=0.001, verify_s={1: 0.006, 4: 0.009, 9: 0.020})
 
 
-def _store(policy, path: str = "remote", age_s: float = 0.0):
+def _store(policy, path: str = "remote", age_s: float = 0.0, costs: StepCosts = MEASURED):
     from speculation.models import CostCalibration
     from speculation.services.costs import record_calibration
 
     row = record_calibration(
-        endpoint=policy.endpoint, draft=policy.draft, path=path, costs=MEASURED, repeats=5, context_tokens=5
+        endpoint=policy.endpoint, draft=policy.draft, path=path, costs=costs, repeats=5, context_tokens=5
     )
     CostCalibration.objects.filter(pk=row.pk).update(measured_at=timezone.now() - timedelta(seconds=age_s))
     return row
@@ -365,3 +365,62 @@ def test_an_eagle_heads_draft_step_is_timed_on_the_target_in_the_worker(shadow_p
     shadow_policy.target_path = ""
     with pytest.raises(worker_costs.CalibrationError, match="target"):
         worker_costs._draft_proposer(shadow_policy, batched=False)
+
+
+# verifying up to 3 tokens costs one plain step's time; 4 and more cost 5x: the controller drafts K = 2
+JUMP = StepCosts(target_step_s=0.010, draft_step_s=0.001, verify_s={1: 0.006, 2: 0.006, 3: 0.006, 4: 0.030, 9: 0.060})
+
+
+def test_where_prod_chooses_k_per_step_shadow_projects_the_k_its_controller_would_choose(
+    shadow_policy, broker, monkeypatch, tiny_model_dir, settings
+):
+    from speculation.engine import GenerationConfig, LocalTarget, generate, load_causal_lm
+    from speculation.models import StageRecord
+    from speculation.worker import shadow
+
+    # given: prod would run the local path in the batch loop with its load-aware K (K up to 5), a stored calibration
+    # whose verify cost jumps past 3 tokens, and an output the draft predicts throughout (draft = target)
+    settings.PROD_BATCH_SLOTS, settings.PROD_BATCH_LOAD_AWARE_K = 8, True
+    shadow_policy.path, shadow_policy.target_path, shadow_policy.k = "local", str(tiny_model_dir), 5
+    shadow_policy.save()
+    _store(shadow_policy, path="local", costs=JUMP)
+    monkeypatch.setattr(shadow, "_CARRIED", {})
+    _no_inline_measurement(monkeypatch)
+    model = load_causal_lm(tiny_model_dir)
+    output = generate(LocalTarget(model), None, PROMPT, GenerationConfig(max_new_tokens=10)).tokens
+    # when
+    measure_shadow(
+        endpoint_id=shadow_policy.endpoint_id,
+        request_id="controller",
+        prompt_ids=PROMPT,
+        output_ids=output,
+        finish_reason="length",
+        max_tokens=10,
+        temperature=0.0,
+        latency_ms=500.0,
+    )
+    # then: every drafting step drafted 2 (3 steps of 3 tokens), the last token a plain step, and S is the tokens
+    # over those steps' modeled time: 10 x 10 ms / (3 x (6 + 2 x 1) + 6) ms, not the fixed K = 5's projection
+    record = StageRecord.objects.get(request_id="controller")
+    assert (record.drafted_tokens, record.target_passes, record.accepted_tokens) == (6, 4, 6)
+    assert record.multiplier == pytest.approx(10 * 0.010 / (3 * (0.006 + 2 * 0.001) + 0.006))
+    assert "load-aware controller" in record.reason and "mean K 1.50 of 5" in record.reason
+    assert record.server_step_ms == pytest.approx(10.0)
+
+
+def test_where_prod_drafts_the_policys_k_shadow_projects_that_k(shadow_policy, broker, monkeypatch, settings):
+    from speculation.models import StageRecord
+
+    # given: the same costs, but batching off (prod's single-stream loop drafts the policy's K every step)
+    settings.PROD_BATCH_SLOTS = 0
+    shadow_policy.k = 5
+    shadow_policy.save()
+    _store(shadow_policy, path="remote", costs=JUMP)
+    _no_inline_measurement(monkeypatch)
+    _shadow(shadow_policy, "fixed")
+    # then: the replay drafted 5 a step (the last one cut at the output's end) and S is the fixed-K formula
+    record = StageRecord.objects.get(request_id="fixed")
+    assert "load-aware controller" not in record.reason
+    assert record.drafted_tokens > 2 * (record.target_passes - 1)
+    k_mean = record.drafted_tokens / record.target_passes
+    assert record.multiplier == pytest.approx(record.mean_accepted_len / (JUMP.v(k_mean) + k_mean * JUMP.c))
