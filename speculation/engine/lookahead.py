@@ -87,15 +87,21 @@ class DynamicLookahead:
         self.verify_s[n] = self._decayed(("verify", n), self.verify_s.get(n), verify_s)
 
     def _decayed(self, key: tuple, old: float | None, new: float) -> float:
-        """The estimate after one more measurement: the mean of the measurements while they are fewer than
-        1 / (1 - DECAY), then the decayed average (a size's first step runs on cold caches and is rarely measured
-        again: at weight 1 - DECAY a cold first measurement outlived many steps); a measurement counts at most
-        SPIKE times the estimate. A value set without measurements counts as one."""
-        count = self.seen.get(key, 0 if old is None else 1) + 1
-        self.seen[key] = count
-        if old is None:
+        """The estimate after one more measurement. A size's first measurement is a warm-up: on a CPU a shape's
+        first forward builds its kernels and caches (measured on the demo: a fresh batch decoder's first steps at
+        up to 3x the later ones, which held K at 1 for dozens of steps), so the second replaces it. After that,
+        the mean of the measurements while they are fewer than 1 / (1 - DECAY), then the decayed average; a
+        measurement counts at most SPIKE times the estimate. A value set without measurements counts as one."""
+        warm = self.seen.get(key, None if old is None else 1)  # warm measurements behind the estimate
+        if old is None or warm == 0:
+            self.seen[key] = 0 if old is None else 1
             return new
-        return old + max(1 - DECAY, 1.0 / count) * (min(new, SPIKE * old) - old)
+        self.seen[key] = warm = warm + 1
+        return old + max(1 - DECAY, 1.0 / warm) * (min(new, SPIKE * old) - old)
+
+    def warm(self, n_tokens: int) -> bool:
+        """Whether verifying n tokens has a measurement past its warm-up (or a value set without one)."""
+        return n_tokens in self.verify_s and self.seen.get(("verify", n_tokens)) != 0
 
     def verify_cost(self, n_tokens: int) -> float:
         """The shadow projection's interpolation over the measured sizes, pooled to be non-decreasing (verifying
@@ -106,6 +112,9 @@ class DynamicLookahead:
         k_start = min(self.k_start, self.k_max)
         if self.draft_step_s is None or not self.verify_s:
             return k_start
+        cold = [n for n in self.verify_s if not self.warm(n)]
+        if cold:  # a size measured once, its warm-up: measure it again before deciding on it
+            return min(min(cold) - 1, self.k_max)
         if len(self.verify_s) < 2:  # one step size seen: try another to learn how verify cost grows with K
             return max(1, k_start // 2)
         if 1 not in self.verify_s:

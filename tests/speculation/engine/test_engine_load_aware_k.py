@@ -53,14 +53,15 @@ def test_acceptance_is_shared_by_every_batch_size():
 
 
 def test_fresh_batch_sizes_explore_before_they_choose():
-    # the first steps at a new size measure: k_start, a shorter K (verify cost against K), then a plain step
+    # the first steps at a new size measure, each twice (the first is its warm-up): k_start, a shorter K (verify
+    # cost against K), then a plain step
     lookahead = LoadAwareLookahead(k_start=4)
     seen = []
-    for _ in range(3):
+    for _ in range(6):
         k = lookahead.choose(16, k_max=4)
         seen.append(k)
         lookahead.observe(batch_size=16, drafted=k, accepted=k // 2, reached=k, draft_s=0.01 * k, verify_s=0.1)
-    assert seen == [4, 2, 0]
+    assert seen == [4, 4, 2, 2, 0, 0]
 
 
 def test_a_k_measured_at_a_bad_moment_is_measured_again():

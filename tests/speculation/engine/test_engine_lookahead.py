@@ -75,9 +75,11 @@ def test_one_stalled_step_moves_a_cost_by_at_most_spike_times_its_weight():
     assert lookahead.verify_s[6] == pytest.approx(DECAY * before + (1 - DECAY) * SPIKE * before)
 
 
-def test_a_cold_first_measurement_does_not_outlive_the_next_ones():
+def test_a_sizes_first_measurement_is_a_warm_up_the_next_one_replaces():
     lookahead = DynamicLookahead(k_max=5, k_start=5)
     lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.030)  # the first step: cold
-    for _ in range(3):
-        lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.010)
-    assert lookahead.verify_s[6] == pytest.approx((0.030 + 3 * 0.010) / 4)  # the mean while they are few
+    assert lookahead.choose() == 5  # measured again before anything is decided on it
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.010)
+    assert lookahead.verify_s[6] == pytest.approx(0.010)
+    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.014)
+    assert lookahead.verify_s[6] == pytest.approx(0.012)  # then the mean while they are few
