@@ -259,7 +259,12 @@ class Command(BaseCommand):
         return out
 
     def _shadow_vs_prod(self, stack: BenchStack, prompts: list[str], plan: dict) -> dict:
-        run = dict(prompts=prompts, max_tokens=plan["prod_max_tokens"], concurrency=1, headers=stack.headers)
+        """Each mode first serves one warm-up request, left out of the pairs, as on an endpoint that has run a while:
+        shadow's waits for the first cost calibration (before it, records are projected at the policy's K when it
+        lands, not at the K prod's controller would choose), prod's lets the batch loop's controller measure its
+        step sizes (a fresh decoder's first steps measure K = k, k // 2 and 0, twice each)."""
+        run = dict(max_tokens=plan["prod_max_tokens"], concurrency=1, headers=stack.headers)
+        warm_up = [prompts[0] + " Answer briefly."]
         stack.set_policy(
             "demo",
             mode="shadow",
@@ -270,13 +275,17 @@ class Command(BaseCommand):
             path="local",
             target_path=str(stack.target_dir),
         )
-        asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
-        # a shadow record made before the first cost calibration is projected when it lands (moments later)
-        shadow = self._wait_records(stack, "demo", "shadow", len(prompts), projected=True)
-        stack.set_policy("demo", mode="prod")
-        asyncio.run(run_concurrent(stack.ace_url, model="demo", **run))
-        prod = self._wait_records(stack, "demo", "prod", len(prompts))
-        out = {"shadow_vs_prod": concurrency_bench.shadow_vs_prod(shadow, [r for r in prod if r["path"] == "local"])}
+        records = {}
+        for mode in ("shadow", "prod"):
+            if mode == "prod":
+                stack.set_policy("demo", mode="prod")
+            asyncio.run(run_concurrent(stack.ace_url, model="demo", prompts=warm_up, **run))
+            seen = {r["id"] for r in self._wait_records(stack, "demo", mode, 1, projected=mode == "shadow")}
+            asyncio.run(run_concurrent(stack.ace_url, model="demo", prompts=prompts, **run))
+            measured = self._wait_records(stack, "demo", mode, len(seen) + len(prompts), projected=mode == "shadow")
+            records[mode] = [r for r in measured if r["id"] not in seen]
+        prod = [r for r in records["prod"] if r["path"] == "local"]
+        out = {"shadow_vs_prod": concurrency_bench.shadow_vs_prod(records["shadow"], prod)}
         self.stderr.write(f"shadow vs prod (local): {out['shadow_vs_prod']}")
         return out
 
