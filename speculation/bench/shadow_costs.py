@@ -1,6 +1,7 @@
-"""What shadow's cost calibration times against what prod runs: the batch engine's row (BatchRowTarget /
-BatchRowDraft, speculation.worker.costs_batch, what prod's local path runs while the worker batches) against the
-batch-1 engine (LocalTarget / DraftModelProposer) on the demo pair.
+"""The batch engine's row (BatchRowTarget / BatchRowDraft, speculation.worker.costs_batch: the forward prod's local
+path runs while the worker batches) against the batch-1 engine (LocalTarget / DraftModelProposer) on the demo pair.
+(Shadow's calibration of the batched path now times the batch decoder's own steps, BatchStepTimer, which include
+the decoder's work around these forwards.)
 
     python -m speculation.bench.shadow_costs [--rounds 15] [--json out.json]
 

@@ -52,7 +52,7 @@ from speculation.models import CostCalibration, DraftModel, Mechanism, Speculati
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
-from speculation.worker.costs_batch import BatchRowDraft, BatchRowTarget
+from speculation.worker.costs_batch import BatchStepTimer
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
 
@@ -223,11 +223,9 @@ def _measure_once(
 
 def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int]) -> StepCosts:
     """Time the three costs now; the server step and verify(n) borrowed from a fresh calibration of another
-    draft on the same endpoint, node class and path when there is one."""
+    draft on the same endpoint, node class and path when there is one (where prod batches, verify(n) is timed
+    with the draft step in the same decoder steps: always its own)."""
     batched = batched_path(policy=policy, path=path)
-    local = path == VerificationPath.LOCAL
-    proposer = _draft_proposer(policy, batched=batched)
-    draft_step = min(_quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local))
     shared = cost_selectors.newest_calibration(
         endpoint_id=endpoint.pk,
         node_class=endpoint.node_class,
@@ -235,6 +233,13 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
         draft_id=cost_selectors.ANY_DRAFT,
         max_age_s=settings.COST_REFRESH_S,
     )
+    if batched:
+        draft_step, verify = _batch_step_costs(endpoint=endpoint, policy=policy, context=context)
+        target_step = shared.step_costs().target_step_s if shared is not None else _server_step(endpoint, context)
+        return StepCosts(target_step_s=target_step, draft_step_s=draft_step, verify_s=verify)
+    local = path == VerificationPath.LOCAL
+    proposer = _draft_proposer(policy)
+    draft_step = min(_quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local))
     if shared is not None:
         borrowed = shared.step_costs()
         return StepCosts(target_step_s=borrowed.target_step_s, draft_step_s=draft_step, verify_s=borrowed.verify_s)
@@ -242,8 +247,37 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
     return StepCosts(
         target_step_s=_server_step(endpoint, context),
         draft_step_s=draft_step,
-        verify_s=_verify_costs(endpoint=endpoint, policy=policy, path=path, context=context, batched=batched),
+        verify_s=_verify_costs(endpoint=endpoint, policy=policy, path=path, context=context),
     )
+
+
+def _batch_step_costs(
+    *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]
+) -> tuple[float, dict[int, float]]:
+    """The draft step and verify(n) where prod runs the policy in the worker's batch loop: steps of a batch decoder
+    at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer), the fastest of
+    the rounds per size, each round after the server has gone quiet. With n-gram lookup the timer drafts with the
+    target itself (verify(n) does not depend on what proposed the drafts) and the lookup is timed on its own."""
+    target = resources.model(policy.target_path).model
+    ngram = policy.mechanism == Mechanism.NGRAM or policy.draft is None
+    draft = target if ngram else resources.model(policy.draft.path).model
+    try:
+        timer = BatchStepTimer(target, draft=draft, context=context)
+    except ValueError as exc:
+        raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
+    rounds = _quietly(endpoint, lambda: timer.round(VERIFY_SIZES), quiet=True)
+    timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
+    verify = non_decreasing({n: min(values) for n, values in timed.items() if values})
+    if not verify:
+        raise CalibrationError("no batch step of the sizes timed ran in full")
+    if ngram:
+        draft_step = min(_quietly(endpoint, lambda: time_draft_step(NgramProposer(), context, repeats=1), quiet=True))
+    else:
+        samples = [seconds for r in rounds for seconds in r[1]]
+        if not samples:
+            raise CalibrationError("no batch step drafted its K in full")
+        draft_step = min(samples)
+    return draft_step, verify
 
 
 def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
@@ -255,8 +289,8 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     return local and batching.enabled() and policy.mechanism in (Mechanism.DRAFT_MODEL, Mechanism.NGRAM)
 
 
-def _draft_proposer(policy: SpeculationPolicy, *, batched: bool) -> Any:
-    """The policy's drafting as prod runs it, for timing a draft step."""
+def _draft_proposer(policy: SpeculationPolicy) -> Any:
+    """The policy's drafting as prod's single-stream loop runs it, for timing a draft step."""
     if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
         return NgramProposer()
     if policy.mechanism == Mechanism.EAGLE_HEAD:
@@ -268,7 +302,7 @@ def _draft_proposer(policy: SpeculationPolicy, *, batched: bool) -> Any:
         head = resources.eagle_head(policy.draft.path, target_dir=policy.target_path)
         return _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
     model = resources.model(policy.draft.path).model
-    return BatchRowDraft(model) if batched else DraftModelProposer(model, target_vocab_size=model.vocab_size)
+    return DraftModelProposer(model, target_vocab_size=model.vocab_size)
 
 
 class Preempted(Exception):
@@ -361,14 +395,11 @@ def _server_step(endpoint: Endpoint, context: list[int]) -> float:
     return server_step_seconds(client=http(), endpoint=endpoint, headers=_headers(endpoint), prompt_ids=context)
 
 
-def _verify_costs(
-    *, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int], batched: bool
-) -> dict[int, float]:
-    """verify(n) on prod's path: the target in this worker (on the batch engine when prod batches), or prod's
-    RemoteTarget over the server's scoring call."""
+def _verify_costs(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int]) -> dict[int, float]:
+    """verify(n) on prod's single-stream path: the target in this worker, or prod's RemoteTarget over the server's
+    scoring call."""
     if path == VerificationPath.LOCAL:
-        model = resources.model(policy.target_path).model
-        target = BatchRowTarget(model) if batched else LocalTarget(model)
+        target = LocalTarget(resources.model(policy.target_path).model)
         rounds = _quietly(endpoint, lambda: time_verify(target, context, VERIFY_SIZES, repeats=1), quiet=True)
         return non_decreasing({n: min(r[n] for r in rounds) for n in rounds[0]})
     from speculation.worker.generation import PathUnavailable, build

@@ -1,11 +1,13 @@
-"""Timing the local path as prod runs it when the worker batches (speculation.worker.batching): one row of the
+"""Timing the local path as prod runs it when the worker batches (speculation.worker.batching). The calibration
+times a BatchDecoder's own steps (``BatchStepTimer``, below). The row adapters time one row of the
 batch engine's BatchedModel, the same forward the BatchDecoder runs for a lone request (padding-free row 0, its own
 cache, the attention mask of the batch), not the batch-1 Transformer with its static cache. At batch size 1 the two
 differ by a fixed cost per forward (measured: a lone request in the batch ran at 23 tok/s where the single-stream
 loop ran at 29), which a projection timed on the wrong one carries into every K.
 
 ``BatchRowTarget`` is the engine's Target protocol and ``BatchRowDraft`` its Proposer protocol over one row, for
-speculation.engine.costs.time_verify / time_draft_step only: greedy drafts, no sampling.
+speculation.engine.costs.time_verify / time_draft_step only (the shadow_costs benchmark compares them with the
+batch-1 engine): greedy drafts, no sampling.
 """
 
 from __future__ import annotations
@@ -88,3 +90,69 @@ class BatchRowDraft:
 
     def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
         pass
+
+
+class _ToldK:
+    """Stands in for BatchDecoder's LoadAwareLookahead: the decoder drafts the K it is told and the step's own
+    timings (the draft and the verification as the decoder times them for its controller) are kept."""
+
+    def __init__(self) -> None:
+        self.k = 0
+        self.last: tuple[int, float, float, bool] | None = None  # drafted, draft_s, verify_s, catch_up
+
+    def choose(self, batch_size: int, *, k_max: int) -> int:
+        return self.k
+
+    def observe(self, *, batch_size: int, drafted: int, draft_s: float, verify_s: float, catch_up: bool = False, **_):
+        self.last = (drafted, draft_s, verify_s, catch_up)
+
+
+class BatchStepTimer:
+    """Prod's batched local path timed as it runs: steps of a BatchDecoder with one slot, at the K it is told, each
+    timed by the decoder itself (speculation.engine.batch times the draft and the verification for its controller;
+    those are the costs the lookahead controller then decides on). A step at K = n - 1 times verify(n) with the
+    decoder's own work around the forward (building the rows, the acceptance rule, the one device read), which the
+    row adapters above leave out: measured on the demo pair at 2 threads, the decoder's verify(6) took 6.7 ms where
+    the row's forward took 4.6 ms, and its draft step 0.96 where the row's took 0.71 (docs/BENCHMARKS.md).
+
+    The slot continues the context greedily, so the drafts are the draft model's real proposals; ``round`` runs
+    one step per size, a plain step last (the drafting step after plain steps also feeds the draft the tokens they
+    committed: that step's draft time is not kept). A fresh decoder's first round is a warm-up: each shape's
+    first CPU forward builds its kernels."""
+
+    def __init__(self, target: Transformer, *, draft: Transformer, context: list[int]) -> None:
+        from speculation.engine import GenerationConfig
+        from speculation.engine.batch import BatchDecoder
+        from speculation.limits import K_MAX
+
+        self._told = _ToldK()
+        self._decoder = BatchDecoder(target, slots=1, draft=draft, lookahead=self._told)  # type: ignore[arg-type]
+        room = self._decoder.max_context - len(context) - 1
+        if room < 2 * K_MAX:
+            raise ValueError(f"a context of {len(context)} tokens leaves no room to time steps")
+        self._decoder.add("calibration", list(context), GenerationConfig(max_new_tokens=room, k=K_MAX))
+        self.warmed = False
+
+    def round(self, sizes: tuple[int, ...]) -> tuple[dict[int, float], list[float]]:
+        """One step per size n (K = n - 1), drafting sizes first, largest first: ({n: verify seconds}, [seconds per
+        drafted token]); a size the decoder could not run in full (the slot's room ran out) is left out."""
+        if not self.warmed:
+            self.warmed = True
+            self.round(sizes)
+        verify: dict[int, float] = {}
+        drafts: list[float] = []
+        for n in sorted(sizes, key=lambda size: (size == 1, -size)):
+            if not len(self._decoder):
+                break
+            self._told.k = n - 1
+            self._decoder.step()
+            if self._told.last is None:
+                continue
+            drafted, draft_s, verify_s, catch_up = self._told.last
+            self._told.last = None
+            if drafted + 1 != n:
+                continue
+            verify[n] = verify_s
+            if drafted and not catch_up:
+                drafts.append(draft_s / drafted)
+        return verify, drafts

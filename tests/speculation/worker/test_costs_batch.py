@@ -38,3 +38,31 @@ def test_batch_row_draft_proposes_the_draft_models_greedy_tokens(tiny_model_dir)
         batch.propose(committed, 3, GREEDY, None).tokens.tolist()
         == single.propose(committed, 3, GREEDY, None).tokens.tolist()
     )
+
+
+def test_the_step_timer_keeps_the_batch_decoders_own_timings_of_each_size(tiny_model_dir, monkeypatch):
+    from speculation.engine.batch import BatchDecoder
+    from speculation.worker.costs_batch import BatchStepTimer
+
+    # given: the decoder's step, spied on: what K it drafted and the timings it reported to its controller
+    model = load_causal_lm(str(tiny_model_dir))
+    reported = []
+    original = BatchDecoder.step
+
+    def step(self):
+        updates = original(self)
+        reported.append(self.lookahead.last)
+        return updates
+
+    monkeypatch.setattr(BatchDecoder, "step", step)
+    timer = BatchStepTimer(model, draft=model, context=[1, 5, 9, 14, 20, 31])
+    # when: a round over four sizes (after the warm-up round the first call runs)
+    verify, drafts = timer.round((1, 2, 4, 9))
+    # then: one step per size, plain step last; each size's time is the one the decoder measured for it, and a
+    # draft step per drafted token from every drafting step but the first, which follows the warm-up round's plain
+    # step (it also fed the draft that step's token: not a draft step's cost)
+    ours = reported[-4:]
+    assert len(reported) == 8 and [drafted for drafted, *_ in ours] == [8, 3, 1, 0]
+    assert verify == {drafted + 1: verify_s for drafted, _, verify_s, _ in ours}
+    assert [catch_up for *_, catch_up in ours] == [True, False, False, False]
+    assert drafts == [draft_s / drafted for drafted, draft_s, _, _ in ours[1:3]]

@@ -302,14 +302,22 @@ def test_local_calibration_times_the_engine_prod_runs_the_request_on(
     monkeypatch.setattr(worker_costs, "time_draft_step", lambda proposer, *a, **kw: timed.append(proposer) or 0.001)
     shadow_policy.target_path = str(tiny_model_dir)
     # when
-    worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
-    # then
+    costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
+    # then: batching, the batch decoder's own steps at every size (no single-model timing); else the batch-1 engine
     names = sorted({type(x).__name__ for x in timed})
-    assert names == (["BatchRowDraft", "BatchRowTarget"] if slots else ["DraftModelProposer", "LocalTarget"])
+    assert names == ([] if slots else ["DraftModelProposer", "LocalTarget"])
+    if slots:
+        assert set(costs.verify_s) == set(worker_costs.VERIFY_SIZES)
+        assert all(s > 0 for s in costs.verify_s.values()) and costs.draft_step_s > 0
 
 
-def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(shadow_policy, tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("slots", [8, 0])
+def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(
+    shadow_policy, tiny_model_dir, monkeypatch, settings, slots
+):
     from speculation.worker import generation
+
+    settings.PROD_BATCH_SLOTS = slots  # the batch decoder's steps are timed, or the single-stream engine's
 
     # given: a server that reports a running request on its first three polls, then none
     polls = []
@@ -326,12 +334,23 @@ def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(shad
     started_after = []
     monkeypatch.setattr(worker_costs, "time_draft_step", lambda *a, **kw: started_after.append(len(polls)) or 0.001)
     monkeypatch.setattr(worker_costs, "time_verify", lambda *a, **kw: started_after.append(len(polls)) or {1: 0.01})
+
+    class Timer:  # the batch decoder's steps: one round times every size and the draft step
+        def __init__(self, *a, **kw):
+            pass
+
+        def round(self, sizes):
+            started_after.append(len(polls))
+            return {1: 0.01}, [0.001]
+
+    monkeypatch.setattr(worker_costs, "BatchStepTimer", Timer)
     shadow_policy.target_path = str(tiny_model_dir)
     # when
     costs = worker_costs.measure(endpoint=shadow_policy.endpoint, policy=shadow_policy, path="local", context=PROMPT)
     # then: no timing round started before the server said it was idle, and each round asked again
     assert polls[0] == "/metrics" and started_after[0] == 4
-    assert len(started_after) == 2 * worker_costs.REPEATS and started_after == sorted(started_after)
+    rounds = worker_costs.REPEATS * (1 if slots else 2)
+    assert len(started_after) == rounds and started_after == sorted(started_after)
     assert costs.draft_step_s == 0.001 and costs.verify_s == {1: 0.01}
 
 
@@ -359,12 +378,12 @@ def test_an_eagle_heads_draft_step_is_timed_on_the_target_in_the_worker(shadow_p
     shadow_policy.mechanism = "eagle_head"
     shadow_policy.draft = DraftModel.objects.create(name="tiny-head", kind="eagle_head", path=str(tmp_path / "head"))
     shadow_policy.target_path = str(tiny_model_dir)
-    proposer = worker_costs._draft_proposer(shadow_policy, batched=False)
+    proposer = worker_costs._draft_proposer(shadow_policy)
     # each timed proposal drafts (the loop's features for the committed token are fed in between), so a step costs
     assert worker_costs.time_draft_step(proposer, PROMPT) > 0
     shadow_policy.target_path = ""
     with pytest.raises(worker_costs.CalibrationError, match="target"):
-        worker_costs._draft_proposer(shadow_policy, batched=False)
+        worker_costs._draft_proposer(shadow_policy)
 
 
 # verifying up to 3 tokens costs one plain step's time; 4 and more cost 5x: the controller drafts K = 2
