@@ -314,6 +314,18 @@ class LoadAwareLookahead:
             self.by_load[bucket] = DynamicLookahead(k_start=self.k_start)
         return self.by_load[bucket]
 
+    def seed(self, batch_size: int, *, verify_s: dict[int, float], draft_step_s: float) -> bool:
+        """Start the batch size's bucket from costs measured elsewhere (the worker's stored calibration of this
+        path, timed on the same decoder's steps) rather than from its learning steps; each counts as one
+        measurement, which this decoder's own steps then refine. False when the bucket has measurements already."""
+        bucket = load_bucket(batch_size)
+        if bucket in self.by_load or not verify_s:
+            return False
+        self.by_load[bucket] = DynamicLookahead(
+            k_start=self.k_start, draft_step_s=draft_step_s, verify_s=dict(verify_s)
+        )
+        return True
+
     def choose(self, batch_size: int, *, k_max: int) -> int:
         bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)

@@ -108,7 +108,12 @@ def speculate(
     draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
     ngram = (proposer.max_ngram, proposer.min_ngram) if isinstance(proposer, NgramProposer) else None
     handle = _loop().submit(
-        target=prepared.target.model, draft=draft, ngram=ngram, prompt_ids=prompt_ids, config=config
+        target=prepared.target.model,
+        draft=draft,
+        ngram=ngram,
+        prompt_ids=prompt_ids,
+        config=config,
+        costs=getattr(prepared, "costs", None),
     )
     try:
         for update in handle.updates(timeout_s=settings.PROD_STEP_TIMEOUT_S):
@@ -176,11 +181,19 @@ class BatchLoop:
         self._thread.start()
 
     def submit(
-        self, *, target: Any, draft: Any, ngram: tuple[int, int] | None, prompt_ids: list[int], config: Any
+        self,
+        *,
+        target: Any,
+        draft: Any,
+        ngram: tuple[int, int] | None,
+        prompt_ids: list[int],
+        config: Any,
+        costs: Any = None,
     ) -> _Handle:
-        """Join the batch of (target, draft model or n-gram sizes (max, min)); the handle gets its steps."""
+        """Join the batch of (target, draft model or n-gram sizes (max, min)); the handle gets its steps. costs:
+        the stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
         handle = _Handle(loop=self, key=next(self._ids))
-        self._commands.put(("join", (target, draft, ngram), handle, prompt_ids, config))
+        self._commands.put(("join", (target, draft, ngram), handle, prompt_ids, config, costs))
         return handle
 
     def leave(self, key: int) -> None:
@@ -211,10 +224,13 @@ class BatchLoop:
             if command[0] == "stop":
                 return
             if command[0] == "join":
-                _, pair, handle, prompt_ids, config = command
+                _, pair, handle, prompt_ids, config, costs = command
                 group = self._groups.get(pair) or self._new_group(pair, handle)
                 if group is not None:
                     group.pending.append((handle, prompt_ids, config))
+                    lookahead = group.decoder.lookahead
+                    if costs is not None and lookahead is not None:
+                        lookahead.seed(1, verify_s=dict(costs.verify_s), draft_step_s=costs.draft_step_s)
             else:
                 self._leave(command[1])
             try:

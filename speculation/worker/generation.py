@@ -33,6 +33,7 @@ from speculation.engine import (
     generate,
 )
 from speculation.engine.decode import truncate_at_stop
+from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
@@ -89,6 +90,7 @@ class Prepared:
     target: LocalTarget | None = None  # local path
     remote: RemoteTarget | None = None  # remote path
     max_logprobs: int = 0  # remote path: the server's max logprobs (a sampled request needs top_k below it)
+    costs: StepCosts | None = None  # local path: the stored calibration, where the batch loop starts its K from
 
     def target_for(self, params: SamplingParams) -> Target:
         """The local target, or the server: a sampled request is scored with its top-N log-probabilities."""
@@ -143,7 +145,11 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
             raise PathUnavailable("path local needs the policy's target_path")
         loaded = resources.model(policy.target_path)
         drafter = _drafter(policy, loaded)
-        return Prepared(drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model))
+        row, _ = costs.stored_costs(costs.cost_key(endpoint=endpoint, policy=policy))
+        stored = row.step_costs() if row is not None and row.path == VerificationPath.LOCAL else None
+        return Prepared(
+            drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model), costs=stored
+        )
     if path != VerificationPath.REMOTE:
         raise PathUnavailable(f"path {path!r} does not run in the worker")
     drafter = _drafter(policy, None)

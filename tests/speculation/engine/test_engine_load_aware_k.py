@@ -80,3 +80,16 @@ def test_a_step_that_catches_the_draft_up_does_not_count_as_a_draft_step():
     # then the draft step estimate stands, and speculation still pays
     assert lookahead.by_load[4].draft_step_s == pytest.approx(0.05)
     assert lookahead.choose(4, k_max=5) > 0
+
+
+def test_a_bucket_seeded_from_a_calibration_chooses_from_its_first_step():
+    # given: load 1 seeded with stored costs where verifying up to 4 tokens costs a plain step's time
+    lookahead = LoadAwareLookahead(k_start=5)
+    assert lookahead.seed(1, verify_s={1: 1.0, 4: 1.0, 9: 5.0}, draft_step_s=0.01)
+    lookahead.accepted, lookahead.reached = 0.9, 1.0
+    # then: no learning steps (k_start, k_start // 2, plain): the best K for those costs at once
+    assert [lookahead.choose(1, k_max=5) for _ in range(3)] == [3, 3, 3]
+    # and a bucket that has measurements of its own is not overwritten
+    lookahead.observe(batch_size=1, drafted=3, accepted=3, reached=3, draft_s=0.03, verify_s=2.0)
+    assert not lookahead.seed(1, verify_s={1: 9.0}, draft_step_s=9.0)
+    assert lookahead.by_load[1].verify_s[4] == pytest.approx(1.5)  # the seed counted as one measurement

@@ -243,3 +243,34 @@ def test_the_batch_serves_draft_models_and_ngram_lookup_on_the_local_path_only(s
     assert batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset(), target=local))
     assert not batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset()))  # remote path
     assert not batching.serves(Prepared(proposer=object(), tokenizer=None, eos_ids=frozenset(), target=local))
+
+
+def test_the_stored_calibration_seeds_the_pairs_k_at_load_one(model_dirs, batch_loop, monkeypatch):
+    from dataclasses import replace
+
+    from speculation.engine.lookahead import LoadAwareLookahead
+    from speculation.engine.projection import StepCosts
+
+    chosen: list[int] = []
+    choose = LoadAwareLookahead.choose
+
+    def spy(self, *args, **kwargs) -> int:
+        chosen.append(choose(self, *args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(LoadAwareLookahead, "choose", spy)
+    # given: a request whose path has a stored calibration (verifying up to 3 tokens as cheap as one)
+    stored = StepCosts(target_step_s=0.01, draft_step_s=0.0001, verify_s={1: 0.004, 3: 0.004, 9: 0.02})
+    prepared = replace(_prepared(model_dirs), costs=stored)
+    want = _run(prepared, [3, 4, 5], batch=True)
+    assert want == _run(prepared, [3, 4, 5], batch=False)
+    # then: the pair's controller started at load 1 from those costs: its first step drafts the best K for them
+    # (2), no learning steps
+    (group,) = batch_loop._groups.values()
+    assert set(stored.verify_s) <= set(group.decoder.lookahead.by_load[1].verify_s)
+    assert chosen[0] == 2
+    # whereas a fresh pair without a calibration learns: K = 3 twice (the first is its warm-up), 1 twice, 0 twice
+    batch_loop._groups.clear()
+    chosen.clear()
+    assert _run(replace(prepared, costs=None), [3, 4, 5], batch=True) == want
+    assert chosen[:6] == [3, 3, 1, 1, 0, 0]

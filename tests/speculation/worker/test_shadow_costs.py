@@ -443,3 +443,17 @@ def test_where_prod_drafts_the_policys_k_shadow_projects_that_k(shadow_policy, b
     assert record.drafted_tokens > 2 * (record.target_passes - 1)
     k_mean = record.drafted_tokens / record.target_passes
     assert record.multiplier == pytest.approx(record.mean_accepted_len / (JUMP.v(k_mean) + k_mean * JUMP.c))
+
+
+def test_a_local_prod_request_carries_its_paths_stored_calibration_to_the_batch(shadow_policy, tiny_model_dir):
+    from speculation.worker.generation import build
+
+    shadow_policy.target_path = str(tiny_model_dir)
+    assert build(shadow_policy.endpoint, shadow_policy, "local").costs is None  # nothing stored yet
+    _store(shadow_policy, path="remote")
+    assert build(shadow_policy.endpoint, shadow_policy, "local").costs is None  # another path's costs
+    shadow_policy.path = "local"
+    _store(shadow_policy, path="local", costs=JUMP)
+    costs = build(shadow_policy.endpoint, shadow_policy, "local").costs
+    assert costs is not None and costs.verify_s == pytest.approx(JUMP.verify_s)
+    assert costs.draft_step_s == pytest.approx(JUMP.draft_step_s)
