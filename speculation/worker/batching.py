@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,15 @@ def single_stream() -> Iterator[None]:
         return
     with _single_stream:
         yield
+
+
+def on_loop_thread(fn: Callable[[], Any], *, timeout_s: float = 120.0) -> Any:
+    """fn run in the batch loop's thread between two of its steps, for torch work that must run as prod's steps run:
+    on a CPU each thread that calls torch has its own OpenMP team, and while two teams of a process have more
+    threads than the cores, libgomp cuts their spin-waits and every parallel region wakes sleeping threads
+    (measured on the demo pair at 2 threads: the decoder's verify(1) 4 ms in a process's only torch thread, 9 ms
+    in a second one). A cost calibration timed in the Celery task's thread would not see what prod's steps pay."""
+    return _loop().call(fn, timeout_s=timeout_s)
 
 
 def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None:
@@ -199,6 +209,12 @@ class BatchLoop:
     def leave(self, key: int) -> None:
         self._commands.put(("leave", key))
 
+    def call(self, fn: Callable[[], Any], *, timeout_s: float) -> Any:
+        """fn's result, run in this loop's thread between two steps (its exception raised here)."""
+        done: Future = Future()
+        self._commands.put(("call", fn, done))
+        return done.result(timeout=timeout_s)
+
     def stop(self) -> None:
         """End the loop thread; requests still in it fail (and fall back)."""
         self._stopped.set()
@@ -223,7 +239,13 @@ class BatchLoop:
         while True:
             if command[0] == "stop":
                 return
-            if command[0] == "join":
+            if command[0] == "call":
+                _, fn, done = command
+                try:
+                    done.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - the caller gets it
+                    done.set_exception(exc)
+            elif command[0] == "join":
                 _, pair, handle, prompt_ids, config, costs = command
                 group = self._groups.get(pair) or self._new_group(pair, handle)
                 if group is not None:

@@ -255,17 +255,26 @@ def _batch_step_costs(
     *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]
 ) -> tuple[float, dict[int, float]]:
     """The draft step and verify(n) where prod runs the policy in the worker's batch loop: steps of a batch decoder
-    at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer), the fastest of
-    the rounds per size, each round after the server has gone quiet. With n-gram lookup the timer drafts with the
+    at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer) in the batch
+    loop's own thread (batching.on_loop_thread says why), the fastest of the rounds per size, each round after the
+    server has gone quiet. With n-gram lookup the timer drafts with the
     target itself (verify(n) does not depend on what proposed the drafts) and the lookup is timed on its own."""
+    from speculation.worker import batching
+
     target = resources.model(policy.target_path).model
     ngram = policy.mechanism == Mechanism.NGRAM or policy.draft is None
     draft = target if ngram else resources.model(policy.draft.path).model
+    timers: list[BatchStepTimer] = []
+
+    def one_round() -> tuple[dict[int, float], list[float]]:  # in the batch loop's thread, as prod's steps run
+        if not timers:
+            timers.append(BatchStepTimer(target, draft=draft, context=context))
+        return timers[0].round(VERIFY_SIZES)
+
     try:
-        timer = BatchStepTimer(target, draft=draft, context=context)
+        rounds = _quietly(endpoint, lambda: batching.on_loop_thread(one_round), quiet=True)
     except ValueError as exc:
         raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
-    rounds = _quietly(endpoint, lambda: timer.round(VERIFY_SIZES), quiet=True)
     timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
     verify = non_decreasing({n: min(values) for n, values in timed.items() if values})
     if not verify:

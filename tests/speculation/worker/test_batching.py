@@ -274,3 +274,11 @@ def test_the_stored_calibration_seeds_the_pairs_k_at_load_one(model_dirs, batch_
     chosen.clear()
     assert _run(replace(prepared, costs=None), [3, 4, 5], batch=True) == want
     assert chosen[:6] == [3, 3, 1, 1, 0, 0]
+
+
+def test_work_handed_to_the_loop_runs_in_its_thread_and_returns_or_raises(batch_loop):
+    # the calibration of the batched path times its steps there (batching.on_loop_thread)
+    assert batching.on_loop_thread(lambda: threading.current_thread().name) == "ace-batch-loop"
+    with pytest.raises(ZeroDivisionError):
+        batching.on_loop_thread(lambda: 1 / 0)
+    assert batching.on_loop_thread(lambda: 42) == 42  # the loop goes on
