@@ -3,6 +3,8 @@
 One calibration measures (repeated timings; the worker's own work: its fastest repeat, speculation.engine.costs;
 the server's step: the median, as the server runs under its own load). The fastest, not the median, of the worker's
 timings: they run while the server serves shadow's traffic on the same node, which prod's steps do not share.
+(Where prod batches, the batch decoder's steps are timed in the batch loop's thread after the server has gone
+quiet, and there the median: ``_batch_step_costs``.)
 Measured (docs/BENCHMARKS.md, bench_gateway shadow_vs_prod, load 12-18): with the median, verify(2..5) came out
 at 139 ms where prod's whole worker step was 22 ms (shadow / prod 0.16); with the fastest, the projected worker
 step was 20 ms against prod's 24 ms (shadow / prod 1.19):
@@ -256,9 +258,11 @@ def _batch_step_costs(
 ) -> tuple[float, dict[int, float]]:
     """The draft step and verify(n) where prod runs the policy in the worker's batch loop: steps of a batch decoder
     at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer) in the batch
-    loop's own thread (batching.on_loop_thread says why), the fastest of the rounds per size, each round after the
-    server has gone quiet. With n-gram lookup the timer drafts with the
-    target itself (verify(n) does not depend on what proposed the drafts) and the lookup is timed on its own."""
+    loop's own thread (batching.on_loop_thread says why), the median of the rounds per size, each round after the
+    server has gone quiet: the steps run where and as prod's do, so their typical time is what prod's requests
+    pay (the fastest left shadow's projection 1.07-1.30x prod's measurement in six runs, docs/BENCHMARKS.md).
+    With n-gram lookup the timer drafts with the target itself (verify(n) does not depend on what proposed the
+    drafts) and the lookup is timed on its own."""
     from speculation.worker import batching
 
     target = resources.model(policy.target_path).model
@@ -276,7 +280,7 @@ def _batch_step_costs(
     except ValueError as exc:
         raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
     timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
-    verify = non_decreasing({n: min(values) for n, values in timed.items() if values})
+    verify = non_decreasing({n: statistics.median(values) for n, values in timed.items() if values})
     if not verify:
         raise CalibrationError("no batch step of the sizes timed ran in full")
     if ngram:
@@ -285,7 +289,7 @@ def _batch_step_costs(
         samples = [seconds for r in rounds for seconds in r[1]]
         if not samples:
             raise CalibrationError("no batch step drafted its K in full")
-        draft_step = min(samples)
+        draft_step = statistics.median(samples)
     return draft_step, verify
 
 
