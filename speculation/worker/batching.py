@@ -241,10 +241,7 @@ class BatchLoop:
         self._commands.put(("leave", key))
 
     def call(self, fn: Callable[[], Any], *, timeout_s: float) -> Any:
-        """fn's result, run in this loop's thread between two steps (its exception raised here); called from that
-        thread (work handed to the loop that hands work on), fn runs at once."""
-        if threading.current_thread() is self._thread:
-            return fn()
+        """fn's result, run in this loop's thread between two steps (its exception raised here)."""
         done: Future = Future()
         self._commands.put(("call", fn, done))
         return done.result(timeout=timeout_s)

@@ -282,8 +282,6 @@ def test_work_handed_to_the_loop_runs_in_its_thread_and_returns_or_raises(batch_
     with pytest.raises(ZeroDivisionError):
         batching.on_loop_thread(lambda: 1 / 0)
     assert batching.on_loop_thread(lambda: 42) == 42  # the loop goes on
-    # work handed on from the loop's own thread runs at once (it would wait for itself)
-    assert batching.on_loop_thread(lambda: batching.on_loop_thread(lambda: 7), timeout_s=5) == 7
 
 
 def test_a_cpu_worker_that_batches_runs_its_tasks_torch_work_in_the_loops_thread(batch_loop, settings):
