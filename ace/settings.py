@@ -90,14 +90,9 @@ GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
 # ...and where the worker's engine shares the server's machine, learn loads above one request in flight anyway instead
 # of presuming them slower (speculation.gateway.goodput.shares_machine; e.g. the server runs on a GPU of that machine)
 GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
-# The GPU worker's torch (OpenMP) threads spin this many iterations when idle (GOMP_SPINCOUNT, about 0.1 ms at
-# 10000), then sleep: fast within a forward pass, and between steps they leave the cores to a model server on the
-# same node (docs/BENCHMARKS.md: sleeping at once, OMP_WAIT_POLICY=PASSIVE, made the engine's steps 2.2x slower;
-# OpenMP's default spin of about 3 ms took the server's cores, concurrency run 7). -1: OpenMP's default
-WORKER_OMP_SPINCOUNT = env_int("ACE_WORKER_OMP_SPINCOUNT", 10000, minimum=-1)
-# A worker process that batches on a CPU runs all its torch work in the batch loop's thread (shadow replays,
-# candidate replays, cost timings): a second thread's OpenMP team halves both (speculation.worker.batching)
-WORKER_ONE_ENGINE_THREAD = env_bool("ACE_WORKER_ONE_ENGINE_THREAD", True)
+# The GPU worker's torch (OpenMP) threads sleep when idle instead of spinning, so that on a node whose CPUs the
+# model server shares they do not take its cores (docs/BENCHMARKS.md, concurrency run 7); the server is not affected
+WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", True)
 # Continuous batching (speculation.worker.batching): each GPU worker process serves up to this many local-path prod
 # requests together in one batch loop and declares processes x slots to admission control; 0 = one engine loop
 # per Celery task (a process serves one prod request at a time). The default suits a CPU; a GPU worker serves more

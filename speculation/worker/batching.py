@@ -87,37 +87,6 @@ def on_loop_thread(fn: Callable[[], Any], *, timeout_s: float = 120.0) -> Any:
     return _loop().call(fn, timeout_s=timeout_s)
 
 
-def one_engine_thread() -> bool:
-    """Whether this process runs all its torch work in the batch loop's thread: batching on, on a CPU, and
-    ACE_WORKER_ONE_ENGINE_THREAD (default on). On a GPU, kernels do not wait on OpenMP teams."""
-    if not enabled() or not getattr(settings, "WORKER_ONE_ENGINE_THREAD", True):
-        return False
-    import torch
-
-    return not torch.cuda.is_available()
-
-
-def engine_work(fn: Callable[[], Any], *, timeout_s: float = 600.0) -> Any:
-    """Single-stream engine work of a Celery task (a shadow replay, candidate replays): where one_engine_thread(), in
-    the batch loop's thread between two steps (one OpenMP team per process: on_loop_thread says why; measured on the
-    demo pair, prod's steps in the loop's thread ran at 9 ms per verify(1) once the task thread had used torch, 4 ms
-    while the loop's thread was the only one), its database connection closed after it; else here, holding
-    single_stream() (the loaded models' own KV caches)."""
-    if not one_engine_thread():
-        with single_stream():
-            return fn()
-
-    def run() -> Any:
-        from django.db import connection
-
-        try:
-            return fn()
-        finally:
-            connection.close()
-
-    return on_loop_thread(run, timeout_s=timeout_s)
-
-
 def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None:
     """Run ``run(job)`` in a request thread of this process; returns at once."""
 

@@ -276,10 +276,7 @@ def _batch_step_costs(
         return timers[0].round(VERIFY_SIZES)
 
     try:
-        if batching.one_engine_thread():  # _quietly runs each round in the loop's thread
-            rounds = _quietly(endpoint, one_round, quiet=True)
-        else:
-            rounds = _quietly(endpoint, lambda: batching.on_loop_thread(one_round), quiet=True)
+        rounds = _quietly(endpoint, lambda: batching.on_loop_thread(one_round), quiet=True)
     except ValueError as exc:
         raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
     timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
@@ -351,15 +348,12 @@ def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, roun
     own costs on the local path are what prod pays once the worker serves the traffic itself and the server no
     longer does; on a node the two share, timings taken while the server serves shadow's traffic carry the server's
     work too (measured: 8-10x prod's own steps at load 7-20, docs/BENCHMARKS.md)."""
-    from speculation.worker import batching
-
     results, deadline = [], (time.monotonic() + QUIET_WAIT_S if quiet else 0.0)
     for _ in range(rounds):
         _yield_point()
         if quiet:
             _wait_until_server_idle(endpoint, deadline=deadline)
-        # where the process runs its torch work in one thread (batching.one_engine_thread), the timing runs there
-        results.append(batching.on_loop_thread(timing) if batching.one_engine_thread() else timing())
+        results.append(timing())
     return results
 
 

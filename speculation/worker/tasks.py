@@ -25,22 +25,19 @@ logger = logging.getLogger(__name__)
 @worker_process_init.connect
 def _preload(**_: Any) -> None:
     """Import torch and transformers once per worker process, before any request waits on them. With
-    ACE_WORKER_OMP_SPINCOUNT (>= 0), OpenMP (libgomp) reads GOMP_SPINCOUNT as torch loads it: an idle thread spins
-    that many iterations (10000: about 0.1 ms), then sleeps, so it keeps up with the back-to-back regions of a
-    forward pass but gives its core back between steps; the variable is removed again, so servers this process
-    starts keep their own default. An OMP_WAIT_POLICY or GOMP_SPINCOUNT the operator set is kept."""
+    ACE_WORKER_OMP_PASSIVE, OpenMP reads OMP_WAIT_POLICY=PASSIVE as torch loads it (idle threads sleep rather than
+    spin); the variable is removed again, so servers this process starts keep their own default."""
     from django.conf import settings
 
-    spin = settings.WORKER_OMP_SPINCOUNT
-    ours = spin >= 0 and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ
-    if ours:
-        os.environ["GOMP_SPINCOUNT"] = str(spin)
+    passive = settings.WORKER_OMP_PASSIVE and "OMP_WAIT_POLICY" not in os.environ
+    if passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         import speculation.worker.generation  # noqa: F401
         import speculation.worker.shadow  # noqa: F401
     finally:
-        if ours:
-            del os.environ["GOMP_SPINCOUNT"]
+        if passive:
+            del os.environ["OMP_WAIT_POLICY"]
 
 
 _heartbeat: Any = None
@@ -96,10 +93,11 @@ def prod_generate_task(job: dict[str, Any]) -> None:
 
 @shared_task(name="speculation.tasks.shadow_measure_task", acks_late=True, ignore_result=True)
 def shadow_measure_task(**kwargs: Any) -> None:
-    from speculation.worker.batching import engine_work
+    from speculation.worker.batching import single_stream
     from speculation.worker.shadow import measure_shadow
 
-    engine_work(lambda: measure_shadow(**kwargs))  # the loaded models' own KV caches, in the engine's thread
+    with single_stream():  # it uses the loaded models' own KV caches
+        measure_shadow(**kwargs)
 
 
 BACKGROUND_DEFER_S = 2.0
@@ -162,10 +160,11 @@ def replay_candidates_task(self: Any, *, node_class: str, defers: int = 0, **kwa
     """Every compatible candidate replayed on one shadowed request (speculation.worker.candidates)."""
     if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
         return
-    from speculation.worker.batching import engine_work
+    from speculation.worker.batching import single_stream
     from speculation.worker.candidates import replay_candidates_for_request
 
-    engine_work(lambda: replay_candidates_for_request(**kwargs))
+    with single_stream():
+        replay_candidates_for_request(**kwargs)
 
 
 def enqueue_calibration(*, node_class: str, **kwargs: Any) -> None:

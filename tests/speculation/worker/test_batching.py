@@ -282,14 +282,3 @@ def test_work_handed_to_the_loop_runs_in_its_thread_and_returns_or_raises(batch_
     with pytest.raises(ZeroDivisionError):
         batching.on_loop_thread(lambda: 1 / 0)
     assert batching.on_loop_thread(lambda: 42) == 42  # the loop goes on
-
-
-def test_a_cpu_worker_that_batches_runs_its_tasks_torch_work_in_the_loops_thread(batch_loop, settings):
-    # one OpenMP team per process: a second thread using torch would halve the loop's steps (engine_work says why)
-    here = threading.current_thread().name
-    settings.WORKER_ONE_ENGINE_THREAD = True
-    assert batching.engine_work(lambda: threading.current_thread().name) == "ace-batch-loop"
-    settings.WORKER_ONE_ENGINE_THREAD = False
-    assert batching.engine_work(lambda: threading.current_thread().name) == here
-    settings.WORKER_ONE_ENGINE_THREAD, settings.PROD_BATCH_SLOTS = True, 0  # no batching: no loop
-    assert batching.engine_work(lambda: threading.current_thread().name) == here
