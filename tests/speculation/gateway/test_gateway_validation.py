@@ -198,3 +198,44 @@ def test_an_error_the_server_gives_to_a_shadow_stream_request_reaches_the_client
     content = b"".join(response.streaming_content) if response.streaming else response.content
     assert json.loads(content) == error
     assert response[REQUEST_ID_HEADER]
+
+
+def test_a_connection_the_server_drops_before_answering_is_sent_again(client, gateway):
+    import socket
+    import threading
+
+    # given: a server that closes the first connection without a response (a keep-alive connection it closed as
+    # the request went out), then answers
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen = []
+
+    def serve() -> None:
+        for attempt in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                seen.append(data.split(b"\r\n", 1)[0])
+                if attempt == 0:
+                    continue  # closed: no response
+                body = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
+                head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                conn.sendall(head.encode() + b"connection: close\r\n\r\n" + body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    model, headers = gateway(Mode.OFF)
+    Endpoint.objects.filter(name=model).update(base_url=f"http://127.0.0.1:{port}")
+    from speculation.services.version import bump_routing_version
+
+    bump_routing_version()
+    # when
+    response = _post(client, "/v1/completions", {**COMPLETION, "model": model}, headers)
+    # then: the client got the server's answer, not a 502; the server saw the request twice
+    thread.join(timeout=10)
+    listener.close()
+    assert response.status_code == 200, response.content
+    assert response.json()["id"] == "cmpl-1"
+    assert seen == [b"POST /v1/completions HTTP/1.1"] * 2
