@@ -89,11 +89,14 @@ def test_without_a_calibration_prods_multiplier_is_over_the_end_to_end_baseline_
 
 
 def test_shadow_and_prod_on_the_same_request_divide_by_the_same_step_so_their_ratio_is_the_cost_models_error(
-    prod_setup, client
+    prod_setup, client, settings
 ):
     from speculation.models import StageRecord
     from speculation.worker.shadow import measure_shadow
 
+    # prod drafts the policy's K every step, so shadow projects that K by the closed formula below (where the batch
+    # chooses K per step, shadow models its controller: tests/speculation/worker/test_shadow_costs.py)
+    settings.PROD_BATCH_LOAD_AWARE_K = False
     endpoint, policy = prod_setup
     _store_calibration(endpoint, policy)
     prompt = [1, 5, 6, 7, 9, 14]
