@@ -19,6 +19,7 @@ rows is nearly free (a GPU), the wide tree does. Shapes not used for ``SHAPE_PRO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -314,7 +315,7 @@ class LoadAwareLookahead:
             self.by_load[bucket] = DynamicLookahead(k_start=self.k_start)
         return self.by_load[bucket]
 
-    def seed(self, batch_size: int, *, verify_s: dict[int, float], draft_step_s: float) -> bool:
+    def seed(self, batch_size: int, *, verify_s: Mapping[int, float], draft_step_s: float) -> bool:
         """Start the batch size's bucket from costs measured elsewhere (the worker's stored calibration of this
         path, timed on the same decoder's steps) rather than from its learning steps; each counts as one
         measurement, which this decoder's own steps then refine. False when the bucket has measurements already."""

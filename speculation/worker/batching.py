@@ -123,7 +123,7 @@ def speculate(
         ngram=ngram,
         prompt_ids=prompt_ids,
         config=config,
-        costs=getattr(prepared, "costs", None),
+        costs=prepared.costs,
     )
     try:
         for update in handle.updates(timeout_s=settings.PROD_STEP_TIMEOUT_S):
@@ -252,7 +252,7 @@ class BatchLoop:
                     group.pending.append((handle, prompt_ids, config))
                     lookahead = group.decoder.lookahead
                     if costs is not None and lookahead is not None:
-                        lookahead.seed(1, verify_s=dict(costs.verify_s), draft_step_s=costs.draft_step_s)
+                        lookahead.seed(1, verify_s=costs.verify_s, draft_step_s=costs.draft_step_s)
             else:
                 self._leave(command[1])
             try:

@@ -468,12 +468,13 @@ def projection(
     tokens_per_step: float,
     k: float,
     verified: float | None = None,  # drafts one verification checks when not K (a draft tree's nodes)
+    stored: tuple[CostCalibration | None, str] | None = None,  # shadow_costs' answer when the caller has it
 ) -> tuple[float | None, str, float | None]:
     """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, how it was made
     (for the record's reason) and the server step (ms) it is over (the record's server_step_ms); None with PENDING
     and the key's tag before the first calibration is stored."""
     try:
-        row, note = shadow_costs(endpoint=endpoint, policy=policy, context=context)
+        row, note = stored or shadow_costs(endpoint=endpoint, policy=policy, context=context)
     except Exception as exc:  # noqa: BLE001 - the measurement is still recorded, without a projection
         logger.warning("reading the costs of endpoint %s failed: %s", endpoint.pk, exc)
         return None, f"no projection: the costs could not be read ({type(exc).__name__}: {exc})", None

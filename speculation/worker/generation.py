@@ -145,11 +145,12 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
             raise PathUnavailable("path local needs the policy's target_path")
         loaded = resources.model(policy.target_path)
         drafter = _drafter(policy, loaded)
+        prepared = Prepared(drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model))
+        if not batching.serves(prepared):  # only the batch loop's controller starts from the stored costs
+            return prepared
         row, _ = costs.stored_costs(costs.cost_key(endpoint=endpoint, policy=policy))
         stored = row.step_costs() if row is not None and row.path == VerificationPath.LOCAL else None
-        return Prepared(
-            drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model), costs=stored
-        )
+        return replace(prepared, costs=stored)
     if path != VerificationPath.REMOTE:
         raise PathUnavailable(f"path {path!r} does not run in the worker")
     drafter = _drafter(policy, None)

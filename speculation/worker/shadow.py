@@ -51,7 +51,7 @@ class Shadowed:
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
     server_step_ms: float | None = None  # the stored server step the last projection was over
-    _costs: Any = None  # (calibration, note) the controller() was built over
+    _costs: Any = None  # shadow_costs' (calibration or None, note), read once by controller()
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
         tok_s = self.baseline_tok_s * multiplier if self.baseline_tok_s and multiplier else None
@@ -76,6 +76,7 @@ class Shadowed:
             tokens_per_step=tokens_per_step,
             k=k,
             verified=verified,
+            stored=self._costs,
         )
         return value, basis
 
@@ -91,15 +92,15 @@ class Shadowed:
         ):
             return None
         try:
-            row, note = shadow_costs(endpoint=self.endpoint, policy=policy, context=self.prompt_ids)
+            self._costs = shadow_costs(endpoint=self.endpoint, policy=policy, context=self.prompt_ids)
         except Exception as exc:  # noqa: BLE001 - the fixed-K projection reports it
             logger.warning("reading the costs of endpoint %s failed: %s", self.endpoint.pk, exc)
             return None
-        if row is None:
+        row = self._costs[0]
+        if row is None:  # the fixed-K projection (project) says it is pending, from the same answer
             return None
         costs = row.step_costs()
         accepted, reached = _CARRIED.get(self._pair(), (PRIOR_ALPHA * PRIOR_WEIGHT, PRIOR_WEIGHT))
-        self._costs = row, note
         return ModeledLookahead.over(
             verify_s=dict(costs.verify_s),
             draft_step_s=costs.draft_step_s,

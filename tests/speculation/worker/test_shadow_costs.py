@@ -54,14 +54,14 @@ def broker(redis_server):
     client.close()
 
 
-def _shadow(policy, request_id: str) -> None:
+def _shadow(policy, request_id: str, output: list[int] = OUTPUT) -> None:
     measure_shadow(
         endpoint_id=policy.endpoint_id,
         request_id=request_id,
         prompt_ids=PROMPT,
-        output_ids=OUTPUT,
+        output_ids=output,
         finish_reason="length",
-        max_tokens=len(OUTPUT),
+        max_tokens=len(output),
         temperature=0.0,
         latency_ms=5000.0,  # a slow request: the projection must not read its latency as the target step
     )
@@ -408,16 +408,7 @@ def test_where_prod_chooses_k_per_step_shadow_projects_the_k_its_controller_woul
     model = load_causal_lm(tiny_model_dir)
     output = generate(LocalTarget(model), None, PROMPT, GenerationConfig(max_new_tokens=10)).tokens
     # when
-    measure_shadow(
-        endpoint_id=shadow_policy.endpoint_id,
-        request_id="controller",
-        prompt_ids=PROMPT,
-        output_ids=output,
-        finish_reason="length",
-        max_tokens=10,
-        temperature=0.0,
-        latency_ms=500.0,
-    )
+    _shadow(shadow_policy, "controller", output=output)
     # then: every drafting step drafted 2 (3 steps of 3 tokens), the last token a plain step, and S is the tokens
     # over those steps' modeled time: 10 x 10 ms / (3 x (6 + 2 x 1) + 6) ms, not the fixed K = 5's projection
     record = StageRecord.objects.get(request_id="controller")
