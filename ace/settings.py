@@ -90,9 +90,14 @@ GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
 # ...and where the worker's engine shares the server's machine, learn loads above one request in flight anyway instead
 # of presuming them slower (speculation.gateway.goodput.shares_machine; e.g. the server runs on a GPU of that machine)
 GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
-# The GPU worker's torch (OpenMP) threads sleep when idle instead of spinning, so that on a node whose CPUs the
-# model server shares they do not take its cores (docs/BENCHMARKS.md, concurrency run 7); the server is not affected
-WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", True)
+# The GPU worker's torch (OpenMP) threads on a CPU (speculation.worker.openmp): idle threads spin this many
+# iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000; -1: OpenMP's default) and then sleep, so between steps they
+# leave the cores to a model server on the same node; ACE_WORKER_OMP_PASSIVE sleeps at once instead (every parallel
+# region then wakes its threads: the engine's steps ran 2x slower, docs/BENCHMARKS.md ninth session). The batch
+# loop's thread runs torch with ACE_WORKER_TORCH_THREADS threads (0: one per core), every other thread with one.
+WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", False)
+WORKER_OMP_SPINCOUNT = env_int("ACE_WORKER_OMP_SPINCOUNT", 10000, minimum=-1)
+WORKER_TORCH_THREADS = env_int("ACE_WORKER_TORCH_THREADS", 0, minimum=0)
 # Continuous batching (speculation.worker.batching): each GPU worker process serves up to this many local-path prod
 # requests together in one batch loop and declares processes x slots to admission control; 0 = one engine loop
 # per Celery task (a process serves one prod request at a time). The default suits a CPU; a GPU worker serves more

@@ -93,6 +93,9 @@ def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None
     def serve() -> None:
         from django.db import connection
 
+        from speculation.worker import openmp
+
+        openmp.side_thread()
         try:
             run(job)
         finally:
@@ -222,6 +225,9 @@ class BatchLoop:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        from speculation.worker import openmp
+
+        openmp.batch_loop_thread()
         while not self._stopped.is_set():
             busy = any(len(g.decoder) or g.pending for g in self._groups.values())
             self._take_commands(block=not busy)

@@ -11,7 +11,6 @@ Models are loaded once per worker process and kept (speculation.worker.paths.res
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import shared_task
@@ -24,20 +23,16 @@ logger = logging.getLogger(__name__)
 
 @worker_process_init.connect
 def _preload(**_: Any) -> None:
-    """Import torch and transformers once per worker process, before any request waits on them. With
-    ACE_WORKER_OMP_PASSIVE, OpenMP reads OMP_WAIT_POLICY=PASSIVE as torch loads it (idle threads sleep rather than
-    spin); the variable is removed again, so servers this process starts keep their own default."""
-    from django.conf import settings
+    """Import torch and transformers once per worker process, before any request waits on them, with the worker's
+    OpenMP settings (speculation.worker.openmp: idle threads spin briefly, and a process that batches on a CPU keeps
+    its one OpenMP team in the batch loop's thread)."""
+    from speculation.worker import openmp
 
-    passive = settings.WORKER_OMP_PASSIVE and "OMP_WAIT_POLICY" not in os.environ
-    if passive:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
+    def imports() -> None:
         import speculation.worker.generation  # noqa: F401
         import speculation.worker.shadow  # noqa: F401
-    finally:
-        if passive:
-            del os.environ["OMP_WAIT_POLICY"]
+
+    openmp.load_torch(imports)
 
 
 _heartbeat: Any = None

@@ -1,0 +1,96 @@
+"""The GPU worker's OpenMP threads on a CPU: one team per process, in the batch loop's thread.
+
+Measured on this project's 2-core machine with torch's CPU build (libgomp and MKL; `docs/BENCHMARKS.md`, ninth
+session): a linear layer of the demo target over 8 rows takes 36 us in the only thread of a process that runs
+torch with 2 threads, but 110-130 us in a second thread once the first has run a 2-thread region (each OS thread
+that calls torch gets its own OpenMP team, and two teams on two cores wait on each other), and 120 us in any thread
+with OMP_WAIT_POLICY=PASSIVE (every parallel region wakes sleeping threads). The batch decoder's aggregate rate
+follows: 8 requests at K = 5, 750 tok/s as the only team, 375-460 in a second team or passive.
+
+So a process that batches on a CPU runs torch with ``ACE_WORKER_TORCH_THREADS`` threads (default: torch's, one
+per core) in its batch loop's thread only; every other thread that calls torch (the Celery task's: model loading,
+shadow replays, single-stream prod; the request threads) runs it with one thread, so no second team forms. Idle
+threads of the team spin ``ACE_WORKER_OMP_SPINCOUNT`` iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000) and then
+sleep, so between steps they leave the cores to a model server on the same node. OpenMP reads the variable when
+torch loads (``load_torch``); it is removed again, so servers the worker starts keep their own default.
+
+On a GPU none of this applies (kernels do not wait on OpenMP teams): nothing is changed there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_loop_threads = 0  # the batch loop's torch threads (0: not decided yet)
+_lock = threading.Lock()
+
+
+def load_torch(imports: Callable[[], Any]) -> None:
+    """Run ``imports`` (which loads torch) with the worker's OpenMP settings in the environment, then fix this
+    thread's torch threads: one where the batch loop is to hold the process's only team."""
+    from django.conf import settings
+
+    added = {}
+    if "OMP_WAIT_POLICY" not in os.environ:
+        if settings.WORKER_OMP_PASSIVE:
+            added["OMP_WAIT_POLICY"] = "PASSIVE"
+        elif settings.WORKER_OMP_SPINCOUNT >= 0 and "GOMP_SPINCOUNT" not in os.environ:
+            added["GOMP_SPINCOUNT"] = str(settings.WORKER_OMP_SPINCOUNT)
+    os.environ.update(added)
+    try:
+        imports()
+    finally:
+        for name in added:
+            del os.environ[name]
+    side_thread()
+
+
+def one_team() -> bool:
+    """Whether this process keeps one OpenMP team, in its batch loop: batching on, and no GPU."""
+    from speculation.worker import batching
+
+    if not batching.enabled():
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def loop_threads() -> int:
+    """The batch loop's torch threads: ACE_WORKER_TORCH_THREADS, else torch's default for this machine."""
+    global _loop_threads
+    from django.conf import settings
+
+    with _lock:
+        if not _loop_threads:
+            import torch
+
+            _loop_threads = settings.WORKER_TORCH_THREADS or torch.get_num_threads()
+        return _loop_threads
+
+
+def side_thread() -> None:
+    """This thread (not the batch loop's) runs torch with one thread where the process keeps one team."""
+    if one_team():
+        loop_threads()  # torch's default, read before the first thread is set to one
+        _set_threads(1)
+
+
+def batch_loop_thread() -> None:
+    """The batch loop's thread holds the process's team. torch.set_num_threads is per thread for OpenMP and MKL,
+    but new threads start from the last value set, so the request threads set theirs back to one (side_thread)."""
+    if one_team():
+        _set_threads(loop_threads())
+
+
+def _set_threads(n: int) -> None:
+    """This thread's torch threads. torch sets a thread's OpenMP and MKL count from the last value set by any
+    thread when it first asks for it (lazily, at its first parallel region): asked first, so that it does not
+    overwrite this thread's own count later."""
+    import torch
+
+    torch.get_num_threads()
+    torch.set_num_threads(n)
