@@ -7,12 +7,13 @@ that calls torch gets its own OpenMP team, and two teams on two cores wait on ea
 with OMP_WAIT_POLICY=PASSIVE (every parallel region wakes sleeping threads). The batch decoder's aggregate rate
 follows: 8 requests at K = 5, 750 tok/s as the only team, 375-460 in a second team or passive.
 
-So a process that batches on a CPU runs torch with ``ACE_WORKER_TORCH_THREADS`` threads (default: torch's, one
-per core) in its batch loop's thread only; every other thread that calls torch (the Celery task's: model loading,
-shadow replays, single-stream prod; the request threads) runs it with one thread, so no second team forms. Idle
-threads of the team spin ``ACE_WORKER_OMP_SPINCOUNT`` iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000) and then
-sleep, so between steps they leave the cores to a model server on the same node. OpenMP reads the variable when
-torch loads (``load_torch``); it is removed again, so servers the worker starts keep their own default.
+So a process that batches on a CPU runs torch with ``ACE_WORKER_TORCH_THREADS`` threads (default: one per core but
+one, at least one: ``loop_threads``) in its batch loop's thread only; every other thread that calls torch (the
+Celery task's: model loading, shadow replays, single-stream prod; the request threads) runs it with one thread, so
+no second team forms. Idle threads of the team spin ``ACE_WORKER_OMP_SPINCOUNT`` iterations (GOMP_SPINCOUNT, about
+0.1 ms at 10000) and then sleep, so between steps they leave the cores to a model server on the same node. OpenMP
+reads the variable when torch loads (``load_torch``); it is removed again, so servers the worker starts keep their
+own default.
 
 On a GPU none of this applies (kernels do not wait on OpenMP teams): nothing is changed there.
 """
@@ -60,7 +61,11 @@ def one_team() -> bool:
 
 
 def loop_threads() -> int:
-    """The batch loop's torch threads: ACE_WORKER_TORCH_THREADS, else torch's default for this machine."""
+    """The batch loop's torch threads: ACE_WORKER_TORCH_THREADS, else one less than torch's default for this machine
+    (one per core), at least one: a core is left to what streams each step's tokens (the request threads, Redis, the
+    web process) and to a model server on the node. On the 2-core machine, in the bench stack, one thread served a
+    one-stream request in 270 ms where two took 320 (each step's relay preempted one of the two, and both wait at
+    every parallel region's end), and shadow's calibration then matched prod's steps (docs/BENCHMARKS.md)."""
     global _loop_threads
     from django.conf import settings
 
@@ -68,7 +73,7 @@ def loop_threads() -> int:
         if not _loop_threads:
             import torch
 
-            _loop_threads = settings.WORKER_TORCH_THREADS or torch.get_num_threads()
+            _loop_threads = settings.WORKER_TORCH_THREADS or max(1, torch.get_num_threads() - 1)
         return _loop_threads
 
 

@@ -31,11 +31,16 @@ sys.meta_path.insert(0, Spy())
 from speculation.worker.tasks import _preload
 _preload()
 """
-LOADING = SETUP + """
+LOADING = (
+    SETUP
+    + """
 after = [os.environ.get(v, "unset") for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")]
 print("RESULT", *seen.get("torch", ["not-imported"] * 2), *after)
 """
-THREADS = SETUP + """
+)
+THREADS = (
+    SETUP
+    + """
 import threading, torch
 from speculation.worker import batching
 torch.ones(64, 64) @ torch.ones(64, 64)  # the task thread runs torch (model loading, shadow replays)
@@ -51,6 +56,7 @@ again = loop.call(lambda: torch.get_num_threads(), timeout_s=60)
 print("RESULT", torch.get_num_threads(), seen_loop, request[0], again)
 loop.stop()
 """
+)
 
 
 def _probe(code: str, **env: str) -> list[str]:
@@ -87,3 +93,10 @@ def test_a_worker_that_does_not_batch_keeps_torchs_threads():
     main, loop, request, loop_again = map(int, _probe(THREADS, ACE_BATCH_SLOTS="0", ACE_WORKER_TORCH_THREADS="2"))
     assert main == loop == request == loop_again >= 1
     assert main == int(_probe("import torch; print('RESULT', torch.get_num_threads())")[0])
+
+
+def test_by_default_the_batch_loop_leaves_one_core_to_the_rest():
+    default = int(_probe("import torch; print('RESULT', torch.get_num_threads())")[0])
+    main, loop, request, loop_again = map(int, _probe(THREADS, ACE_BATCH_SLOTS="4", ACE_WORKER_TORCH_THREADS="0"))
+    assert (main, request) == (1, 1)
+    assert loop == loop_again == max(1, default - 1)
