@@ -94,8 +94,8 @@ GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
 # iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000; -1: OpenMP's default) and then sleep, so between steps they
 # leave the cores to a model server on the same node; ACE_WORKER_OMP_PASSIVE sleeps at once instead (every parallel
 # region then wakes its threads: the engine's steps ran 2x slower, docs/BENCHMARKS.md ninth session). The batch
-# loop's thread runs torch with ACE_WORKER_TORCH_THREADS threads (0: one per core but one, at least one), every other
-# thread with one.
+# loop's thread runs torch with up to ACE_WORKER_TORCH_THREADS threads (0: one per core; a step of fewer than 4
+# requests one fewer, at least one), every other thread with one.
 WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", False)
 WORKER_OMP_SPINCOUNT = env_int("ACE_WORKER_OMP_SPINCOUNT", 10000, minimum=-1)
 WORKER_TORCH_THREADS = env_int("ACE_WORKER_TORCH_THREADS", 0, minimum=0)

@@ -227,7 +227,7 @@ class BatchLoop:
     def _run(self) -> None:
         from speculation.worker import openmp
 
-        openmp.batch_loop_thread()
+        self._threads = openmp.BatchLoopThreads()
         while not self._stopped.is_set():
             busy = any(len(g.decoder) or g.pending for g in self._groups.values())
             self._take_commands(block=not busy)
@@ -247,6 +247,7 @@ class BatchLoop:
                 return
             if command[0] == "call":
                 _, fn, done = command
+                self._threads.size(1)  # a calibration times one request's steps, as prod runs them at load 1
                 try:
                     done.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - the caller gets it
@@ -305,6 +306,7 @@ class BatchLoop:
         if not len(decoder) and not group.handles:
             return
         group.used = time.monotonic()
+        self._threads.size(len(decoder))
         try:
             updates = decoder.step()
         except Exception as exc:  # noqa: BLE001 - every request of the batch falls back; the loop goes on

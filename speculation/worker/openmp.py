@@ -7,8 +7,8 @@ that calls torch gets its own OpenMP team, and two teams on two cores wait on ea
 with OMP_WAIT_POLICY=PASSIVE (every parallel region wakes sleeping threads). The batch decoder's aggregate rate
 follows: 8 requests at K = 5, 750 tok/s as the only team, 375-460 in a second team or passive.
 
-So a process that batches on a CPU runs torch with ``ACE_WORKER_TORCH_THREADS`` threads (default: one per core but
-one, at least one: ``loop_threads``) in its batch loop's thread only; every other thread that calls torch (the
+So a process that batches on a CPU runs torch with up to ``ACE_WORKER_TORCH_THREADS`` threads (default: one per core;
+per step ``threads_for``) in its batch loop's thread only; every other thread that calls torch (the
 Celery task's: model loading, shadow replays, single-stream prod; the request threads) runs it with one thread, so
 no second team forms. Idle threads of the team spin ``ACE_WORKER_OMP_SPINCOUNT`` iterations (GOMP_SPINCOUNT, about
 0.1 ms at 10000) and then sleep, so between steps they leave the cores to a model server on the same node. OpenMP
@@ -60,12 +60,11 @@ def one_team() -> bool:
     return not torch.cuda.is_available()
 
 
+WIDE_BATCH = 4  # a step of this many requests or more runs on every core the loop has
+
+
 def loop_threads() -> int:
-    """The batch loop's torch threads: ACE_WORKER_TORCH_THREADS, else one less than torch's default for this machine
-    (one per core), at least one: a core is left to what streams each step's tokens (the request threads, Redis, the
-    web process) and to a model server on the node. On the 2-core machine, in the bench stack, one thread served a
-    one-stream request in 270 ms where two took 320 (each step's relay preempted one of the two, and both wait at
-    every parallel region's end), and shadow's calibration then matched prod's steps (docs/BENCHMARKS.md)."""
+    """The batch loop's most torch threads: ACE_WORKER_TORCH_THREADS, else torch's default here (one per core)."""
     global _loop_threads
     from django.conf import settings
 
@@ -73,8 +72,20 @@ def loop_threads() -> int:
         if not _loop_threads:
             import torch
 
-            _loop_threads = settings.WORKER_TORCH_THREADS or max(1, torch.get_num_threads() - 1)
+            _loop_threads = settings.WORKER_TORCH_THREADS or torch.get_num_threads()
         return _loop_threads
+
+
+def threads_for(batch_size: int) -> int:
+    """The loop's torch threads for a step of this many requests: all of loop_threads() from WIDE_BATCH requests on,
+    one fewer below (at least one), so that a core is left to what streams each step's tokens (the request threads,
+    Redis, the web process) and to a model server on the node. Measured on the 2-core machine in the bench stack
+    (docs/BENCHMARKS.md, ninth session): one stream's request took 280 ms with one thread and 340 with two (each
+    step's relay preempted one of the two, and both wait at every parallel region's end), while 8 streams on the
+    batch ran at 300-320 tok/s with one thread and 420-480 with two. Switching the count between steps costs
+    nothing measurable."""
+    most = loop_threads()
+    return most if batch_size >= WIDE_BATCH else max(1, most - 1)
 
 
 def side_thread() -> None:
@@ -84,11 +95,26 @@ def side_thread() -> None:
         _set_threads(1)
 
 
-def batch_loop_thread() -> None:
-    """The batch loop's thread holds the process's team. torch.set_num_threads is per thread for OpenMP and MKL,
-    but new threads start from the last value set, so the request threads set theirs back to one (side_thread)."""
-    if one_team():
-        _set_threads(loop_threads())
+class BatchLoopThreads:
+    """The batch loop's thread holds the process's team, sized per step (threads_for). torch.set_num_threads is per
+    thread for OpenMP and MKL, but new threads start from the last value set, so the request threads set theirs back
+    to one (side_thread)."""
+
+    def __init__(self) -> None:
+        self.enabled = one_team()
+        self.current = 0
+        if self.enabled:
+            loop_threads()
+            self.size(1)
+
+    def size(self, batch_size: int) -> None:
+        """Threads for a step of batch_size requests (a calibration times one request: 1)."""
+        if not self.enabled:
+            return
+        wanted = threads_for(batch_size)
+        if wanted != self.current:
+            _set_threads(wanted)
+            self.current = wanted
 
 
 def _set_threads(n: int) -> None:

@@ -4,8 +4,9 @@ is not loaded yet, and a process's OpenMP teams are its own).
 - Torch loads with GOMP_SPINCOUNT (ACE_WORKER_OMP_SPINCOUNT, default 10000: idle threads spin briefly, then sleep),
   or OMP_WAIT_POLICY=PASSIVE where ACE_WORKER_OMP_PASSIVE asks for it; the variable is set only while torch loads
   and removed again, so servers the worker starts keep their own default; an operator's own setting is kept.
-- A process that batches on a CPU runs torch with one thread everywhere but in its batch loop's thread, which gets
-  torch's default (or ACE_WORKER_TORCH_THREADS), also after other threads have run torch.
+- A process that batches on a CPU runs torch with one thread everywhere but in its batch loop's thread, which gets up
+  to torch's default (or ACE_WORKER_TORCH_THREADS), one fewer for a step of few requests, also after other threads
+  have run torch.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def test_the_worker_loads_torch_with_its_openmp_setting_only_while_it_loads(env,
 
 
 def test_a_batching_cpu_worker_keeps_its_threads_in_the_batch_loop():
-    main, loop, request, loop_again = map(int, _probe(THREADS, ACE_BATCH_SLOTS="4", ACE_WORKER_TORCH_THREADS="2"))
-    assert (main, loop, request, loop_again) == (1, 2, 1, 2)
+    main, loop, request, loop_again = map(int, _probe(THREADS, ACE_BATCH_SLOTS="4", ACE_WORKER_TORCH_THREADS="3"))
+    assert (main, loop, request, loop_again) == (1, 2, 1, 2)  # the loop at load 1: one thread fewer than 3
 
 
 def test_a_worker_that_does_not_batch_keeps_torchs_threads():
@@ -95,8 +96,32 @@ def test_a_worker_that_does_not_batch_keeps_torchs_threads():
     assert main == int(_probe("import torch; print('RESULT', torch.get_num_threads())")[0])
 
 
-def test_by_default_the_batch_loop_leaves_one_core_to_the_rest():
+def test_by_default_the_batch_loop_leaves_one_core_to_the_rest_below_a_wide_batch():
     default = int(_probe("import torch; print('RESULT', torch.get_num_threads())")[0])
     main, loop, request, loop_again = map(int, _probe(THREADS, ACE_BATCH_SLOTS="4", ACE_WORKER_TORCH_THREADS="0"))
     assert (main, request) == (1, 1)
-    assert loop == loop_again == max(1, default - 1)
+    assert loop == loop_again == max(1, default - 1)  # a calibration (one request) runs as a step at load 1
+
+
+def test_a_step_takes_every_core_from_a_wide_batch_on(settings, monkeypatch):
+    from speculation.worker import openmp
+
+    settings.WORKER_TORCH_THREADS = 4
+    monkeypatch.setattr(openmp, "_loop_threads", 0)
+    assert [openmp.threads_for(n) for n in (1, 2, 3, 4, 8)] == [3, 3, 3, 4, 4]
+    settings.WORKER_TORCH_THREADS = 1
+    monkeypatch.setattr(openmp, "_loop_threads", 0)
+    assert [openmp.threads_for(n) for n in (1, 8)] == [1, 1]
+
+
+def test_the_batch_loop_sizes_its_threads_per_step(monkeypatch):
+    from speculation.worker import openmp
+
+    monkeypatch.setattr(openmp, "one_team", lambda: True)
+    monkeypatch.setattr(openmp, "_loop_threads", 2)
+    set_to = []
+    monkeypatch.setattr(openmp, "_set_threads", set_to.append)
+    threads = openmp.BatchLoopThreads()
+    for batch in (1, 1, 8, 5, 2):
+        threads.size(batch)
+    assert set_to == [1, 2, 1]  # at start (load 1), a wide batch, a narrow one again; no call when unchanged
