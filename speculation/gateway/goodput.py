@@ -55,6 +55,13 @@ plain requests wait for (8 streams on 2 cores: the 7 plain requests beside one s
 and learning it cost a bench round of 8 streams 15-37 % of off's tok/s (concurrency runs 17-19, docs/BENCHMARKS.md).
 ACE_GOODPUT_SHARED_LEARN=true learns such loads as any other (e.g. where the server runs on a GPU of that machine).
 
+Where the worker's batch takes the whole load (the local path with a draft model or n-gram lookup, and at most as many
+requests in flight as the node class's live workers declare batch slots: `batch_takes`), the regime is another: every
+request of the load speculates together on the batch and the server sits idle, so nothing is presumed from the shared
+machine, the load is learned with every request speculating, and measured faster (BATCHED_MARGIN) every request
+speculates. On the 2-core machine 8 streams ran 1.03-1.27x off's tok/s so (docs/BENCHMARKS.md, ninth session), where
+one learner among plain neighbours had made them slower.
+
 Every decision carries its reason, which the stage record keeps (speculated requests too, so that a benchmark can
 say why each request speculated or went plain).
 
@@ -106,6 +113,10 @@ LEARNERS_IN_FLIGHT = 1
 # different moments of a drifting machine (plain's goodput per stream at 5-16 went 19.0 -> 12.6 within a minute
 # while another job started, and turned a 12.3 "slower" into "faster": the sixth session's diagnosis run).
 CROWDED_MARGIN = 1.25
+# Where the worker's batch takes every request of the load (`batch_takes`), the whole load is learned and served
+# speculatively: a right "faster" gains on every stream, so the margin covers only the drift between the moments the
+# two sides were sampled at (off's own rounds at 8 streams differed by 5-10 % here).
+BATCHED_MARGIN = 1.1
 # A verdict's goodput leaves out each side's longest-running sample: with every request weighted by its seconds, the
 # worker's first request (loading the models: seconds) outweighed 7 fast ones, and one stream went plain at a load
 # where speculation ran 2x (concurrency run 17, docs/BENCHMARKS.md). The neighbours of a learner are several.
@@ -168,6 +179,7 @@ class Decision:
     probe: bool = False  # speculates to learn a load that has no verdict yet
     samples: Samples | None = field(default=None, compare=False, repr=False)  # what it was decided on (reconsider)
     shared: bool = field(default=False, compare=False, repr=False)  # the worker shares the server's machine
+    batched: bool = field(default=False, compare=False, repr=False)  # the worker's batch takes the whole load
 
 
 def bucket_of(in_flight: int) -> str:
@@ -232,7 +244,7 @@ def _speculating(endpoint_id: int) -> int:
     return sum(1 for f in _in_flight[endpoint_id].values() if f.speculating)
 
 
-def hold_slower(endpoint_id: int, samples: Samples, *, traffic: str, bucket: str) -> bool:
+def hold_slower(endpoint_id: int, samples: Samples, *, traffic: str, bucket: str, batched: bool = False) -> bool:
     """Whether a "slower" verdict of this crowded load holds (reached within SPEC_TTL_S and its speculative samples
     still kept); a new one is remembered here. At one request in flight verdicts follow the samples."""
     key, spec = (endpoint_id, traffic, bucket), samples.get((traffic, bucket, SPEC), ())
@@ -243,7 +255,7 @@ def hold_slower(endpoint_id: int, samples: Samples, *, traffic: str, bucket: str
     if key in _held and now - _held[key] < SPEC_TTL_S:
         return True
     _held.pop(key, None)
-    if verdict(spec, samples.get((traffic, bucket, PLAIN), ()), bucket=bucket) == "slower":
+    if verdict(spec, samples.get((traffic, bucket, PLAIN), ()), bucket=bucket, batched=batched) == "slower":
         _held[key] = now
     return False
 
@@ -267,13 +279,16 @@ def goodput(samples: Sequence[Sample], *, trim: int = 0) -> float:
     return sum(rate * sec for rate, sec in pairs) / seconds if seconds > 0 else 0.0
 
 
-def verdict(spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BUCKET_NAMES[0]) -> str:
+def verdict(
+    spec: Sequence[Sample], plain: Sequence[Sample], *, bucket: str = BUCKET_NAMES[0], batched: bool = False
+) -> str:
     """ "slower" / "faster" where the samples of one load say so, "" where they do not yet. Above one request in
-    flight "faster" needs CROWDED_MARGIN times plain's goodput ("slower" covers "not that much faster")."""
+    flight "faster" needs CROWDED_MARGIN times plain's goodput ("slower" covers "not that much faster"), or
+    BATCHED_MARGIN where the worker's batch takes the whole load."""
     if len(plain) < MIN_SAMPLES:
         return ""
     if len(spec) >= MIN_SAMPLES:
-        margin = 1.0 if bucket == BUCKET_NAMES[0] else CROWDED_MARGIN
+        margin = 1.0 if bucket == BUCKET_NAMES[0] else BATCHED_MARGIN if batched else CROWDED_MARGIN
         return "slower" if goodput(spec, trim=TRIM) < margin * goodput(plain, trim=TRIM) else "faster"
     if bucket == BUCKET_NAMES[0]:  # alone, a request slows no neighbour: MIN_SAMPLES decide (see FEW_SAMPLES)
         return ""
@@ -321,17 +336,26 @@ def choose(
     pending: int = 0,
     held: bool = False,
     shared: bool = False,
+    batched: bool = False,
 ) -> Decision:
     """The rule, on the samples of one endpoint, for a request of this traffic at this load; turn counts the
     requests of that traffic and load, learning the endpoint's speculated requests in flight that learn a load,
     speculating all its speculated requests in flight, pending its other requests in flight whose samples will be
     speculation's (the speculating ones and the plain ones beside them), held whether a "slower" verdict reached
     earlier at this load still holds (hold_slower), shared whether the worker's engine shares the server's machine
-    (shares_machine: then a load above one request in flight without a verdict is presumed slower, not learned)."""
+    (shares_machine: then a load above one request in flight without a verdict is presumed slower, not learned),
+    batched whether the worker's batch takes every request of this load (batch_takes: then the load is learned and,
+    measured faster, served with every request speculating, the regime it was measured in; nothing is presumed
+    from the shared machine, since the server's plain requests are not beside them)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
-    own = "slower" if held else verdict(spec, plain, bucket=bucket)
+    own = "slower" if held else verdict(spec, plain, bucket=bucket, batched=batched)
     if own == "faster":
         cap = max(1, int(getattr(settings, "GOODPUT_SPECULATING", 1)))
+        if batched:
+            return Decision(
+                plain=False,
+                reason=f"{GUARD}: speculation measured faster at load {bucket} with the load on the worker's batch",
+            )
         if bucket != BUCKET_NAMES[0] and speculating >= cap:
             return Decision(
                 plain=True,
@@ -357,12 +381,16 @@ def choose(
             reason=f"speculation measured slower than plain at this load ({GUARD}): {_figures(spec, plain)}",
         )
     presumed = presumed_slower(samples, traffic=traffic, bucket=bucket)
-    if not presumed and shared and bucket != BUCKET_NAMES[0]:
+    if not presumed and shared and bucket != BUCKET_NAMES[0] and not batched:
         presumed = SHARED_REASON
     if presumed:
         return Decision(plain=True, reason=f"{presumed}; not measured at load {bucket} ({GUARD})")
     if len(plain) < MIN_SAMPLES and len(spec) >= MIN_SAMPLES and turn % 2 == 1:
         return Decision(plain=True, reason=f"measuring plain speed at this load ({GUARD})")
+    if batched and bucket != BUCKET_NAMES[0]:
+        return Decision(
+            plain=False, reason=f"{GUARD}: learning load {bucket} with the load on the worker's batch", probe=True
+        )
     if learning >= LEARNERS_IN_FLIGHT:
         return Decision(
             plain=True,
@@ -441,6 +469,35 @@ async def shares_machine(route: Any) -> bool:
     return shared
 
 
+BATCHED_MECHANISMS = ("draft_model", "ngram")  # what the worker's batch serves (speculation.worker.batching.serves)
+_room: dict[str, tuple[float, int]] = {}  # node class -> (when read, batch slots its live workers declare)
+
+
+async def batch_room(node_class: str) -> int:
+    """The batch slots the live workers of a node class declare to admission control (speculation.jobs.admission:
+    members "<node>|<slots>"), kept SHARED_TTL_S."""
+    now = _now()
+    found = _room.get(node_class)
+    if found is not None and now - found[0] < SHARED_TTL_S:
+        return found[1]
+    members = await client().zrangebyscore(workers_key(node_class), time.time(), "+inf")
+    room = 0
+    for member in members:
+        slots = (member.decode() if isinstance(member, bytes) else member).rpartition("|")[2]
+        room += int(slots) if slots.isdigit() else 0
+    _room[node_class] = (now, room)
+    return room
+
+
+async def batch_takes(route: Any, load: int) -> bool:
+    """Whether the worker's batch serves this endpoint's prod requests (the local path, a draft model or n-gram
+    lookup) and its live workers' slots take a load of this many requests at once: then every request of the load
+    can speculate together and the server sits idle, instead of a few speculating beside plain ones."""
+    if load <= 1 or route.path != "local" or route.mechanism not in BATCHED_MECHANISMS:
+        return False
+    return await batch_room(route.node_class) >= load
+
+
 async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
     names = [(traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN)]
     pipe = client().pipeline(transaction=False)
@@ -470,15 +527,21 @@ async def decide(call: Call) -> Decision:
         logger.warning("goodput guard: Redis unavailable (%s)", exc)
         return Decision(plain=False)
     # the peak again: requests of a burst that arrived during the read count (the first would be decided alone)
-    call.load_bucket = bucket = bucket_of(max(1, _load[endpoint_id].peak))
+    peak = max(1, _load[endpoint_id].peak)
+    try:
+        batched = await batch_takes(call.route, peak)
+    except (aioredis.RedisError, OSError):
+        batched = False
+    call.load_bucket = bucket = bucket_of(peak)
     turn = next(_turns[(endpoint_id, call.traffic, bucket)])
     decision = choose(
         samples, traffic=call.traffic, bucket=bucket, turn=turn, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
-        held=hold_slower(endpoint_id, samples, traffic=call.traffic, bucket=bucket), shared=shared,
+        held=hold_slower(endpoint_id, samples, traffic=call.traffic, bucket=bucket, batched=batched), shared=shared,
+        batched=batched,
     )  # fmt: skip
     _mark(call, decision)
-    return Decision(decision.plain, decision.reason, decision.probe, samples=samples, shared=shared)
+    return Decision(decision.plain, decision.reason, decision.probe, samples=samples, shared=shared, batched=batched)
 
 
 def _mark(call: Call, decision: Decision) -> None:
@@ -503,10 +566,13 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     if BUCKET_NAMES.index(bucket) <= BUCKET_NAMES.index(call.load_bucket):
         return decision
     _mark(call, Decision(plain=True))  # not counted as learning while it is decided again
+    room = _room.get(call.route.node_class)  # read by decide (no Redis round trip here)
+    batched = decision.batched and room is not None and room[1] >= _load[endpoint_id].peak
     again = choose(
         decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),
-        held=hold_slower(endpoint_id, decision.samples, traffic=call.traffic, bucket=bucket), shared=decision.shared,
+        held=hold_slower(endpoint_id, decision.samples, traffic=call.traffic, bucket=bucket, batched=batched),
+        shared=decision.shared, batched=batched,
     )  # fmt: skip
     call.load_bucket = bucket
     if again.plain:

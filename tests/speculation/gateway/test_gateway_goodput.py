@@ -280,6 +280,76 @@ def test_where_the_worker_shares_the_servers_machine_a_load_above_one_is_presume
     assert not learned.plain and "measured faster at load 5-16" in learned.reason
 
 
+def test_where_the_workers_batch_takes_the_whole_load_every_request_learns_and_speculates_together():
+    samples = measured(greedy__5_16__plain=FAST)
+    kwargs = dict(traffic=GREEDY, bucket="5-16", turn=0, learning=3, speculating=3, pending=7, shared=True)
+
+    learning = choose(samples, **kwargs, batched=True)
+    one_learner = choose(samples, **kwargs)  # the old regime: presumed slower on a shared machine
+    faster = choose({**samples, **measured(greedy__5_16__spec=[f * 1.15 for f in FAST])}, **kwargs, batched=True)
+    not_enough = choose({**samples, **measured(greedy__5_16__spec=[f * 1.05 for f in FAST])}, **kwargs, batched=True)
+    crowded = choose(
+        {**samples, **measured(greedy__5_16__spec=[f * 1.15 for f in FAST])}, **{**kwargs, "shared": False}
+    )
+    slower = choose({**samples, **measured(greedy__5_16__spec=SLOW)}, **kwargs, batched=True)
+
+    assert not learning.plain and learning.probe and "on the worker's batch" in learning.reason  # 3 others learn too
+    assert one_learner.plain and "shares the server's machine" in one_learner.reason
+    assert not faster.plain and "measured faster at load 5-16 with the load on the worker's batch" in faster.reason
+    assert not_enough.plain  # below BATCHED_MARGIN: the drift between the two sides' moments could make it up
+    assert crowded.plain  # one learner among plain neighbours needs CROWDED_MARGIN, and then speculates one at a time
+    assert slower.plain and "measured slower" in slower.reason
+    assert goodput.BATCHED_MARGIN < goodput.CROWDED_MARGIN
+
+
+def test_the_batch_takes_a_load_within_the_slots_its_live_workers_declare_on_the_local_path(guard_on):
+    import time
+
+    from speculation.jobs.admission import workers_key
+
+    r = _redis()
+    r.delete(workers_key("batching"))
+    r.zadd(workers_key("batching"), {"celery@a|8": time.time() + 30, "celery@b|4": time.time() + 30})
+    r.zadd(workers_key("batching"), {"celery@gone|16": time.time() - 1})  # stopped declaring
+
+    def takes(load: int, **route) -> bool:
+        goodput._room.clear()
+        return asyncio.run(goodput.batch_takes(_call(1, "x", node_class="batching", **route).route, load))
+
+    assert takes(8, path="local") and takes(12, path="local", mechanism="ngram")
+    assert not takes(13, path="local")  # 12 slots live
+    assert not takes(8, path="remote") and not takes(8, path="local", mechanism="eagle_head")  # single-stream paths
+    assert not takes(1, path="local")  # one request in flight is the old regime (it has no neighbours)
+    assert not asyncio.run(goodput.batch_takes(_call(1, "x", node_class="nobody", path="local").route, 2))
+
+
+def test_at_8_streams_on_a_batching_worker_of_the_same_machine_the_load_is_learned_all_together(guard_on):
+    import socket
+    import time
+
+    from speculation.jobs.admission import workers_key
+
+    r = _redis()
+    here = socket.gethostname()
+    r.delete(workers_key("batch-here"))
+    r.zadd(workers_key("batch-here"), {f"celery@{here}|8": time.time() + 30})
+    route = dict(base_url="http://127.0.0.1:8000", node_class="batch-here", path="local")
+
+    async def streams(n: int) -> list[goodput.Decision]:
+        await _keep_at(9030, n, PLAIN, 40.0, n=MIN_SAMPLES)
+        calls = [_call(9030, f"s{n}-{i}", **route) for i in range(n)]
+        for call in calls:
+            goodput.begin(call)
+        return [await goodput.decide(call) for call in calls]
+
+    eight = asyncio.run(streams(8))
+    assert all(not d.plain and d.probe and "on the worker's batch" in d.reason for d in eight)
+    for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._room):
+        state.clear()
+    twelve = asyncio.run(streams(12))  # more than the 8 slots: the old regime (the shared machine presumes slower)
+    assert all(d.plain and "shares the server's machine" in d.reason for d in twelve)
+
+
 def test_a_server_on_this_machine_is_one_at_a_loopback_address_or_this_hosts_name():
     import socket
 
@@ -339,9 +409,14 @@ def _call(
     temperature: float = 0.0,
     base_url: str = "http://gpu-node.invalid:8000",
     node_class: str = "cpu",
+    path: str = "remote",
+    mechanism: str = "draft_model",
 ) -> SimpleNamespace:
+    route = SimpleNamespace(
+        endpoint_id=endpoint_id, mode="prod", base_url=base_url, node_class=node_class, path=path, mechanism=mechanism
+    )
     return SimpleNamespace(
-        route=SimpleNamespace(endpoint_id=endpoint_id, mode="prod", base_url=base_url, node_class=node_class),
+        route=route,
         request_id=request_id,
         body={"temperature": temperature},
         load_bucket="",
@@ -354,10 +429,10 @@ def _call(
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._room):
         state.clear()
     yield
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._room):
         state.clear()
 
 
