@@ -56,11 +56,14 @@ and learning it cost a bench round of 8 streams 15-37 % of off's tok/s (concurre
 ACE_GOODPUT_SHARED_LEARN=true learns such loads as any other (e.g. where the server runs on a GPU of that machine).
 
 Where the worker's batch takes the whole load (the local path with a draft model or n-gram lookup, and at most as many
-requests in flight as the node class's live workers declare batch slots: `batch_takes`), the regime is another: every
-request of the load speculates together on the batch and the server sits idle, so nothing is presumed from the shared
-machine, the load is learned with every request speculating, and measured faster (BATCHED_MARGIN) every request
-speculates. On the 2-core machine 8 streams ran 1.03-1.27x off's tok/s so (docs/BENCHMARKS.md, ninth session), where
-one learner among plain neighbours had made them slower.
+requests in flight as the node class's live workers declare batch slots: `batch_takes`) and the worker does not share
+the server's machine, the regime is another: every request of the load speculates together on the batch (the server
+sits idle), so the load is learned with every request speculating, and, measured faster (BATCHED_MARGIN), every
+request speculates, instead of one learner among plain neighbours and at most GOODPUT_SPECULATING at once. Where the
+worker shares the server's machine the shared rule above stands: on the 2-core machine 8 streams all on the batch ran
+1.03-1.27x off's tok/s with the guard off, but the guard's learning round in the bench ran at 0.71 of off (the batch's
+first 8-slot steps, joins prefilled between steps) and measured 47.4 vs 49.6 tok/s per stream, slower
+(docs/BENCHMARKS.md, ninth session): no gain worth a slow round every SPEC_TTL_S.
 
 Every decision carries its reason, which the stage record keeps (speculated requests too, so that a benchmark can
 say why each request speculated or went plain).
@@ -345,8 +348,8 @@ def choose(
     earlier at this load still holds (hold_slower), shared whether the worker's engine shares the server's machine
     (shares_machine: then a load above one request in flight without a verdict is presumed slower, not learned),
     batched whether the worker's batch takes every request of this load (batch_takes: then the load is learned and,
-    measured faster, served with every request speculating, the regime it was measured in; nothing is presumed
-    from the shared machine, since the server's plain requests are not beside them)."""
+    measured faster, served with every request speculating, the regime it was measured in; decide() passes it only
+    where the worker does not share the server's machine)."""
     spec, plain = samples.get((traffic, bucket, SPEC), ()), samples.get((traffic, bucket, PLAIN), ())
     own = "slower" if held else verdict(spec, plain, bucket=bucket, batched=batched)
     if own == "faster":
@@ -381,7 +384,7 @@ def choose(
             reason=f"speculation measured slower than plain at this load ({GUARD}): {_figures(spec, plain)}",
         )
     presumed = presumed_slower(samples, traffic=traffic, bucket=bucket)
-    if not presumed and shared and bucket != BUCKET_NAMES[0] and not batched:
+    if not presumed and shared and bucket != BUCKET_NAMES[0]:
         presumed = SHARED_REASON
     if presumed:
         return Decision(plain=True, reason=f"{presumed}; not measured at load {bucket} ({GUARD})")
@@ -528,8 +531,8 @@ async def decide(call: Call) -> Decision:
         return Decision(plain=False)
     # the peak again: requests of a burst that arrived during the read count (the first would be decided alone)
     peak = max(1, _load[endpoint_id].peak)
-    try:
-        batched = await batch_takes(call.route, peak)
+    try:  # not where the worker shares the server's machine: measured no faster there, and learning costs a round
+        batched = not shared and await batch_takes(call.route, peak)
     except (aioredis.RedisError, OSError):
         batched = False
     call.load_bucket = bucket = bucket_of(peak)

@@ -282,19 +282,17 @@ def test_where_the_worker_shares_the_servers_machine_a_load_above_one_is_presume
 
 def test_where_the_workers_batch_takes_the_whole_load_every_request_learns_and_speculates_together():
     samples = measured(greedy__5_16__plain=FAST)
-    kwargs = dict(traffic=GREEDY, bucket="5-16", turn=0, learning=3, speculating=3, pending=7, shared=True)
+    kwargs = dict(traffic=GREEDY, bucket="5-16", turn=0, learning=3, speculating=3, pending=7)
 
     learning = choose(samples, **kwargs, batched=True)
-    one_learner = choose(samples, **kwargs)  # the old regime: presumed slower on a shared machine
+    one_learner = choose(samples, **kwargs)  # the old regime: one learner at a time
     faster = choose({**samples, **measured(greedy__5_16__spec=[f * 1.15 for f in FAST])}, **kwargs, batched=True)
     not_enough = choose({**samples, **measured(greedy__5_16__spec=[f * 1.05 for f in FAST])}, **kwargs, batched=True)
-    crowded = choose(
-        {**samples, **measured(greedy__5_16__spec=[f * 1.15 for f in FAST])}, **{**kwargs, "shared": False}
-    )
+    crowded = choose({**samples, **measured(greedy__5_16__spec=[f * 1.15 for f in FAST])}, **kwargs)
     slower = choose({**samples, **measured(greedy__5_16__spec=SLOW)}, **kwargs, batched=True)
 
     assert not learning.plain and learning.probe and "on the worker's batch" in learning.reason  # 3 others learn too
-    assert one_learner.plain and "shares the server's machine" in one_learner.reason
+    assert one_learner.plain and "learning load 5-16" in one_learner.reason
     assert not faster.plain and "measured faster at load 5-16 with the load on the worker's batch" in faster.reason
     assert not_enough.plain  # below BATCHED_MARGIN: the drift between the two sides' moments could make it up
     assert crowded.plain  # one learner among plain neighbours needs CROWDED_MARGIN, and then speculates one at a time
@@ -323,7 +321,7 @@ def test_the_batch_takes_a_load_within_the_slots_its_live_workers_declare_on_the
     assert not asyncio.run(goodput.batch_takes(_call(1, "x", node_class="nobody", path="local").route, 2))
 
 
-def test_at_8_streams_on_a_batching_worker_of_the_same_machine_the_load_is_learned_all_together(guard_on):
+def test_at_8_streams_on_a_batching_worker_the_load_is_learned_all_together_unless_it_shares_the_machine(guard_on):
     import socket
     import time
 
@@ -331,23 +329,29 @@ def test_at_8_streams_on_a_batching_worker_of_the_same_machine_the_load_is_learn
 
     r = _redis()
     here = socket.gethostname()
-    r.delete(workers_key("batch-here"))
+    r.delete(workers_key("batch-gpu"), workers_key("batch-here"))
+    r.zadd(workers_key("batch-gpu"), {"celery@gpu-7.example.com|8": time.time() + 30})
     r.zadd(workers_key("batch-here"), {f"celery@{here}|8": time.time() + 30})
-    route = dict(base_url="http://127.0.0.1:8000", node_class="batch-here", path="local")
 
-    async def streams(n: int) -> list[goodput.Decision]:
-        await _keep_at(9030, n, PLAIN, 40.0, n=MIN_SAMPLES)
-        calls = [_call(9030, f"s{n}-{i}", **route) for i in range(n)]
-        for call in calls:
-            goodput.begin(call)
-        return [await goodput.decide(call) for call in calls]
+    def streams(n: int, node_class: str, base_url: str) -> list[goodput.Decision]:
+        for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._room, goodput._turns):
+            state.clear()
 
-    eight = asyncio.run(streams(8))
+        async def run() -> list[goodput.Decision]:
+            await _keep_at(9030, n, PLAIN, 40.0, n=MIN_SAMPLES)
+            calls = [_call(9030, f"s{n}-{i}", base_url=base_url, node_class=node_class, path="local") for i in range(n)]
+            for call in calls:
+                goodput.begin(call)
+            return [await goodput.decide(call) for call in calls]
+
+        return asyncio.run(run())
+
+    eight = streams(8, "batch-gpu", "http://10.255.0.1:8000")
     assert all(not d.plain and d.probe and "on the worker's batch" in d.reason for d in eight)
-    for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._room):
-        state.clear()
-    twelve = asyncio.run(streams(12))  # more than the 8 slots: the old regime (the shared machine presumes slower)
-    assert all(d.plain and "shares the server's machine" in d.reason for d in twelve)
+    twelve = streams(12, "batch-gpu", "http://10.255.0.1:8000")  # more than the 8 slots: one learner at a time
+    assert sum(not d.plain for d in twelve) == 1 and "learning load 5-16" in twelve[1].reason
+    shared = streams(8, "batch-here", "http://127.0.0.1:8000")  # the worker shares the server's machine
+    assert all(d.plain and "shares the server's machine" in d.reason for d in shared)
 
 
 def test_a_server_on_this_machine_is_one_at_a_loopback_address_or_this_hosts_name():
