@@ -296,6 +296,8 @@ class BatchLoop:
 
     def _step(self, pair: tuple, group: _Group) -> None:
         decoder = group.decoder
+        if group.pending and decoder.free:
+            self._threads.prefill()
         while group.pending and decoder.free:  # joins take part in this step
             handle, prompt_ids, config = group.pending.popleft()
             try:

@@ -125,3 +125,6 @@ def test_the_batch_loop_sizes_its_threads_per_step(monkeypatch):
     for batch in (1, 1, 8, 5, 2):
         threads.size(batch)
     assert set_to == [1, 2, 1]  # at start (load 1), a wide batch, a narrow one again; no call when unchanged
+    threads.prefill()
+    threads.size(1)
+    assert set_to == [1, 2, 1, 2, 1]  # a join's prefill takes every thread, the step after it one fewer
