@@ -93,6 +93,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from speculation.gateway import background
+from speculation.gateway.admission import single_stream
 from speculation.gateway.call import Call
 from speculation.gateway.channel import client
 from speculation.gateway.sampling import GREEDY_BELOW
@@ -466,39 +467,39 @@ async def shares_machine(route: Any) -> bool:
     if not server_on_this_machine(route.base_url):
         _shared[key] = (now, False)
         return False
-    members = await client().zrangebyscore(workers_key(route.node_class), time.time(), "+inf")
-    shared = bool(worker_machines(members) & _this_machine())
+    shared = bool(worker_machines(await live_workers(route.node_class)) & _this_machine())
     _shared[key] = (now, shared)
     return shared
 
 
-BATCHED_MECHANISMS = ("draft_model", "ngram")  # what the worker's batch serves (speculation.worker.batching.serves)
-_room: dict[str, tuple[float, int]] = {}  # node class -> (when read, batch slots its live workers declare)
+_workers: dict[str, tuple[float, list]] = {}  # node class -> (when read, its live workers' capacity members)
 
 
-async def batch_room(node_class: str) -> int:
-    """The batch slots the live workers of a node class declare to admission control (speculation.jobs.admission:
-    members "<node>|<slots>"), kept SHARED_TTL_S."""
+async def live_workers(node_class: str) -> list:
+    """The capacity members "<node>|<slots>" the live workers of a node class declare to admission control
+    (speculation.jobs.admission), read once per SHARED_TTL_S for shares_machine and batch_takes alike."""
     now = _now()
-    found = _room.get(node_class)
-    if found is not None and now - found[0] < SHARED_TTL_S:
-        return found[1]
-    members = await client().zrangebyscore(workers_key(node_class), time.time(), "+inf")
-    room = 0
+    found = _workers.get(node_class)
+    if found is None or now - found[0] >= SHARED_TTL_S:
+        found = _workers[node_class] = (now, await client().zrangebyscore(workers_key(node_class), time.time(), "+inf"))
+    return found[1]
+
+
+def _slots(members: Sequence[bytes | str]) -> int:
+    total = 0
     for member in members:
         slots = (member.decode() if isinstance(member, bytes) else member).rpartition("|")[2]
-        room += int(slots) if slots.isdigit() else 0
-    _room[node_class] = (now, room)
-    return room
+        total += int(slots) if slots.isdigit() else 0
+    return total
 
 
 async def batch_takes(route: Any, load: int) -> bool:
-    """Whether the worker's batch serves this endpoint's prod requests (the local path, a draft model or n-gram
-    lookup) and its live workers' slots take a load of this many requests at once: then every request of the load
-    can speculate together and the server sits idle, instead of a few speculating beside plain ones."""
-    if load <= 1 or route.path != "local" or route.mechanism not in BATCHED_MECHANISMS:
+    """Whether the worker's batch serves this endpoint's prod requests (admission.single_stream says it does not)
+    and its live workers' slots take a load of this many requests at once: then every request of the load can
+    speculate together and the server sits idle, instead of a few speculating beside plain ones."""
+    if load <= 1 or single_stream(path=route.path, mechanism=route.mechanism):
         return False
-    return await batch_room(route.node_class) >= load
+    return _slots(await live_workers(route.node_class)) >= load
 
 
 async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
@@ -569,8 +570,8 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     if BUCKET_NAMES.index(bucket) <= BUCKET_NAMES.index(call.load_bucket):
         return decision
     _mark(call, Decision(plain=True))  # not counted as learning while it is decided again
-    room = _room.get(call.route.node_class)  # read by decide (no Redis round trip here)
-    batched = decision.batched and room is not None and room[1] >= _load[endpoint_id].peak
+    read = _workers.get(call.route.node_class)  # read by decide (no Redis round trip here)
+    batched = decision.batched and read is not None and _slots(read[1]) >= _load[endpoint_id].peak
     again = choose(
         decision.samples, traffic=call.traffic, bucket=bucket, turn=0, learning=_learning(endpoint_id),
         speculating=_speculating(endpoint_id), pending=_pending(endpoint_id, call.request_id),

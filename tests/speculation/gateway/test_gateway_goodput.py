@@ -311,7 +311,7 @@ def test_the_batch_takes_a_load_within_the_slots_its_live_workers_declare_on_the
     r.zadd(workers_key("batching"), {"celery@gone|16": time.time() - 1})  # stopped declaring
 
     def takes(load: int, **route) -> bool:
-        goodput._room.clear()
+        goodput._workers.clear()
         return asyncio.run(goodput.batch_takes(_call(1, "x", node_class="batching", **route).route, load))
 
     assert takes(8, path="local") and takes(12, path="local", mechanism="ngram")
@@ -334,7 +334,7 @@ def test_at_8_streams_on_a_batching_worker_the_load_is_learned_all_together_unle
     r.zadd(workers_key("batch-here"), {f"celery@{here}|8": time.time() + 30})
 
     def streams(n: int, node_class: str, base_url: str) -> list[goodput.Decision]:
-        for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._room, goodput._turns):
+        for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._workers, goodput._turns):
             state.clear()
 
         async def run() -> list[goodput.Decision]:
@@ -433,10 +433,10 @@ def _call(
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._room):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers):
         state.clear()
     yield
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._room):
+    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers):
         state.clear()
 
 
