@@ -54,7 +54,7 @@ from speculation.models import CostCalibration, DraftModel, Mechanism, Speculati
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
-from speculation.worker.costs_batch import BatchStepTimer
+from speculation.worker.costs_batch import BatchStepTimer, StepRelay
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
 
@@ -259,26 +259,32 @@ def _batch_step_costs(
     """The draft step and verify(n) where prod runs the policy in the worker's batch loop: steps of a batch decoder
     at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer) in the batch
     loop's own thread (batching.on_loop_thread says why), the median of the rounds per size, each round after the
-    server has gone quiet: the steps run where and as prod's do, so their typical time is what prod's requests
-    pay (the fastest left shadow's projection 1.07-1.30x prod's measurement in six runs, docs/BENCHMARKS.md).
+    server has gone quiet, and each step's tokens relayed beside the next step as a request thread relays them
+    (speculation.worker.costs_batch.StepRelay): the steps run where and as prod's do, so their typical time is what
+    prod's requests pay (the fastest left shadow's projection 1.07-1.30x prod's measurement in six runs; without
+    the relay, 1.24-1.44x in three: docs/BENCHMARKS.md).
     With n-gram lookup the timer drafts with the target itself (verify(n) does not depend on what proposed the
     drafts) and the lookup is timed on its own."""
     from speculation.worker import batching
 
-    target = resources.model(policy.target_path).model
+    loaded = resources.model(policy.target_path)
+    target = loaded.model
     ngram = policy.mechanism == Mechanism.NGRAM or policy.draft is None
     draft = target if ngram else resources.model(policy.draft.path).model
     timers: list[BatchStepTimer] = []
+    relay = StepRelay(loaded.tokenizer, client=_redis())  # the request thread's part of each step, as in prod
 
     def one_round() -> tuple[dict[int, float], list[float]]:  # in the batch loop's thread, as prod's steps run
         if not timers:
-            timers.append(BatchStepTimer(target, draft=draft, context=context))
+            timers.append(BatchStepTimer(target, draft=draft, context=context, relay=relay.put))
         return timers[0].round(VERIFY_SIZES)
 
     try:
         rounds = _quietly(endpoint, lambda: batching.on_loop_thread(one_round), quiet=True)
     except ValueError as exc:
         raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
+    finally:
+        relay.close()
     timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
     verify = non_decreasing({n: statistics.median(values) for n, values in timed.items() if values})
     if not verify:

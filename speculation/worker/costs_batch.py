@@ -12,6 +12,13 @@ batch-1 engine): greedy drafts, no sampling.
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -20,6 +27,8 @@ from speculation.engine.model import Transformer
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams
 from speculation.engine.target import TargetOutput
+
+logger = logging.getLogger(__name__)
 
 
 class BatchRowTarget:
@@ -118,9 +127,19 @@ class BatchStepTimer:
     The slot continues the context greedily, so the drafts are the draft model's real proposals; ``round`` runs
     one step per size, a plain step last (the drafting step after plain steps also feeds the draft the tokens they
     committed: that step's draft time is not kept). A fresh decoder's first round is a warm-up: each shape's
-    first CPU forward builds its kernels."""
+    first CPU forward builds its kernels.
 
-    def __init__(self, target: Transformer, *, draft: Transformer, context: list[int]) -> None:
+    relay: called with each step's committed tokens (``StepRelay.put``), so that the request thread's work a prod
+    step sets off runs beside the next step, as in prod."""
+
+    def __init__(
+        self,
+        target: Transformer,
+        *,
+        draft: Transformer,
+        context: list[int],
+        relay: Callable[[list[int]], None] | None = None,
+    ) -> None:
         from speculation.engine import GenerationConfig
         from speculation.engine.batch import BatchDecoder
         from speculation.limits import K_MAX
@@ -132,6 +151,7 @@ class BatchStepTimer:
             raise ValueError(f"a context of {len(context)} tokens leaves no room to time steps")
         self._decoder.add("calibration", list(context), GenerationConfig(max_new_tokens=room, k=K_MAX))
         self.warmed = False
+        self._relay = relay
 
     def round(self, sizes: tuple[int, ...]) -> tuple[dict[int, float], list[float]]:
         """One step per size n (K = n - 1), drafting sizes first, largest first: ({n: verify seconds}, [seconds per
@@ -145,7 +165,10 @@ class BatchStepTimer:
             if not len(self._decoder):
                 break
             self._told.k = n - 1
-            self._decoder.step()
+            updates = self._decoder.step()
+            if self._relay is not None:
+                for update in updates:
+                    self._relay(list(update.tokens))
             if self._told.last is None:
                 continue
             drafted, draft_s, verify_s, catch_up = self._told.last
@@ -156,3 +179,48 @@ class BatchStepTimer:
             if drafted and not catch_up:
                 drafts.append(draft_s / drafted)
         return verify, drafts
+
+
+class StepRelay:
+    """A prod request thread's part of each step, played beside a calibration's steps: in prod the batch loop hands
+    each step's tokens to the request's thread, which runs them through the stop matcher (the incremental
+    detokenizer) and sends them to the gateway in one Redis round trip (speculation.worker.generation.TokenStream)
+    while the loop runs the next step. That thread takes the worker process's GIL between the loop's torch calls:
+    measured on the demo pair at one thread (docs/BENCHMARKS.md, tenth session), the decoder's verify(6) took
+    8.5 -> 9.9 ms and its draft step 1.10 -> 1.54 ms per token with the relay beside it. A calibration without it
+    projected prod's worker step 1.15-1.46x too fast.
+
+    The tokens go to a key of their own that expires (speculation.jobs.channel.EXPIRE_S) and nobody reads; without
+    Redis (client None, or it fails) the relay still runs the matcher."""
+
+    def __init__(self, tokenizer: Any, *, client: Any = None) -> None:
+        from speculation.jobs.channel import WorkerChannel
+        from speculation.worker.paths.stopping import StopMatcher, StopRule
+        from speculation.worker.paths.text import IncrementalText
+
+        # the calibration's slot runs past end tokens (its room, not the text, ends it): the matcher must not stop
+        rule = StopRule.from_fields({"ignore_eos": True}, max_tokens=1 << 30, eos_token_id=None)
+        self._matcher = StopMatcher(rule, decode=IncrementalText(tokenizer).add)
+        self._channel = WorkerChannel(client, f"calibration-{uuid.uuid4().hex}") if client is not None else None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.relayed = 0  # steps relayed
+        self._thread = threading.Thread(target=self._run, name="ace-calibration-relay", daemon=True)
+        self._thread.start()
+
+    def put(self, ids: list[int]) -> None:
+        self._inbox.put(ids)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while (ids := self._inbox.get()) is not None:
+            text = "".join(self._matcher.feed([token])[1] for token in ids)  # a token at a time, as TokenStream
+            if self._channel is not None:
+                try:
+                    self._channel.send({"type": "tokens", "ids": ids, "text": text})
+                except Exception as exc:  # noqa: BLE001 - the timing goes on without the round trip
+                    logger.info("calibration relay without Redis: %s", exc)
+                    self._channel = None
+            self.relayed += 1

@@ -66,3 +66,53 @@ def test_the_step_timer_keeps_the_batch_decoders_own_timings_of_each_size(tiny_m
     assert verify == {drafted + 1: verify_s for drafted, _, verify_s, _ in ours}
     assert [catch_up for *_, catch_up in ours] == [True, False, False, False]
     assert drafts == [draft_s / drafted for drafted, draft_s, _, _ in ours[1:3]]
+
+
+def test_the_timer_relays_each_steps_tokens_as_a_request_thread_does(tiny_model_dir, redis_server):
+    import json
+
+    import redis
+    from transformers import AutoTokenizer
+
+    from speculation.engine import BatchDecoder, GenerationConfig
+    from speculation.worker.costs_batch import BatchStepTimer, StepRelay
+
+    # given: a relay on the test's Redis, spied on (its round trips), beside a step timer
+    model = load_causal_lm(str(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    client = redis.Redis.from_url(redis_server.url)
+    relay = StepRelay(tokenizer, client=client)
+    stepped = []
+    timer = BatchStepTimer(
+        model, draft=model, context=[1, 5, 9, 14, 20, 31], relay=lambda ids: stepped.append(ids) or relay.put(ids)
+    )
+    # when: two rounds (a warm-up round first) of three sizes
+    timer.round((1, 3, 5))
+    timer.round((1, 3, 5))
+    relay.close()
+    # then: every step's committed tokens went out, in order, in one message each, with the text they complete
+    messages = [json.loads(m) for m in client.lrange(relay._channel.key, 0, -1)]
+    assert len(stepped) == 9 and relay.relayed == 9 and [m["ids"] for m in messages] == stepped
+    ids = [t for step in stepped for t in step]
+    assert "".join(m["text"] for m in messages) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert 0 < client.ttl(relay._channel.key) <= 300  # nobody reads it: it expires
+    # and the tokens are what the decoder commits for that context greedily (the relay times prod's real work)
+    decoder = BatchDecoder(model, slots=1, draft=model)
+    decoder.add("x", [1, 5, 9, 14, 20, 31], GenerationConfig(max_new_tokens=len(ids), k=4))
+    out = []
+    while len(decoder):
+        out += [t for u in decoder.step() for t in u.tokens]
+    assert out == ids
+
+
+def test_the_relay_runs_the_matcher_without_redis(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from speculation.worker.costs_batch import StepRelay
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    relay = StepRelay(tokenizer, client=None)
+    for ids in ([5, 9], [14], [2, 20]):  # 2: the end token; a calibration's slot runs past it
+        relay.put(ids)
+    relay.close()
+    assert relay.relayed == 3 and relay._matcher.output_ids == [5, 9, 14, 2, 20]
