@@ -54,6 +54,7 @@ from speculation.models import CostCalibration, DraftModel, Mechanism, Speculati
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
+from speculation.worker import cpuload
 from speculation.worker.costs_batch import BatchStepTimer, StepRelay
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
@@ -69,6 +70,9 @@ LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191
 QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
 QUIET_WAIT_S = 5.0  # per timing of the worker's own costs (its rounds together): how long it waits for an idle server
 QUIET_POLL_S = 0.05
+# and the node's cores: other processes below this many cores (a server that has answered may still spin one:
+# speculation.worker.cpuload)
+QUIET_CPU_CORES = 0.5
 PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
 _measuring = threading.Lock()  # one calibration at a time per worker process
@@ -353,12 +357,14 @@ def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, roun
     at most QUIET_WAIT_S in all (a server that stays busy does not hold the worker's process for long). The worker's
     own costs on the local path are what prod pays once the worker serves the traffic itself and the server no
     longer does; on a node the two share, timings taken while the server serves shadow's traffic carry the server's
-    work too (measured: 8-10x prod's own steps at load 7-20, docs/BENCHMARKS.md)."""
+    work too (measured: 8-10x prod's own steps at load 7-20, docs/BENCHMARKS.md). Quiet also waits for the node's
+    cores (speculation.worker.cpuload): vLLM's CPU build spins a core for about a second after its gauge reads 0."""
     results, deadline = [], (time.monotonic() + QUIET_WAIT_S if quiet else 0.0)
     for _ in range(rounds):
         _yield_point()
         if quiet:
             _wait_until_server_idle(endpoint, deadline=deadline)
+            cpuload.wait_until_quiet(deadline=deadline, cores=QUIET_CPU_CORES)
         results.append(timing())
     return results
 
