@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import json
 import logging
 import os
@@ -207,20 +208,33 @@ NGRAM_SPECULATIVE_CONFIG = {
 
 
 def vllm_cpu_env() -> dict[str, str]:
-    """The environment of vLLM's CPU build here: its KV cache (VLLM_CPU_KVCACHE_SPACE, GiB), no thread binding, and
-    ACE_VLLM_OMP_THREADS (default 1) OpenMP threads for its model worker. With the default of one thread per core,
-    vLLM 0.32's engine core process busy-waits (sched_yield) on a core the model's OpenMP threads need, and on 2
-    cores whole rounds stalled: engine core and model worker at 1.0 core each, nothing else running, generation
-    at 45-155 tok/s where it ran 400-500, in off and prod alike (docs/BENCHMARKS.md, seventh session). One thread
-    left a core to the engine core and served 8 streams faster (median 555 vs 400 tok/s over 8 rounds each).
-    "0" leaves vLLM's own default."""
+    """The environment of vLLM's CPU build here: its KV cache (VLLM_CPU_KVCACHE_SPACE, GiB), no thread binding, one
+    process for its engine and model (ACE_VLLM_MULTIPROCESSING) and ACE_VLLM_OMP_THREADS OpenMP threads for the model
+    ("0", the default, leaves vLLM's: one per core).
+
+    vLLM 0.32 runs its engine core and its model in two processes that talk over a shared-memory queue whose reader
+    busy-waits (sched_yield) for a second after each read. On 2 cores that spin took a core the model's OpenMP
+    threads needed: whole rounds stalled in off and prod alike (docs/BENCHMARKS.md, seventh session), and one
+    OpenMP thread (the default until the tenth session) only made the stalls milder. With
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 its CPU platform runs the model in the engine core's process (the "uni"
+    executor): nothing spins (0.02 core in the 3 s after a request, against 1.0 in the first second) and plain vLLM
+    served 1 stream at 153-173 tok/s (145 before), 8 streams at a median 628 (411) and 32 at 1084 (745), rounds
+    steadier (docs/BENCHMARKS.md, tenth session). "auto" (the default) does so where the machine has no NVIDIA
+    device (a GPU build keeps its engine core apart); "1" keeps vLLM's two processes, "0" forces one."""
     env = {
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
     }
-    threads = os.environ.get("ACE_VLLM_OMP_THREADS", "1").strip()
+    threads = os.environ.get("ACE_VLLM_OMP_THREADS", "0").strip()
     if threads not in ("", "0"):
         env["OMP_NUM_THREADS"] = threads
+    raw = os.environ.get("ACE_VLLM_MULTIPROCESSING", "auto").strip().lower() or "auto"
+    multiprocessing = {"1": "1", "true": "1", "yes": "1", "0": "0", "false": "0", "no": "0"}.get(raw)
+    if multiprocessing is None:
+        if raw != "auto":
+            logger.warning("ACE_VLLM_MULTIPROCESSING=%r is not auto, 0 or 1: auto", raw)
+        multiprocessing = "1" if glob.glob("/dev/nvidia[0-9]*") else "0"
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = multiprocessing
     return env
 
 

@@ -1,8 +1,9 @@
 """Plain vLLM (the demo target, no ACE) at 8 and 32 greedy streams: ROUNDS rounds of 2 x streams requests of 64
 tokens each (Spec-Bench prompts), tok/s per round, with vLLM's environment as ace.processes.start_vllm gives it
-(ACE_VLLM_OMP_THREADS: 1 by default, 0 for vLLM's own default). Prints one JSON line at the end.
+(ACE_VLLM_MULTIPROCESSING: one process on a machine without an NVIDIA device, 1 for vLLM's two; ACE_VLLM_OMP_THREADS:
+vLLM's own count by default). Prints one JSON line at the end.
 
-    ROUNDS=8 ACE_VLLM_OMP_THREADS=0 $ACE_HOME/venv/bin/python scripts/diag/vllm_rounds.py
+    ROUNDS=8 ACE_VLLM_MULTIPROCESSING=1 ACE_VLLM_OMP_THREADS=1 $ACE_HOME/venv/bin/python scripts/diag/vllm_rounds.py
 """
 
 from __future__ import annotations
