@@ -4,6 +4,7 @@ tokens each (Spec-Bench prompts), tok/s per round, with vLLM's environment as ac
 vLLM's own count by default). Prints one JSON line at the end.
 
     ROUNDS=8 ACE_VLLM_MULTIPROCESSING=1 ACE_VLLM_OMP_THREADS=1 $ACE_HOME/venv/bin/python scripts/diag/vllm_rounds.py
+    STREAM=1 LOADS=1,8,32 ...     # streamed responses; the loads to run
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ace import processes  # noqa: E402
 from speculation.offline.demo import ensure_demo_pair  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
+STREAM = os.environ.get("STREAM", "") == "1"  # streamed responses (SSE), as ACE's gateway and its clients read them
+LOADS = tuple(int(x) for x in os.environ.get("LOADS", "8,32").split(","))
 
 
 def main() -> None:
@@ -39,10 +42,19 @@ def main() -> None:
 
         def one(prompt: str) -> int:
             body = {"model": "m", "prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
-            return client.post(proc.url + "/v1/completions", json=body).json()["usage"]["completion_tokens"]
+            if not STREAM:
+                return client.post(proc.url + "/v1/completions", json=body).json()["usage"]["completion_tokens"]
+            body.update(stream=True, stream_options={"include_usage": True})
+            tokens = 0
+            with client.stream("POST", proc.url + "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        usage = json.loads(line[6:]).get("usage")
+                        tokens = usage["completion_tokens"] if usage else tokens
+            return tokens
 
         one("warm up")
-        for streams in (8, 32):
+        for streams in LOADS:
             rates = []
             for index in range(ROUNDS):
                 batch = [prompts[(index * 2 * streams + i) % len(prompts)] for i in range(2 * streams)]

@@ -354,6 +354,26 @@ def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(
     assert costs.draft_step_s == 0.001 and costs.verify_s == {1: 0.01}
 
 
+def test_the_workers_own_timings_also_wait_for_the_nodes_cores_to_be_quiet(shadow_policy, monkeypatch):
+    from speculation.worker import cpuload
+
+    # given: an idle server, and the node's other processes busy for two readings (vLLM's CPU build spins a core
+    # after its gauge reads 0), then quiet
+    monkeypatch.setattr(worker_costs, "_wait_until_server_idle", lambda endpoint, *, deadline: True)
+    readings = iter([1.0, 0.9, 0.1] + [0.0] * 10)
+    read = []
+    monkeypatch.setattr(cpuload, "others_cores", lambda window_s=0.1: read.append(1) or next(readings))
+    started_after = []
+    # when: two timing rounds
+    worker_costs._quietly(shadow_policy.endpoint, lambda: started_after.append(len(read)), quiet=True, rounds=2)
+    # then: the first round started only after the quiet reading, the second after one more
+    assert started_after == [3, 4]
+    # and a calibration that is not told to wait for quiet does not read the cores
+    read.clear()
+    worker_costs._quietly(shadow_policy.endpoint, lambda: None, quiet=False, rounds=2)
+    assert read == []
+
+
 def test_a_second_draft_borrows_the_servers_costs_and_times_only_its_own_draft_step(shadow_policy, monkeypatch):
     from speculation.models import DraftModel
 
