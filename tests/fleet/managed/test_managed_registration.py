@@ -188,7 +188,7 @@ def test_only_prod_asks_the_server_to_speculate():
     }
 
 
-def test_vllms_cpu_build_runs_in_one_process_with_its_own_threads_unless_told_otherwise(monkeypatch):
+def test_vllms_cpu_build_runs_in_one_process_with_one_openmp_thread_unless_told_otherwise(monkeypatch):
     from ace import processes
     from fleet.managed.args import server_env
 
@@ -196,8 +196,8 @@ def test_vllms_cpu_build_runs_in_one_process_with_its_own_threads_unless_told_ot
     monkeypatch.delenv("ACE_VLLM_MULTIPROCESSING", raising=False)
     monkeypatch.setattr(processes.glob, "glob", lambda pattern: [])  # no NVIDIA device
     env = server_env("vllm")
-    # one process: nothing spins beside the model (docs/BENCHMARKS.md, tenth session); vLLM's own thread count
-    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "OMP_NUM_THREADS" not in env
+    # one process: nothing spins beside the model; one thread leaves a core to the gateway (BENCHMARKS, tenth session)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     sglang = server_env("sglang")
     assert "OMP_NUM_THREADS" not in sglang and "VLLM_ENABLE_V1_MULTIPROCESSING" not in sglang
@@ -207,5 +207,7 @@ def test_vllms_cpu_build_runs_in_one_process_with_its_own_threads_unless_told_ot
     assert server_env("vllm")["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     monkeypatch.setenv("ACE_VLLM_MULTIPROCESSING", "bogus")  # warned, then auto
     assert server_env("vllm")["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
-    monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "1")
-    assert server_env("vllm")["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "2")
+    assert server_env("vllm")["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "0")  # vLLM's own default
+    assert "OMP_NUM_THREADS" not in server_env("vllm")
