@@ -84,6 +84,24 @@ return redis.call('EXISTS', KEYS[2])
 """
 
 
+# KEYS: the node class's prod/shadow queue (kombu's Redis list), inflight, single-stream inflight. Returns the jobs
+# waiting on the queue plus the prod jobs admitted and still in flight (their deadline not passed).
+FOREGROUND_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local running = redis.call('ZCOUNT', KEYS[2], now, '+inf') + redis.call('ZCOUNT', KEYS[3], now, '+inf')
+return redis.call('LLEN', KEYS[1]) + running
+"""
+
+
+def foreground_jobs(client: redis.Redis, *, node_class: str, queue: str) -> int:
+    """Prod and shadow jobs waiting on the node class's queue, and prod jobs running on it: a worker that batches
+    takes a prod job off the queue at once and serves it in its batch loop's thread, so a queue that reads empty
+    does not mean the node's cores are free (background work gives way to both, speculation.worker.tasks)."""
+    keys = [queue, inflight_key(node_class), single_inflight_key(node_class)]
+    return int(client.eval(FOREGROUND_LUA, len(keys), *keys) or 0)
+
+
 class Cancelled(Exception):
     """The gateway asked this job to stop (its client went away, or it stopped waiting)."""
 

@@ -100,13 +100,18 @@ MAX_DEFERS = 30
 
 
 def _foreground_waiting(node_class: str) -> bool:
-    """Whether prod or shadow jobs wait on the node class's queue (kombu keeps a Redis list per queue)."""
+    """Whether prod or shadow jobs wait on the node class's queue (kombu keeps a Redis list per queue), or prod jobs
+    run on it (admitted and in flight: a batching worker takes them off the queue at once). Measured: candidate
+    replays queued by shadow ran beside prod's first requests and prod ran them at 45-177 tok/s against 150-280
+    (docs/BENCHMARKS.md, tenth session)."""
     import redis
     from django.conf import settings
 
+    from speculation.jobs.admission import foreground_jobs
+
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
-        return bool(client.llen(gpu_queue(node_class)))
+        return foreground_jobs(client, node_class=node_class, queue=gpu_queue(node_class)) > 0
     except (redis.RedisError, OSError):
         return False
 

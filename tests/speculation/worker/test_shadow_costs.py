@@ -183,6 +183,44 @@ def test_a_calibration_gives_way_to_a_prod_job_that_arrives_while_it_times(shado
     assert name == "speculation.tasks.calibrate_costs_task" and requeued["defers"] == 1
 
 
+def test_background_work_waits_while_prod_jobs_run_on_the_node_class_not_only_while_they_queue(
+    shadow_policy, broker, monkeypatch
+):
+    import time
+
+    from speculation.jobs.admission import inflight_key, single_inflight_key
+    from speculation.models import CostCalibration
+    from speculation.worker.tasks import _foreground_waiting, calibrate_costs_task
+
+    _store(shadow_policy, age_s=settings.COST_REFRESH_S + 1)
+    _shadow(shadow_policy, "r1")
+    [(_, job)] = _queued(broker)
+    broker.delete(BACKGROUND, "gpu.cpu")
+    monkeypatch.setattr(worker_costs, "measure", lambda **kw: MEASURED)
+    now = time.time()
+    try:
+        # a prod job a batching worker took off the queue at once: admitted and in flight, the queue empty
+        broker.zadd(inflight_key("cpu"), {"prod-1": now + 30})
+        assert _foreground_waiting("cpu")
+        # when: the calibration task starts then
+        calibrate_costs_task.apply(kwargs=job)
+        # then: it measured nothing and put itself back on the background queue
+        assert CostCalibration.objects.count() == 1
+        [(name, requeued)] = _queued(broker)
+        assert name == "speculation.tasks.calibrate_costs_task" and requeued["defers"] == 1
+        # a single-stream job counts too; a slot past its deadline (a dead worker) does not
+        broker.delete(inflight_key("cpu"))
+        broker.zadd(single_inflight_key("cpu"), {"prod-2": now + 30})
+        assert _foreground_waiting("cpu")
+        broker.zadd(single_inflight_key("cpu"), {"prod-2": now - 1})
+        assert not _foreground_waiting("cpu")
+        # and once nothing runs or waits, the task measures
+        calibrate_costs_task.apply(kwargs={**requeued})
+        assert CostCalibration.objects.count() == 2
+    finally:
+        broker.delete(inflight_key("cpu"), single_inflight_key("cpu"), BACKGROUND)
+
+
 def test_a_calibration_another_worker_is_running_is_not_run_again(shadow_policy, broker, monkeypatch):
     from speculation.models import CostCalibration
 
