@@ -30,6 +30,7 @@ once (the second finds the first's row fresh).
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import threading
 import time
@@ -70,9 +71,9 @@ LOCK_TTL_S = 900  # one calibration at a time per key; longer than any seen (191
 QUEUED_TTL_S = 300  # a refresh queued is not queued again meanwhile (one per key on the background queue)
 QUIET_WAIT_S = 5.0  # per timing of the worker's own costs (its rounds together): how long it waits for an idle server
 QUIET_POLL_S = 0.05
-# and the node's cores: other processes below this many cores (a server that has answered may still spin one:
-# speculation.worker.cpuload)
-QUIET_CPU_CORES = 0.5
+# and the node's cores: other processes below this share of them, at least half a core (a server that has answered
+# may still spin one: speculation.worker.cpuload; on 2 cores one spinning core is half the machine, on 64 it is not)
+QUIET_CPU_SHARE = 0.25
 PENDING = "calibration pending"  # in a record's reason until its projection is filled in
 
 _measuring = threading.Lock()  # one calibration at a time per worker process
@@ -364,9 +365,14 @@ def _quietly(endpoint: Endpoint, timing: Callable[[], Any], *, quiet: bool, roun
         _yield_point()
         if quiet:
             _wait_until_server_idle(endpoint, deadline=deadline)
-            cpuload.wait_until_quiet(deadline=deadline, cores=QUIET_CPU_CORES)
+            cpuload.wait_until_quiet(deadline=deadline, cores=_quiet_cores())
         results.append(timing())
     return results
+
+
+def _quiet_cores() -> float:
+    """Other processes' CPU below which the node counts as quiet: QUIET_CPU_SHARE of its cores, at least 0.5."""
+    return max(0.5, QUIET_CPU_SHARE * (os.cpu_count() or 1))
 
 
 def _wait_until_server_idle(endpoint: Endpoint, *, deadline: float) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from datetime import timedelta
 
 import httpx
@@ -398,6 +399,7 @@ def test_the_workers_own_timings_also_wait_for_the_nodes_cores_to_be_quiet(shado
     # given: an idle server, and the node's other processes busy for two readings (vLLM's CPU build spins a core
     # after its gauge reads 0), then quiet
     monkeypatch.setattr(worker_costs, "_wait_until_server_idle", lambda endpoint, *, deadline: True)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # quiet: under half a core (a quarter of 2, at least 0.5)
     readings = iter([1.0, 0.9, 0.1] + [0.0] * 10)
     read = []
     monkeypatch.setattr(cpuload, "others_cores", lambda window_s=0.1: read.append(1) or next(readings))
@@ -406,6 +408,9 @@ def test_the_workers_own_timings_also_wait_for_the_nodes_cores_to_be_quiet(shado
     worker_costs._quietly(shadow_policy.endpoint, lambda: started_after.append(len(read)), quiet=True, rounds=2)
     # then: the first round started only after the quiet reading, the second after one more
     assert started_after == [3, 4]
+    # on 64 cores a quarter of them may be busy with others: a spinning core no longer holds the timing up
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert worker_costs._quiet_cores() == 16.0
     # and a calibration that is not told to wait for quiet does not read the cores
     read.clear()
     worker_costs._quietly(shadow_policy.endpoint, lambda: None, quiet=False, rounds=2)
