@@ -277,7 +277,8 @@ def _batch_step_costs(
     ngram = policy.mechanism == Mechanism.NGRAM or policy.draft is None
     draft = target if ngram else resources.model(policy.draft.path).model
     timers: list[BatchStepTimer] = []
-    relay = StepRelay(loaded.tokenizer, client=_redis())  # the request thread's part of each step, as in prod
+    client = _redis()
+    relay = StepRelay(loaded.tokenizer, client=client)  # the request thread's part of each step, as in prod
 
     def one_round() -> tuple[dict[int, float], list[float]]:  # in the batch loop's thread, as prod's steps run
         if not timers:
@@ -290,6 +291,7 @@ def _batch_step_costs(
         raise CalibrationError(f"timing the batch loop's steps: {exc}") from exc
     finally:
         relay.close()
+        client.close()
     timed = {n: [r[0][n] for r in rounds if n in r[0]] for n in VERIFY_SIZES}
     verify = non_decreasing({n: statistics.median(values) for n, values in timed.items() if values})
     if not verify:

@@ -116,3 +116,30 @@ def test_the_relay_runs_the_matcher_without_redis(tiny_model_dir):
         relay.put(ids)
     relay.close()
     assert relay.relayed == 3 and relay._matcher.output_ids == [5, 9, 14, 2, 20]
+
+
+def test_the_relay_goes_on_when_the_matcher_fails(tiny_model_dir, redis_server):
+    import json
+
+    import redis
+    from transformers import AutoTokenizer
+
+    from speculation.worker.costs_batch import StepRelay
+
+    class Broken:  # a tokenizer that fails on one token (a calibration must not lose its relay thread to it)
+        def __init__(self, inner):
+            self.inner = inner
+
+        def decode(self, ids, **kwargs):
+            if 13 in ids:
+                raise ValueError("cannot decode 13")
+            return self.inner.decode(ids, **kwargs)
+
+    client = redis.Redis.from_url(redis_server.url)
+    relay = StepRelay(Broken(AutoTokenizer.from_pretrained(str(tiny_model_dir))), client=client)
+    for ids in ([5, 9], [13], [14]):
+        relay.put(ids)
+    relay.close()
+    messages = [json.loads(m) for m in client.lrange(relay._channel.key, 0, -1)]
+    assert relay.relayed == 3 and [m["ids"] for m in messages] == [[5, 9], [13], [14]]
+    assert messages[1]["text"] == ""
