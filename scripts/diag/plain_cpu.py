@@ -22,6 +22,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from speculation.bench.gateway_overhead import cpu_s  # noqa: E402
 from speculation.bench.load import load_prompts, run_concurrent  # noqa: E402
 from speculation.bench.stack import BenchStack  # noqa: E402
 from speculation.offline.demo import ensure_demo_pair  # noqa: E402
@@ -45,16 +46,14 @@ def tree(pid: int) -> list[int]:
 
 
 def cpu(pids: list[int]) -> float:
-    """User + system CPU seconds of the processes."""
-    total = 0
-    for p in pids:
+    """User + system CPU seconds of the processes (those still running)."""
+    total = 0.0
+    for pid in pids:
         try:
-            with open(f"/proc/{p}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += cpu_s(pid)
         except OSError:
             pass
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def main() -> None:

@@ -190,18 +190,22 @@ class StepRelay:
     25-45 % longer per token with the relay beside it and its verify(n) 1-17 % longer. A calibration without it
     projected prod's worker step 1.15-1.46x too fast.
 
-    The tokens go to a key of their own that expires (speculation.jobs.channel.EXPIRE_S) and nobody reads; without
-    Redis (client None, or it fails) the relay still runs the matcher."""
+    It runs prod's own TokenStream (the stop matcher a token at a time, then one send per step) on a key of its own
+    that expires (speculation.jobs.channel.EXPIRE_S) and nobody reads; without Redis (client None, or it fails) the
+    relay still runs the matcher."""
 
     def __init__(self, tokenizer: Any, *, client: Any = None) -> None:
         from speculation.jobs.channel import WorkerChannel
+        from speculation.worker.generation import TokenStream
         from speculation.worker.paths.stopping import StopMatcher, StopRule
         from speculation.worker.paths.text import IncrementalText
 
+        # prod's own per-step work (TokenStream: the matcher a token at a time, then one send), on a throwaway key
+        channel = WorkerChannel(client, f"calibration-{uuid.uuid4().hex}") if client is not None else None
+        self._stream = TokenStream(channel, slot=None)  # type: ignore[arg-type]
         # the calibration's slot runs past end tokens (its room, not the text, ends it): the matcher must not stop
         rule = StopRule.from_fields({"ignore_eos": True}, max_tokens=1 << 30, eos_token_id=None)
-        self._matcher = StopMatcher(rule, decode=IncrementalText(tokenizer).add)
-        self._channel = WorkerChannel(client, f"calibration-{uuid.uuid4().hex}") if client is not None else None
+        self._stream.matcher = StopMatcher(rule, decode=IncrementalText(tokenizer).add)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.relayed = 0  # steps relayed
         self._thread = threading.Thread(target=self._run, name="ace-calibration-relay", daemon=True)
@@ -215,16 +219,17 @@ class StepRelay:
         self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
+        stream = self._stream
         while (ids := self._inbox.get()) is not None:
             try:
-                text = "".join(self._matcher.feed([token])[1] for token in ids)  # a token at a time, as TokenStream
+                for token in ids:
+                    stream.ends_after(token)
             except Exception as exc:  # noqa: BLE001 - a token the tokenizer cannot decode: relay the ids alone
                 logger.info("calibration relay: the matcher failed (%s): ids only", exc)
-                text = ""
-            if self._channel is not None:
+            if stream.channel is not None:
                 try:
-                    self._channel.send({"type": "tokens", "ids": ids, "text": text})
+                    stream.send(ids)
                 except Exception as exc:  # noqa: BLE001 - the timing goes on without the round trip
                     logger.info("calibration relay without Redis: %s", exc)
-                    self._channel = None
+                    stream.channel = None
             self.relayed += 1

@@ -91,11 +91,11 @@ def test_the_timer_relays_each_steps_tokens_as_a_request_thread_does(tiny_model_
     timer.round((1, 3, 5))
     relay.close()
     # then: every step's committed tokens went out, in order, in one message each, with the text they complete
-    messages = [json.loads(m) for m in client.lrange(relay._channel.key, 0, -1)]
+    messages = [json.loads(m) for m in client.lrange(relay._stream.channel.key, 0, -1)]
     assert len(stepped) == 9 and relay.relayed == 9 and [m["ids"] for m in messages] == stepped
     ids = [t for step in stepped for t in step]
     assert "".join(m["text"] for m in messages) == tokenizer.decode(ids, skip_special_tokens=True)
-    assert 0 < client.ttl(relay._channel.key) <= 300  # nobody reads it: it expires
+    assert 0 < client.ttl(relay._stream.channel.key) <= 300  # nobody reads it: it expires
     # and the tokens are what the decoder commits for that context greedily (the relay times prod's real work)
     decoder = BatchDecoder(model, slots=1, draft=model)
     decoder.add("x", [1, 5, 9, 14, 20, 31], GenerationConfig(max_new_tokens=len(ids), k=4))
@@ -115,7 +115,7 @@ def test_the_relay_runs_the_matcher_without_redis(tiny_model_dir):
     for ids in ([5, 9], [14], [2, 20]):  # 2: the end token; a calibration's slot runs past it
         relay.put(ids)
     relay.close()
-    assert relay.relayed == 3 and relay._matcher.output_ids == [5, 9, 14, 2, 20]
+    assert relay.relayed == 3 and relay._stream.matcher.output_ids == [5, 9, 14, 2, 20]
 
 
 def test_the_relay_goes_on_when_the_matcher_fails(tiny_model_dir, redis_server):
@@ -140,6 +140,6 @@ def test_the_relay_goes_on_when_the_matcher_fails(tiny_model_dir, redis_server):
     for ids in ([5, 9], [13], [14]):
         relay.put(ids)
     relay.close()
-    messages = [json.loads(m) for m in client.lrange(relay._channel.key, 0, -1)]
+    messages = [json.loads(m) for m in client.lrange(relay._stream.channel.key, 0, -1)]
     assert relay.relayed == 3 and [m["ids"] for m in messages] == [[5, 9], [13], [14]]
     assert messages[1]["text"] == ""
