@@ -116,9 +116,9 @@ def run_all(
     rounds: int = 1,
 ) -> dict[str, dict[str, dict[str, Run]]]:
     """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}. Off and prod alternate round by
-    round at each load (off, prod, off, prod...: `rounds` of each, merged runs that keep their rounds), so a drift
-    of the machine's speed (another job starting, the server warming) falls on both alike; the K = 0 phase runs once
-    per load after them.
+    round at each load (off, prod, prod, off, off, prod...: `rounds` of each, merged runs that keep their rounds, each
+    mode first in every other pair), so a drift of the machine's speed (another job starting, the server warming) and
+    the advantage of going second fall on both alike; the K = 0 phase runs once per load after them.
 
     The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
     (call it last in a run)."""
@@ -149,7 +149,11 @@ def run_all(
         for concurrency in CONCURRENCY:
             runs: dict[str, list[Run]] = {"off": [], "prod": []}
             for index in range(rounds):
-                for name in ("off", "prod"):  # off first: the guard's plain samples at this load (its warm-up)
+                # off first in the first round: the guard's plain samples at this load (its warm-up); then the order
+                # alternates, so that what favours the second round of a pair (vLLM's prefix cache holding the
+                # prompts, a machine that warms up) falls on each mode alike: in an A/A run of off against off at 8
+                # streams the second round of a pair ran 1.07x the first (median of 12 pairs; docs/BENCHMARKS.md)
+                for name in ("off", "prod") if index % 2 == 0 else ("prod", "off"):
                     mode(name)
                     runs[name].append(one(name, kind, concurrency, index))
             for name, done in runs.items():
@@ -212,9 +216,30 @@ def _per_round(prod: Run, off: Run) -> dict:
         # robust to one round of either mode in which the server stalled (vLLM's CPU build does, in off as in prod:
         # docs/BENCHMARKS.md, seventh session), which the aggregate tokens / seconds weighs by its length
         "prod_over_off_median_round": statistics.median(r for r in ratios if r is not None) if any(ratios) else None,
+        # the mean of the per-round ratios and its 90 % Student-t interval: whether prod is told apart from off at
+        # this load (two rounds of off alone differed by a ratio sd of 0.12 at 8 streams here: docs/BENCHMARKS.md)
+        **_mean_interval([r for r in ratios if r is not None]),
         "guard_skipped_per_round": [p.guard_skipped for p in prod.rounds],
         "speculated_per_round": [p.outcomes.get("speculated", 0) for p in prod.rounds],
         "reasons_per_round": [dict(p.reasons.most_common()) for p in prod.rounds],
+    }
+
+
+# Student's t, upper 5 % point, for 1-10 degrees of freedom (a two-sided 90 % interval); beyond, 1.8
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
+
+
+def _mean_interval(ratios: list[float]) -> dict:
+    """{"prod_over_off_mean_round": mean, "prod_over_off_interval_90": [low, high]} of per-round ratios (two or
+    more), the interval from Student's t: the rounds are few and their spread is the machine's."""
+    if len(ratios) < 2:
+        return {}
+    mean = statistics.mean(ratios)
+    t = _T95[len(ratios) - 2] if len(ratios) - 1 <= len(_T95) else 1.8
+    half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return {
+        "prod_over_off_mean_round": round(mean, 4),
+        "prod_over_off_interval_90": [round(mean - half, 4), round(mean + half, 4)],
     }
 
 

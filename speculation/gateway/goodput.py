@@ -502,13 +502,42 @@ async def batch_takes(route: Any, load: int) -> bool:
     return _slots(await live_workers(route.node_class)) >= load
 
 
-async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[float]]:
-    names = [(traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN)]
+# The samples read from Redis are reused by this process for READ_TTL_S, with the samples it keeps itself added as it
+# keeps them (`_remember`): reading all 16 lists per prod request was the largest part of a plain prod request's cost
+# in the web process (py-spy, docs/BENCHMARKS.md, the eleventh session). Another process's samples, and a list that
+# expired in Redis, are seen within READ_TTL_S.
+READ_TTL_S = 1.0
+_NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))
+_read_cache: dict[int, tuple[float, dict[tuple[str, str, str], list[Sample]]]] = {}
+
+
+async def _read(endpoint_id: int) -> dict[tuple[str, str, str], list[Sample]]:
+    """The endpoint's kept samples, newest first, per (traffic, bucket, kind); from this process's copy when it was
+    read within READ_TTL_S."""
+    now = time.monotonic()
+    found = _read_cache.get(endpoint_id)
+    if found is not None and now - found[0] < READ_TTL_S:
+        return found[1]
     pipe = client().pipeline(transaction=False)
-    for traffic, bucket, kind in names:
+    for traffic, bucket, kind in _NAMES:
         pipe.lrange(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind), 0, WINDOW - 1)
-    found = await pipe.execute()
-    return {name: [_parse(v) for v in raw] for name, raw in zip(names, found, strict=True) if raw}
+    raws = await pipe.execute()
+    samples = {name: [_parse(v) for v in raw] for name, raw in zip(_NAMES, raws, strict=True) if raw}
+    _read_cache[endpoint_id] = (now, samples)
+    return samples
+
+
+def _remember(endpoint_id: int, name: tuple[str, str, str], sample: Sample) -> None:
+    """A sample this process kept, added to its copy of the endpoint's samples (a new list: a decision made on the
+    copy keeps what it was decided on)."""
+    found = _read_cache.get(endpoint_id)
+    if found is not None:
+        _read_cache[endpoint_id] = (found[0], {**found[1], name: [sample, *found[1].get(name, ())][:WINDOW]})
+
+
+def forget_samples() -> None:
+    """Drop this process's copies: the next decision reads Redis (tests; a process that learns a list expired)."""
+    _read_cache.clear()
 
 
 def _parse(raw: bytes | str) -> Sample:
@@ -596,9 +625,10 @@ async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: floa
     if not bucket or not tokens or latency_ms <= 0:
         return
     key = KEY.format(endpoint_id=call.route.endpoint_id, traffic=call.traffic or SAMPLED, bucket=bucket, kind=kind)
+    seconds = latency_ms / 1000.0
+    _remember(call.route.endpoint_id, (call.traffic or SAMPLED, bucket, kind), (tokens / seconds, seconds))
     try:
         pipe = client().pipeline(transaction=False)
-        seconds = latency_ms / 1000.0
         pipe.lpush(key, f"{tokens / seconds:.3f}:{seconds:.3f}")
         pipe.ltrim(key, 0, WINDOW - 1)
         if kind == SPEC:
@@ -614,37 +644,55 @@ _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _EVENT = b"data: {"
 
 
-class PlainSample:
-    """Observer of an off or shadow request (wrapping shadow's own, if any): its tok/s becomes a plain sample.
+class TokenCount:
+    """The output tokens of an answer relayed as the server sent it, found with one regular expression per body or
+    chunk and no JSON parsed (the off path stays a relay; a plain prod request pays no more): the usage the server
+    reports, else (a stream without usage) the number of events, less a chat stream's first, which carries the role
+    only."""
 
-    Tokens from the usage the server reports, else (a stream without usage) the number of events; nothing parsed
-    beyond one regular expression per body or chunk, so the off path stays a relay."""
-
-    def __init__(self, call: Call, inner: Any = None) -> None:
-        self.call = call
-        self.inner = inner
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.usage: int | None = None
         self.events = 0
 
-    def on_body(self, status: int, body: bytes) -> bytes:
+    def body(self, body: bytes) -> None:
         found = _USAGE.search(body)
         if found:
             self.usage = int(found.group(1))
-        return self.inner.on_body(status, body) if self.inner is not None else body
 
-    def on_chunk(self, chunk: bytes) -> bytes:
+    def chunk(self, chunk: bytes) -> None:
         self.events += chunk.count(_EVENT)
         if b'"completion_tokens"' in chunk:
             found = _USAGE.search(chunk)
             if found:
                 self.usage = int(found.group(1))
-        return self.inner.on_chunk(chunk) if self.inner is not None else chunk
 
     def tokens(self) -> int:
         if self.usage is not None:
             return self.usage
-        role_event = 1 if self.call.kind == "chat" else 0  # a chat stream's first event carries the role only
+        role_event = 1 if self.kind == "chat" else 0
         return max(0, self.events - role_event)
+
+
+class PlainSample:
+    """Observer of an off or shadow request (wrapping shadow's own, if any): its tok/s becomes a plain sample, its
+    tokens counted by TokenCount."""
+
+    def __init__(self, call: Call, inner: Any = None) -> None:
+        self.call = call
+        self.inner = inner
+        self.count = TokenCount(call.kind)
+
+    def on_body(self, status: int, body: bytes) -> bytes:
+        self.count.body(body)
+        return self.inner.on_body(status, body) if self.inner is not None else body
+
+    def on_chunk(self, chunk: bytes) -> bytes:
+        self.count.chunk(chunk)
+        return self.inner.on_chunk(chunk) if self.inner is not None else chunk
+
+    def tokens(self) -> int:
+        return self.count.tokens()
 
     async def on_done(self, status: int, error: str = "") -> None:
         if self.inner is not None:

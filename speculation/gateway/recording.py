@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from speculation.gateway import goodput
 from speculation.gateway.call import Call
-from speculation.gateway.sse import EventSplitter, payload_of
 from speculation.models import Action
 from speculation.services.records import keep_record
 
@@ -19,39 +16,27 @@ def output_tokens_of(payload: dict) -> int | None:
 
 
 class PlainRecorder:
+    """Observer of a request prod sends plain: the answer is relayed untouched and its tokens counted as an off
+    request's are (goodput.TokenCount: no JSON parsed per event)."""
+
     def __init__(self, call: Call, *, action: str, reason: str, extra: dict | None = None) -> None:
         self.call = call
         self.action = action
         self.reason = reason
         self.extra = extra or {}
-        self.output_tokens: int | None = None
-        self.chunks = 0
-        self.splitter = EventSplitter()
+        self.count = goodput.TokenCount(call.kind)
 
     def on_body(self, status: int, body: bytes) -> bytes:
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return body
-        if isinstance(payload, dict):
-            self.output_tokens = output_tokens_of(payload)
+        self.count.body(body)
         return body
 
     def on_chunk(self, chunk: bytes) -> bytes:
-        for raw in self.splitter.feed(chunk):
-            payload = payload_of(raw)
-            if payload is None:
-                continue
-            found = output_tokens_of(payload)
-            if found is not None:
-                self.output_tokens = found
-            elif payload.get("choices"):
-                self.chunks += 1
+        self.count.chunk(chunk)
         return chunk
 
     async def on_done(self, status: int, error: str = "") -> None:
         latency_ms = self.call.elapsed_ms()
-        tokens = self.output_tokens if self.output_tokens is not None else self.chunks
+        tokens = self.count.tokens()
         reason = self.reason
         if status != 200 or error:
             reason = f"{reason}; plain request failed too: {error or f'HTTP {status}'}"

@@ -127,6 +127,9 @@ def test_rounds_merge_into_one_rate_and_the_report_shows_each_round_and_the_last
     assert row["prod_over_off"] == pytest.approx(1.0)
     assert row["prod_over_off_per_round"] == [0.5, 1.0, 1.5] and row["prod_over_off_last_round"] == 1.5
     assert row["prod_over_off_median_round"] == 1.0
+    # the mean of the rounds' ratios, with Student's t at 2 degrees of freedom (2.920 x sd 0.5 / sqrt 3)
+    assert row["prod_over_off_mean_round"] == 1.0
+    assert row["prod_over_off_interval_90"] == [0.1571, 1.8429]
     assert row["guard_skipped"] == 7 and row["guard_skipped_per_round"] == [0, 3, 4]
     assert (row["speculated"], row["skipped"]) == (5, 7)
     assert row["speculated_per_round"] == [4, 1, 0]
@@ -161,3 +164,34 @@ def test_the_report_counts_why_each_prod_request_speculated_or_went_plain_per_ro
         {"speculated: goodput guard: learning load 5-16": 1, f"skipped: {slower}": 1},
         {f"skipped: {slower}": 1, "speculated": 1},
     ]
+
+
+def test_off_and_prod_take_turns_going_first_after_offs_warm_up_round(monkeypatch):
+    from types import SimpleNamespace
+
+    from speculation.bench import concurrency
+
+    order: list[tuple[str, int, str]] = []  # (mode set, concurrency, kind) of each measured round, in order
+    state = {"mode": ""}
+
+    def run_once(stack, prompts, *, concurrency, max_tokens, sampling, prod, endpoint="demo"):
+        assert prod == (state["mode"] != "off")
+        if (len(prompts) > 1 or concurrency > 1) and not state.get("k0"):  # not a warm-up, not the K = 0 phase
+            order.append((state["mode"], concurrency, "greedy" if sampling == {"temperature": 0.0} else "sampled"))
+        return Run(tok_s=1.0, latencies_s=[1.0], tokens=1, wall_s=1.0)
+
+    stack = SimpleNamespace(
+        set_policy=lambda name, **fields: state.update(mode=fields["mode"]),
+        restart_worker=lambda **_: state.update(k0=True),
+        restart_ace=lambda **_: None,
+        target_dir="/nowhere",
+    )
+    monkeypatch.setattr(concurrency, "run_once", run_once)
+
+    measured = concurrency.run_all(
+        stack, ["a", "b"], requests={1: 2, 8: 8, 32: 32}, max_tokens=4, log=lambda _: None, rounds=4
+    )
+
+    greedy_8 = [m for m, c, k in order if c == 8 and k == "greedy"]
+    assert greedy_8 == ["off", "prod", "prod", "off", "off", "prod", "prod", "off"]
+    assert len(measured["off"]["sampled"]["32"].rounds) == 4 and len(measured["prod"]["greedy"]["1"].rounds) == 4

@@ -433,10 +433,11 @@ def _call(
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers):
+    states = (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers)
+    for state in (*states, goodput._read_cache):
         state.clear()
     yield
-    for state in (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers):
+    for state in (*states, goodput._read_cache):
         state.clear()
 
 
@@ -590,6 +591,7 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
         ttl_after_a_later_sample = r.ttl(_spec_key(9011, "5-16"))
         # when: the 8-stream verdict expires first (it was measured first)
         r.delete(_spec_key(9011, "5-16"))
+        goodput.forget_samples()  # a process sees an expired list within READ_TTL_S: here at once
         at_32 = await _decide_at(9011, 32, "high")
         _quiet(9011)
         at_8 = await _decide_at(9011, 8, "low")
@@ -597,6 +599,7 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
         _quiet(9011)
         await _keep_at(9011, 8, SPEC, 10.0, n=FEW_SAMPLES)
         r.delete(_spec_key(9011, "17+"))
+        goodput.forget_samples()
         again_32 = [await _decide_at(9011, 32, f"again{i}") for i in range(20)]
         return ttl_after_a_later_sample, at_32, at_8, again_32
 
@@ -612,6 +615,47 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
     # 32 streams is not learned while the lower load's fresh verdict presumes it slower
     assert all(d.plain and not d.probe for d in again_32)
     assert "lower load 5-16" in again_32[0].reason
+
+
+def test_the_samples_are_read_from_redis_once_per_read_ttl_and_this_processs_own_are_seen_at_once(
+    guard_on, monkeypatch
+):
+    monkeypatch.setattr(goodput, "READ_TTL_S", 0.3)
+
+    def lranges() -> int:
+        return int(_redis().info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+
+    async def run():
+        # given: plain measured at load 1, speculation not yet
+        await _keep(9013, PLAIN, 50.0, n=MIN_SAMPLES)
+        first = await goodput.decide(_call(9013, "first"))
+        goodput.end(_call(9013, "first"))
+        # when: this process keeps speculation's samples (slower), and decides at once
+        await _keep(9013, SPEC, 10.0, n=MIN_SAMPLES)
+        own = await goodput.decide(_call(9013, "own"))
+        goodput.end(_call(9013, "own"))
+        # and: another process's samples land in Redis (speculation now faster there)
+        key = _spec_key(9013, "1")
+        _redis().delete(key)
+        _redis().lpush(key, *[f"{90.0:.3f}:{1.0:.3f}"] * MIN_SAMPLES)
+        before_ttl = await goodput.decide(_call(9013, "before"))
+        goodput.end(_call(9013, "before"))
+        await asyncio.sleep(0.35)
+        after_ttl = await goodput.decide(_call(9013, "after"))
+        goodput.end(_call(9013, "after"))
+        return first, own, before_ttl, after_ttl
+
+    read_before = lranges()
+    first, own, before_ttl, after_ttl = asyncio.run(run())
+
+    # then: the first request learns; this process's slower samples decide the next one at once
+    assert not first.plain and first.probe
+    assert own.plain and "10.0 vs 50.0" in own.reason
+    # another process's samples are not read again within READ_TTL_S, and are after it
+    assert before_ttl.plain and "10.0 vs 50.0" in before_ttl.reason
+    assert not after_ttl.plain and "measured faster" in after_ttl.reason
+    # and: the 16 lists were read twice in all (once per READ_TTL_S) for the four decisions
+    assert lranges() - read_before == 2 * len(goodput._NAMES)
 
 
 def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
