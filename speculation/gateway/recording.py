@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from speculation.gateway import goodput
+from speculation.gateway.background import spawn
 from speculation.gateway.call import Call
 from speculation.models import Action
 from speculation.services.records import keep_record
@@ -56,7 +57,10 @@ class PlainRecorder:
         )
         if self.call.load_bucket:  # a prod request the goodput guard counted: a plain sample when it succeeded
             served = self.action == Action.SKIPPED and status == 200 and not error
-            if served:
-                await goodput.observe(self.call, kind=goodput.PLAIN, tokens=tokens, latency_ms=latency_ms)
+            if served:  # spawned, as an off request's sample is: the client's stream ends without waiting for Redis
+                spawn(
+                    goodput.observe(self.call, kind=goodput.PLAIN, tokens=tokens, latency_ms=latency_ms),
+                    what="goodput sample",
+                )
             else:
                 goodput.end(self.call)
