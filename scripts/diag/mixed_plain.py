@@ -34,7 +34,7 @@ import django  # noqa: E402
 django.setup()
 
 from speculation.bench.concurrency import SAMPLINGS, _mean_interval  # noqa: E402
-from speculation.bench.load import load_prompts, run_concurrent  # noqa: E402
+from speculation.bench.load import chat, load_prompts  # noqa: E402
 from speculation.bench.stack import BenchStack  # noqa: E402
 from speculation.offline.demo import ensure_demo_pair  # noqa: E402
 from speculation.offline.eagle.prompts import spec_bench_path  # noqa: E402
@@ -69,17 +69,18 @@ async def mixed_round(stack: BenchStack, prompts: list[str], *, streams: int, sa
     ]
     sem = asyncio.Semaphore(streams)
     rates: dict[str, list] = {"demo": [None] * len(prompts), "demo-off": [None] * len(prompts)}
+    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:  # one client, as the bench's load has
 
-    async def one(index: int, model: str, prompt: str) -> None:
-        async with sem:
-            _, results = await run_concurrent(
-                stack.ace_url, model=model, prompts=[prompt], max_tokens=64, concurrency=1, headers=stack.headers,
-                sampling=sampling,
-            )  # fmt: skip
-            result = results[0]
-            rates[model][index] = (result.tokens, result.latency_s)
+        async def one(index: int, model: str, prompt: str) -> None:
+            async with sem:
+                result = await chat(
+                    client, stack.ace_url, model=model, prompt=prompt, max_tokens=64, headers=stack.headers,
+                    stream=True, sampling=sampling,
+                )  # fmt: skip
+                rates[model][index] = (result.tokens, result.latency_s)
 
-    await asyncio.gather(*(one(i // 2, model, prompt) for i, (model, prompt) in enumerate(order)))
+        await asyncio.gather(*(one(i // 2, model, prompt) for i, (model, prompt) in enumerate(order)))
     return rates
 
 
