@@ -91,6 +91,11 @@ def _scope(token: str, raw: bytes) -> dict:
 
 
 async def _one(app, scope: dict, raw: bytes) -> int:
+    return (await exchange(app, scope, raw))[0]["status"]
+
+
+async def exchange(app, scope: dict, raw: bytes) -> list[dict]:
+    """One request through the ASGI app as a server would drive it; the messages the app sent (start, body...)."""
     sent: list[dict] = []
     finished = asyncio.Event()
     delivered = False
@@ -108,7 +113,7 @@ async def _one(app, scope: dict, raw: bytes) -> int:
 
     await app(scope, receive, send)
     finished.set()
-    return sent[0]["status"]
+    return sent
 
 
 async def _direct(upstream_url: str, n: int) -> list[float]:

@@ -25,28 +25,12 @@ import time
 from pathlib import Path
 
 from speculation.bench.gateway_overhead import Stack
-from speculation.bench.gateway_profile import _scope
+from speculation.bench.gateway_profile import _scope, exchange
 
 
 async def _one(app, scope: dict, raw: bytes) -> tuple[int, int]:
     """One request through the ASGI app; its status and the number of body bytes it streamed."""
-    sent: list[dict] = []
-    finished = asyncio.Event()
-    delivered = False
-
-    async def receive() -> dict:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await finished.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    finished.set()
+    sent = await exchange(app, scope, raw)
     return sent[0]["status"], sum(len(m.get("body", b"")) for m in sent[1:])
 
 
