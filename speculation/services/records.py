@@ -85,7 +85,7 @@ async def arecord_stage(*, endpoint_id: int, request_id: str, mode: str, action:
 # one hop to Django's database thread and one commit for several requests (alone, a plain prod request's record cost
 # the web process 0.7 ms of CPU: docs/BENCHMARKS.md, the eleventh session). Per event loop: its futures are its own.
 _queued: dict[int, list[tuple[dict[str, Any], asyncio.Future]]] = {}
-_writing: set[int] = set()
+_writing: dict[int, asyncio.AbstractEventLoop] = {}  # the loop itself is held, so its id is not reused meanwhile
 
 
 async def _group_write(row: dict[str, Any]) -> bool:
@@ -95,7 +95,7 @@ async def _group_write(row: dict[str, Any]) -> bool:
     _queued.setdefault(key, []).append((row, done))
     if key in _writing:  # the write under way takes this one with its next group
         return await done
-    _writing.add(key)
+    _writing[key] = loop
     group: list[tuple[dict[str, Any], asyncio.Future]] = []
     try:
         while _queued.get(key):
@@ -105,7 +105,7 @@ async def _group_write(row: dict[str, Any]) -> bool:
                 future.set_result(result)
             group = []
     finally:
-        _writing.discard(key)
+        _writing.pop(key, None)
         # only when this task was cancelled (its loop is stopping): the records it held are not written
         for _, future in [*group, *_queued.pop(key, [])]:
             if not future.done():
