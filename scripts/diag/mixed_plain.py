@@ -94,10 +94,7 @@ def main() -> None:
     stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=False).start()
     out: dict = {}
     try:
-        stack.set_policy(
-            "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=5, path="local",
-            target_path=str(stack.target_dir),
-        )  # fmt: skip
+        stack.set_demo_pairing()
         register_off_twin(stack)
         asyncio.run(mixed_round(stack, prompts[:4], streams=8, sampling={}))  # warm: models, connections
         before = {r["id"] for r in stack.records("demo", mode="prod")}

@@ -64,10 +64,7 @@ def main() -> None:
     prompts = [p for _, p in load_prompts(Path(spec_bench_path()), per_category=2)]
     stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=False).start()
     try:
-        stack.set_policy(
-            "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=5, path="local",
-            target_path=str(stack.target_dir),
-        )  # fmt: skip
+        stack.set_demo_pairing()
         warm = dict(max_tokens=16, concurrency=1, headers=stack.headers, sampling={})
         asyncio.run(run_concurrent(stack.ace_url, model="demo", prompts=prompts[:1], **warm))
         groups = {name: tree(stack.procs[name].pid) for name in ("ace", "vllm", "worker")}

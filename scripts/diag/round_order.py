@@ -43,10 +43,7 @@ def main() -> None:
     stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=False).start()
     rows = []
     try:
-        stack.set_policy(
-            "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=5, path="local",
-            target_path=str(stack.target_dir),
-        )  # fmt: skip
+        stack.set_demo_pairing()
         warm = dict(max_tokens=16, concurrency=1, headers=stack.headers, sampling={})
         asyncio.run(run_concurrent(stack.ace_url, model="demo", prompts=prompts[:1], **warm))
         for index in range(args.pairs):

@@ -61,9 +61,8 @@ def main() -> int:
     stack = BenchStack(
         target_dir=pair.target_dir, draft_dir=pair.draft_dir, extra_env={"ACE_GOODPUT_GUARD": "false"}
     ).start()
-    prod = dict(mode="prod", mechanism="draft_model", draft="demo-draft", k=5, path="local")
     try:
-        stack.set_policy("demo", **prod, target_path=str(stack.target_dir))
+        stack.set_demo_pairing()
         asyncio.run(_one_stream(stack, prompts[:4]))  # the worker loads the pair
         for n in streams:
             for r in range(args.rounds):

@@ -137,12 +137,7 @@ def run_all(
     def mode(name: str) -> None:
         stack.set_policy("demo", mode="off" if name == "off" else "prod")
 
-    # the run command's demo pairing (the demo draft at K = 5 on the local path), set in full: a policy left at its
-    # defaults would run n-gram lookup, which `--only concurrency` measured until 2026-12-01
-    stack.set_policy(
-        "demo", mode="prod", mechanism="draft_model", draft="demo-draft", k=PROD_K, path="local",
-        target_path=str(stack.target_dir),
-    )  # fmt: skip
+    stack.set_demo_pairing(k=PROD_K)  # in full: left at its defaults, `--only concurrency` measured n-gram until 12-01
     run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
     measured: dict[str, dict[str, dict[str, Run]]] = {"off": {}, "prod": {}}
     for kind in SAMPLINGS:

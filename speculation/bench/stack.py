@@ -153,6 +153,14 @@ class BenchStack:
             raise RuntimeError(f"policy {fields} refused: {response.text}")
         return response.json()
 
+    def set_demo_pairing(self, endpoint: str = "demo", *, k: int = 5) -> dict:
+        """Prod with the run command's demo pairing, set in full (the demo draft at K on the local path): a policy left
+        at its defaults would run n-gram lookup."""
+        return self.set_policy(
+            endpoint, mode="prod", mechanism="draft_model", draft="demo-draft", k=k, path="local",
+            target_path=str(self.target_dir),
+        )  # fmt: skip
+
     def records(self, endpoint: str, **filters) -> list[dict]:
         params = {"endpoint": self.endpoints[endpoint]["id"], "limit": 1000, **filters}
         response = httpx.get(

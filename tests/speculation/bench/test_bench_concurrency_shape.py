@@ -182,6 +182,7 @@ def test_off_and_prod_take_turns_going_first_after_offs_warm_up_round(monkeypatc
 
     stack = SimpleNamespace(
         set_policy=lambda name, **fields: state.update(mode=fields["mode"]),
+        set_demo_pairing=lambda **_: state.update(mode="prod"),
         restart_worker=lambda **_: state.update(k0=True),
         restart_ace=lambda **_: None,
         target_dir="/nowhere",
