@@ -114,11 +114,13 @@ def run_all(
     max_tokens: int,
     log: Callable[[str], None],
     rounds: int = 1,
+    loads: tuple[int, ...] = CONCURRENCY,
 ) -> dict[str, dict[str, dict[str, Run]]]:
-    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}}. Off and prod alternate round by
-    round at each load (off, prod, prod, off, off, prod...: `rounds` of each, merged runs that keep their rounds, each
-    mode first in every other pair), so a drift of the machine's speed (another job starting, the server warming) and
-    the advantage of going second fall on both alike; the K = 0 phase runs once per load after them.
+    """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}} (the keys: `loads`). Off and prod
+    alternate round by round at each load (off, prod, prod, off, off, prod...: `rounds` of each, merged runs that keep
+    their rounds, each mode first in every other pair), so a drift of the machine's speed (another job starting, the
+    server warming) and the advantage of going second fall on both alike; the K = 0 phase runs once per load after
+    them.
 
     The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
     (call it last in a run)."""
@@ -141,7 +143,7 @@ def run_all(
     run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
     measured: dict[str, dict[str, dict[str, Run]]] = {"off": {}, "prod": {}}
     for kind in SAMPLINGS:
-        for concurrency in CONCURRENCY:
+        for concurrency in loads:
             runs: dict[str, list[Run]] = {"off": [], "prod": []}
             for index in range(rounds):
                 # off first in the first round: the guard's plain samples at this load (its warm-up); then the order
@@ -157,7 +159,7 @@ def run_all(
     stack.restart_ace(extra_env={"ACE_GOODPUT_GUARD": "false"})  # every K = 0 request on the engine
     mode("plain")
     run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
-    measured["plain"] = {kind: {str(c): merge([one("plain", kind, c, 0)]) for c in CONCURRENCY} for kind in SAMPLINGS}
+    measured["plain"] = {kind: {str(c): merge([one("plain", kind, c, 0)]) for c in loads} for kind in SAMPLINGS}
     return measured
 
 

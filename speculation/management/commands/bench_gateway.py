@@ -65,6 +65,11 @@ class Command(BaseCommand):
             help="concurrency: run each load this many times in a row in off and in prod (the goodput guard learns "
             "in the first rounds and acts in the later ones; default 3)",
         )
+        parser.add_argument(
+            "--concurrency-streams",
+            default=",".join(str(c) for c in concurrency_bench.CONCURRENCY),
+            help="concurrency: the loads (streams at once) to run, comma-separated (default 1,8,32)",
+        )
 
     def handle(
         self,
@@ -76,12 +81,14 @@ class Command(BaseCommand):
         managed: bool,
         only: str,
         concurrency_rounds: int,
+        concurrency_streams: str,
         **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
 
         if concurrency_rounds < 1:
-            raise CommandError(f"--concurrency-rounds must be at least 1, not {concurrency_rounds}")
+            raise CommandError(f"--concurrency-rounds must be at least 1, not {concurrency_rounds}", returncode=2)
+        loads = _loads(concurrency_streams)
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
@@ -95,14 +102,16 @@ class Command(BaseCommand):
             "prod_prompts": 1 if quick else 2,  # per Spec-Bench category
             "prod_max_tokens": 32 if quick else 64,
             "coverage_prompts": 2 if quick else 6,  # x 8 request variants + 1 (speculation.bench.coverage)
-            "concurrency_requests": {1: 2, 8: 8, 32: 32} if quick else {1: 4, 8: 16, 32: 64},
+            # per load: 2 (quick) or 4 requests per stream at one stream, one (quick) or two per stream above
+            "concurrency_requests": {c: (2 if quick else 4) * c if c == 1 else (1 if quick else 2) * c for c in loads},
             "concurrency_max_tokens": 32 if quick else 64,
             "concurrency_rounds": concurrency_rounds,
+            "concurrency_loads": loads,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
         sections = {name.strip() for name in only.split(",") if name.strip()}
         if sections - {"shadow_vs_prod", "concurrency"}:
-            raise CommandError(f"--only takes shadow_vs_prod and/or concurrency, not {only!r}")
+            raise CommandError(f"--only takes shadow_vs_prod and/or concurrency, not {only!r}", returncode=2)
         with_native = not (no_native or sections)
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=with_native)
         self.stderr.write(f"starting redis, vLLM{' x2' if with_native else ''}, worker, ACE (logs {stack.log_dir})")
@@ -236,6 +245,7 @@ class Command(BaseCommand):
             max_tokens=plan["concurrency_max_tokens"],
             log=self.stderr.write,
             rounds=plan["concurrency_rounds"],
+            loads=plan["concurrency_loads"],
         )
         out["concurrency"] = concurrency_bench.shape(measured)
         return out
@@ -254,6 +264,7 @@ class Command(BaseCommand):
                 max_tokens=plan["concurrency_max_tokens"],
                 log=self.stderr.write,
                 rounds=plan["concurrency_rounds"],
+                loads=plan["concurrency_loads"],
             )
             out["concurrency"] = concurrency_bench.shape(measured)
         return out
@@ -354,3 +365,18 @@ class Command(BaseCommand):
             if len(ready) >= count or time.monotonic() > deadline:
                 return records
             time.sleep(0.5)
+
+
+def _loads(text: str) -> tuple[int, ...]:
+    """--concurrency-streams: distinct positive integers, comma-separated, in the order given."""
+    loads: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= 256:
+            raise CommandError(
+                f"--concurrency-streams takes numbers of streams from 1 to 256, comma-separated, not {text!r}",
+                returncode=2,
+            )
+        if int(part) not in loads:
+            loads.append(int(part))
+    return tuple(loads)

@@ -196,3 +196,46 @@ def test_off_and_prod_take_turns_going_first_after_offs_warm_up_round(monkeypatc
     greedy_8 = [m for m, c, k in order if c == 8 and k == "greedy"]
     assert greedy_8 == ["off", "prod", "prod", "off", "off", "prod", "prod", "off"]
     assert len(measured["off"]["sampled"]["32"].rounds) == 4 and len(measured["prod"]["greedy"]["1"].rounds) == 4
+
+
+def test_only_the_loads_asked_for_run(monkeypatch):
+    from types import SimpleNamespace
+
+    from speculation.bench import concurrency
+
+    seen: set[int] = set()
+
+    def run_once(stack, prompts, *, concurrency, max_tokens, sampling, prod, endpoint="demo"):
+        seen.add(concurrency)
+        return Run(tok_s=1.0, latencies_s=[1.0], tokens=1, wall_s=1.0)
+
+    stack = SimpleNamespace(
+        set_policy=lambda name, **fields: None,
+        set_demo_pairing=lambda **_: None,
+        restart_worker=lambda **_: None,
+        restart_ace=lambda **_: None,
+    )
+    monkeypatch.setattr(concurrency, "run_once", run_once)
+    measured = concurrency.run_all(
+        stack, ["a"], requests={1: 4}, max_tokens=4, log=lambda _: None, rounds=2, loads=(1,)
+    )
+    assert seen == {1}
+    report = shape(measured)
+    assert set(report["greedy"]) == set(report["sampled"]) == {"1"}
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", "", "1,,8", "300", "-1"])
+def test_bench_gateway_refuses_loads_that_are_not_stream_counts(text):
+    from django.core.management.base import CommandError
+
+    from speculation.management.commands.bench_gateway import _loads
+
+    with pytest.raises(CommandError, match="--concurrency-streams") as raised:
+        _loads(text)
+    assert raised.value.returncode == 2
+
+
+def test_bench_gateway_takes_loads_in_order_once_each():
+    from speculation.management.commands.bench_gateway import _loads
+
+    assert _loads("1, 8,32,8") == (1, 8, 32)
