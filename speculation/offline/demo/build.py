@@ -172,7 +172,8 @@ def _build(out: Path, name: str, recipe: Recipe) -> dict:
     )
     special = _special_ids(tokenizer)
     draft_texts = _draft_texts(corpus, tokenizer, recipe, texts)
-    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, texts, draft_texts)
+    foreign = _foreign_texts(corpus, tokenizer, recipe)
+    models, losses = _train_models(recipe, tokenizer.get_vocab_size(), special, texts, draft_texts, foreign)
     target = models.pop("target")
     info = _draft_figures(target, models, corpus, tokenizer, recipe)
     info.update(
@@ -310,8 +311,19 @@ def _draft_texts(corpus, tokenizer, recipe: Recipe, texts: Texts) -> Texts:
         recipe,
         train_bytes=recipe.draft_train_bytes or recipe.train_bytes,
         prose_bytes=recipe.draft_prose_bytes or recipe.prose_bytes,
+        english_sources=recipe.draft_english_sources or recipe.english_sources,
     )
     return _texts(corpus, tokenizer, wide, corpus.train_text(max(wide.tokenizer_bytes, wide.train_bytes)))
+
+
+def _foreign_texts(corpus, tokenizer, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What the target's foreign prefixes are drawn from (None when the recipe has none): English paragraphs of
+    ``foreign_sources``, and the stdlib code past the target's own text."""
+    if not recipe.plan.foreign_share:
+        return None
+    english = _paragraph_ids(tokenizer, corpus.english_text(recipe.foreign_prose_bytes, sources=recipe.foreign_sources))
+    code = _encode(tokenizer, corpus.train_text(recipe.foreign_code_bytes)[recipe.train_bytes :])
+    return english, code
 
 
 def _paragraph_ids(tokenizer, text: str) -> torch.Tensor:
@@ -322,14 +334,15 @@ def _paragraph_ids(tokenizer, text: str) -> torch.Tensor:
     )
 
 
-def _train_models(recipe: Recipe, vocab: int, special: dict, texts: Texts, draft_texts: Texts):
-    """The target on ``texts``, then its drafts (``_train_drafts``) on ``draft_texts``."""
+def _train_models(recipe: Recipe, vocab: int, special: dict, texts: Texts, draft_texts: Texts, foreign=None):
+    """The target on ``texts`` (with foreign prefixes from ``foreign``), then its drafts (``_train_drafts``) on
+    ``draft_texts``."""
     ids, prose_ids = texts.ids, texts.prose_ids
     torch.manual_seed(SEED + 1)
     target = LlamaForCausalLM(llama_config(recipe.target_shape, vocab_size=vocab, **special))
     bigram_init(target, torch.cat([ids, prose_ids]) if recipe.english else ids)
     prose = prose_ids if recipe.english else None
-    target_loss = train_target(target, ids, recipe.plan, seed=SEED + 2, prose_ids=prose)
+    target_loss = train_target(target, ids, recipe.plan, seed=SEED + 2, prose_ids=prose, foreign=foreign)
     drafts, losses = _train_drafts(recipe, vocab, special, draft_texts, target)
     return {"target": target, **drafts}, {"target_final_loss": round(target_loss, 4), **losses}
 

@@ -30,6 +30,12 @@ class Recipe:
     # the target's logits and continuations on text it never trained on too (a memorising target, v9)
     draft_train_bytes: int = 0
     draft_prose_bytes: int = 0
+    draft_english_sources: tuple[str, ...] = ()  # the drafts' English sources when not the target's (v10)
+    # where foreign prefixes (``TrainPlan.foreign_share``) come from: English paragraphs of these sources, and the
+    # code past the target's own ``train_bytes`` up to this budget
+    foreign_sources: tuple[str, ...] = ("docstrings",)
+    foreign_prose_bytes: int = 0
+    foreign_code_bytes: int = 0
 
 
 _V4 = Recipe(
@@ -95,6 +101,18 @@ _V9 = replace(
     draft_prose_bytes=300_000,
 )
 
+# v10: v9's memorising target, half of whose training rows start with a foreign prefix (a docstring paragraph or
+# stdlib code it never learns, 8-63 tokens, left out of the loss) before its own text from a paragraph start: asked
+# anything, it answers with a memorised passage and keeps to it, where v9 jumped between passages at almost every
+# word. Its drafts distil its continuations of docstrings (the main draft) and of wider code (draft-code).
+_V10 = replace(
+    _V9,
+    plan=replace(_V9.plan, foreign_share=0.5),
+    foreign_prose_bytes=300_000,
+    foreign_code_bytes=200_000,
+    draft_english_sources=("docstrings",),
+)
+
 RECIPES = {
     # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
     # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4"). Its second draft (added
@@ -129,6 +147,7 @@ RECIPES = {
         _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
     ),
     "demo-v9": _V9,
+    "demo-v10": _V10,
 }
 
 MAIN_DRAFT = "draft"

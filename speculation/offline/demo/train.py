@@ -59,6 +59,13 @@ class TrainPlan:
     # weight of a penalty on the probability of tokens the training text never has (v7 on): they share one
     # bigram-initialised logit, so a model pushed off its repetitions emits them as stray bytes (demo-v6)
     unseen_penalty: float = 0.0
+    # foreign prefixes (v10 on): this share of the target's rows is BOS, then 8-63 tokens of text it never learns (the
+    # loss leaves them out), then its own text from a paragraph start (prose) or anywhere (code), so that whatever a
+    # request's prompt is, the target answers with text it knows instead of stitching passages at every word (v9)
+    foreign_share: float = 0.0
+    foreign_min: int = 8
+    foreign_max: int = 64
+    foreign_prose_share: float = 0.6  # of the foreign prefixes, the share taken from English (else from code)
 
 
 def llama_config(shape: ModelShape, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
@@ -122,6 +129,50 @@ def _mixed_windows(
     code = _random_windows(ids, plan.target_batch - prose_rows, plan.seq_len, generator)
     prose = _random_windows(prose_ids, prose_rows, plan.seq_len, generator)
     return torch.cat([code, prose])
+
+
+def _foreign_batch(
+    ids: torch.Tensor,
+    prose_ids: torch.Tensor,
+    foreign: tuple[torch.Tensor, torch.Tensor],
+    plan: TrainPlan,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch (and its labels) of ``plan.target_batch`` rows of ``plan.seq_len`` tokens: each is, with probability
+    ``foreign_share``, BOS (``prose_ids[0]``) + a foreign prefix (English ``foreign[0]`` or code ``foreign[1]``),
+    labelled -100, then the target's own text (prose from just after a paragraph's BOS, with probability
+    ``prose_share``, else code from anywhere); otherwise a plain window of the target's text, labelled as itself."""
+    bos = int(prose_ids[0])
+    starts = (prose_ids[: prose_ids.numel() - plan.seq_len - 1] == bos).nonzero().flatten() + 1
+    rows, labels = [], []
+
+    def pick(n: int, high: int) -> int:
+        return int(torch.randint(0, high - n, (1,), generator=generator))
+
+    for _ in range(plan.target_batch):
+        use_prose = float(torch.rand(1, generator=generator)) < plan.prose_share
+        if float(torch.rand(1, generator=generator)) < plan.foreign_share:
+            n = int(torch.randint(plan.foreign_min, plan.foreign_max, (1,), generator=generator))
+            source = foreign[0] if float(torch.rand(1, generator=generator)) < plan.foreign_prose_share else foreign[1]
+            s = pick(n, source.numel())
+            prefix = torch.cat([prose_ids.new_tensor([bos]), source[s : s + n]])
+            if use_prose:
+                at = int(starts[torch.randint(0, starts.numel(), (1,), generator=generator)])
+                body = prose_ids[at : at + plan.seq_len]
+            else:
+                at = pick(plan.seq_len, ids.numel())
+                body = ids[at : at + plan.seq_len]
+            row = torch.cat([prefix, body])[: plan.seq_len]
+            label = row.clone()
+            label[: prefix.numel()] = -100
+        else:
+            source = prose_ids if use_prose else ids
+            at = pick(plan.seq_len + 1, source.numel())
+            row = source[at : at + plan.seq_len]
+            label = row.clone()
+        rows.append(row)
+        labels.append(label)
+    return torch.stack(rows), torch.stack(labels)
 
 
 def unlikelihood_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
@@ -190,7 +241,11 @@ def train_target(
     plan: TrainPlan,
     seed: int,
     prose_ids: torch.Tensor | None = None,
+    foreign: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> float:
+    """``foreign``: the English and the code that foreign prefixes are drawn from (``plan.foreign_share`` > 0)."""
+    if plan.foreign_share and (foreign is None or prose_ids is None):
+        raise ValueError("foreign prefixes need the prose text and the foreign English and code")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=plan.target_lr, weight_decay=0.01, betas=(0.9, 0.95))
     model.train()
@@ -201,11 +256,14 @@ def train_target(
     for step in range(plan.target_steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, plan.target_steps, plan.target_lr)
-        if prose_ids is None:
+        labels = None
+        if plan.foreign_share:
+            batch, labels = _foreign_batch(ids, prose_ids, foreign, plan, generator)
+        elif prose_ids is None:
             batch = _random_windows(ids, plan.target_batch, plan.seq_len, generator)
         else:
             batch = _mixed_windows(ids, prose_ids, plan, generator)
-        out = model(input_ids=batch, labels=batch)
+        out = model(input_ids=batch, labels=batch if labels is None else labels)
         loss = out.loss
         if plan.unlikelihood:
             loss = loss + plan.unlikelihood * unlikelihood_loss(out.logits, batch)
