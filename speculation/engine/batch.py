@@ -14,7 +14,9 @@ distributed exactly as the target's processed distribution.
 
 Lookahead: with a LoadAwareLookahead, greedy slots draft the K it chooses at the current batch size (K = 0 is
 plain batched decoding); their output does not depend on K. Sampled slots keep their request's K, so that the
-same seed gives the same tokens whatever the load.
+same seed gives the same tokens whatever the load, unless their request set no seed (``GenerationConfig.fixed_k``
+False): then they draft the controller's K too (rejection sampling is exact at any K; only which draws make the
+tokens changes, and nobody asked for them again).
 """
 
 from __future__ import annotations
@@ -212,7 +214,8 @@ class BatchDecoder:
             k_batch = self.lookahead.choose(batch_size, k_max=max(s.config.k for s in self._active))
         ks = []
         for slot in self._active:
-            k = slot.config.k if k_batch is None or not slot.params.greedy else min(k_batch, slot.config.k)
+            chosen = k_batch is not None and (slot.params.greedy or not slot.config.fixed_k)
+            k = min(k_batch, slot.config.k) if chosen else slot.config.k
             ks.append(
                 step_lookahead(k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context)
             )

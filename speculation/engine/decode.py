@@ -40,6 +40,9 @@ class GenerationConfig:
     suppress_ids: tuple[int, ...] = ()
     seed: int = 0
     max_context: int | None = None  # None: the target's
+    # a sampled request keeps K (the batch loop's controller does not choose it), so that the same seed gives the same
+    # tokens whatever the load; False for a request that set no seed (nothing to reproduce: any K is as exact)
+    fixed_k: bool = True
 
     def __post_init__(self) -> None:
         if self.k != 0:  # K = 0: plain decoding through the same loop (what a speculative step is compared with)

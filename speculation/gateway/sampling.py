@@ -38,7 +38,10 @@ class RequestSampling:
         if self.greedy:
             return {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
         seed = self.seed if self.seed is not None else secrets.randbits(63)
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": seed}
+        job = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": seed}
+        if self.seed is None:  # nothing to reproduce: the worker's batch loop may choose K for it (fixed_k)
+            job["seeded"] = False
+        return job
 
     def upstream(self) -> dict[str, Any]:
         """The same sampling as request fields for the server (a plain continuation after a failure)."""

@@ -212,6 +212,7 @@ def speculate(
         top_k=int(sampling["top_k"]),
         top_p=float(sampling["top_p"]),
         seed=int(sampling["seed"]),
+        fixed_k=sampling.get("seeded", True) is not False,  # a job from before "seeded": keep its K
         stop_token_ids=tuple(sorted(stop_ids)),
         min_tokens=stop.min_tokens if stop is not None else 0,
         suppress_ids=tuple(sorted(stop.suppressed_ids)) if stop is not None else (),

@@ -157,15 +157,17 @@ def test_greedy_slots_follow_the_load_aware_k_and_sampled_slots_keep_theirs(targ
             return 0
 
     requests = [(PROMPTS[0], GenerationConfig(max_new_tokens=20, k=4)), (PROMPTS[1], sampled(3))]
+    requests.append((PROMPTS[2], sampled(4, fixed_k=False)))  # a request that set no seed
     decoder = decoder_for("draft", target_model, draft_model, lookahead=PlainAtThisLoad())
-    decoder.add(0, *requests[0])
-    decoder.add(1, *requests[1])
-    drafted = {0: 0, 1: 0}
+    for key, request in enumerate(requests):
+        decoder.add(key, *request)
+    drafted = {0: 0, 1: 0, 2: 0}
     while len(decoder):
         for update in decoder.step():
             drafted[update.key] += update.drafted
     assert drafted[0] == 0  # K = 0: plain batched decoding
     assert drafted[1] > 0  # the seed's draws stay those of the request's own K
+    assert drafted[2] == 0  # no seed to reproduce: the controller's K, as a greedy slot's
 
 
 def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, make_tiny_model):
@@ -176,12 +178,15 @@ def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, ma
     params = SamplingParams(temperature=0.7, top_p=0.9)
     exact = exact_sequence_distribution(target_model, [1, 2], 3, params)
 
-    def counts() -> torch.Tensor:
+    def counts(fixed_k: bool = True) -> torch.Tensor:
         found = torch.zeros(64)
         for first in range(0, 400, 8):
-            decoder = BatchDecoder(target_model, slots=8, draft=draft_model, max_context=target_model.max_len)
+            lookahead = None if fixed_k else KEachStep()
+            decoder = BatchDecoder(
+                target_model, slots=8, draft=draft_model, max_context=target_model.max_len, lookahead=lookahead
+            )
             for seed in range(first, first + 8):
-                config = GenerationConfig(max_new_tokens=3, k=2, temperature=0.7, top_p=0.9, seed=seed)
+                config = GenerationConfig(max_new_tokens=3, k=2, temperature=0.7, top_p=0.9, seed=seed, fixed_k=fixed_k)
                 decoder.add(seed, [1, 2], config)
             out: dict[Hashable, list[int]] = {}
             while len(decoder):
@@ -191,9 +196,20 @@ def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, ma
                 found[a * 16 + b * 4 + c] += 1
         return found
 
+    class KEachStep(LoadAwareLookahead):
+        """A controller whose K changes every step (2, 0, 1, 2, ...): unseeded slots draft what it says."""
+
+        def choose(self, batch_size: int, *, k_max: int) -> int:
+            self.calls = getattr(self, "calls", 0) + 1
+            return (self.calls + 1) % 3
+
     # when / then: p < 1e-3 rejects (a false alarm in 0.1 % of runs) ...
     stat, dof = chi2_statistic(counts(), exact)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} >= {chi2_critical(dof):.1f} (dof {dof})"
+    # ... also when requests without a seed draft a K that changes every step (each step's rejection sampling is
+    # exact at its own K) ...
+    stat, dof = chi2_statistic(counts(fixed_k=False), exact)
+    assert stat < chi2_critical(dof), f"K per step: chi2 {stat:.1f} >= {chi2_critical(dof):.1f} (dof {dof})"
     # ... and the same check rejects a wrong sampler (recovered token from p, not the residual)
     monkeypatch.setattr(batch_module, "verify_sampled", wrong_verify_sampled)
     stat, dof = chi2_statistic(counts(), exact)

@@ -35,6 +35,8 @@ def test_a_seed_is_kept_and_a_missing_one_is_drawn_per_request():
     assert parse({"temperature": 0.7, "seed": 5}).job()["seed"] == 5
     unseeded = parse({"temperature": 0.7})
     assert len({unseeded.job()["seed"] for _ in range(5)}) > 1
+    # the worker may choose K for a request without a seed (nothing to reproduce), not for one with a seed
+    assert unseeded.job()["seeded"] is False and "seeded" not in parse({"temperature": 0.7, "seed": 5}).job()
     assert parse({"temperature": 0}).job() == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 
