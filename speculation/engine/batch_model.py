@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speculation.engine.model import Block, Transformer, apply_rope, rope_tables
+from speculation.engine.model import Block, Transformer, rope_tables, rotate_rope, signed_sin
 from speculation.limits import K_MAX
 
 HEADROOM = K_MAX + 2  # positions past max_len that a padded token of a full row may write to
@@ -34,7 +34,7 @@ class BatchedModel:
         param = model.output.weight
         self.device, self.dtype = param.device, param.dtype
         cos, sin = rope_tables(args, self.device)
-        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)  # [max_positions, D]
+        self._cos, self._sin_signed = cos.to(self.dtype), signed_sin(sin).to(self.dtype)  # [max_positions, D]
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.rows = self.positions = 0
@@ -80,64 +80,67 @@ class BatchedModel:
         """tokens [B, T] at positions starts[b] + t of rows first_row.. -> logits [B, T, V] float32.
 
         ``last`` (each row's last real token, host ints like starts): only those positions' logits, [B, V].
+
+        One row (one request in flight, and every draft step of it) takes a shorter way with the same result: its
+        cache write is a slice, and a single new token needs no mask (it sees every cached key up to itself).
         """
         bsz, t = tokens.shape
-        rows = slice(first_row, first_row + bsz)
+        model = self.model
         length = max(starts) + t  # keys 0..length-1 are read
-        pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)  # [B, T]
-        rope_pos = pos.clamp_max(self._cos.shape[0] - 1)  # padded positions past the table are never read
-        cos, sin = self._cos[rope_pos][:, None], self._sin[rope_pos][:, None]  # [B, 1, T, D]
-        mask = torch.arange(length, device=self.device) <= pos[:, None, :, None]  # [B, 1, T, L]
-        x = self.model.tok_embeddings(tokens)  # [B, T, D]
-        for i, layer in enumerate(self.model.layers):
-            x = self._block(layer, i, x, rows, pos, cos, sin, mask, length)
+        if bsz == 1:
+            s = starts[0]
+            where: Tensor | int = s
+            cos, sin = self._cos[s : s + t][None, :, None], self._sin_signed[s : s + t][None, :, None]  # [1, T, 1, D]
+            mask = None
+            if t > 1:
+                mask = torch.arange(length, device=self.device) <= torch.arange(s, s + t, device=self.device)[:, None]
+        else:
+            pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)  # [B, T]
+            where = pos
+            rope_pos = pos.clamp_max(self._cos.shape[0] - 1)  # padded positions past the table are never read
+            cos, sin = self._cos[rope_pos][:, :, None], self._sin_signed[rope_pos][:, :, None]  # [B, T, 1, D]
+            mask = torch.arange(length, device=self.device) <= pos[:, None, :, None]  # [B, 1, T, L]
+        x = model.tok_embeddings(tokens)  # [B, T, D]
+        for i, layer in enumerate(model.layers):
+            h = x + self._attention(layer, i, layer.attention_norm(x), first_row, where, cos, sin, mask, length)
+            x = h + layer.feed_forward(layer.ffn_norm(h))
         if last is not None:
             x = x[torch.arange(bsz, device=self.device), torch.tensor(last, device=self.device)][:, None]  # [B, 1, D]
-        logits = self.model.output(self.model.norm(x)).float()  # [B, T or 1, V]
+        logits = model.output(model.norm(x)).float()  # [B, T or 1, V]
         return logits[:, 0] if last is not None else logits
-
-    def _block(
-        self,
-        layer: Block,
-        i: int,
-        x: Tensor,
-        rows: slice,
-        pos: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor,
-        length: int,
-    ) -> Tensor:
-        h = x + self._attention(layer, i, layer.attention_norm(x), rows, pos, cos, sin, mask, length)
-        return h + layer.feed_forward(layer.ffn_norm(h))
 
     def _attention(
         self,
         layer: Block,
         i: int,
         x: Tensor,
-        rows: slice,
-        pos: Tensor,
+        first_row: int,
+        where: Tensor | int,
         cos: Tensor,
         sin: Tensor,
-        mask: Tensor,
+        mask: Tensor | None,
         length: int,
     ) -> Tensor:
+        """where: the one row's first position (int), or every row's positions [B, T]."""
         a, attn = self.model.args, layer.attention
         bsz, t, _ = x.shape
-        kv_dim = a.n_kv_heads * a.head_dim
-        q, k, v = attn.wqkv(x).split([a.dim, kv_dim, kv_dim], dim=-1)
-        q = q.view(bsz, t, a.n_heads, a.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(bsz, t, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(bsz, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        index = pos[:, None, :, None].expand(bsz, a.n_kv_heads, t, a.head_dim)
+        heads, kv_heads = a.n_heads, a.n_kv_heads
+        qkv = attn.wqkv(x).view(bsz, t, heads + 2 * kv_heads, a.head_dim)
+        qk = rotate_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k at once, [B, T, H + Hkv, D]
+        q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
+        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+        rows = slice(first_row, first_row + bsz)
         cache_k, cache_v = self.k[i][rows], self.v[i][rows]  # views of this batch's rows
-        cache_k.scatter_(2, index, k)
-        cache_v.scatter_(2, index, v)
+        if isinstance(where, int):
+            cache_k[:, :, where : where + t] = k
+            cache_v[:, :, where : where + t] = v
+        else:
+            index = where[:, None, :, None].expand(bsz, kv_heads, t, a.head_dim)
+            cache_k.scatter_(2, index, k)
+            cache_v.scatter_(2, index, v)
         keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [B, Hkv, L, D]
-        if a.n_kv_heads != a.n_heads:
-            keys = keys.repeat_interleave(a.n_heads // a.n_kv_heads, dim=1)
-            values = values.repeat_interleave(a.n_heads // a.n_kv_heads, dim=1)
+        if kv_heads != heads:
+            keys = keys.repeat_interleave(heads // kv_heads, dim=1)
+            values = values.repeat_interleave(heads // kv_heads, dim=1)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, D]
         return attn.wo(y.transpose(1, 2).reshape(bsz, t, a.dim))

@@ -60,7 +60,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight, as Hugging Face's LlamaRMSNorm, in one call (bitwise the same here)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rope_tables(args: ModelArgs, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -76,6 +77,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin  # x: [B, H, T, D], cos/sin: [T, D]
 
 
+def signed_sin(sin: Tensor) -> Tensor:
+    """sin with its first half negated, for rotate_rope."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """apply_rope in four operations instead of seven, bitwise the same: rotate-half is a roll by half the head
+    width with the first half's sign moved into the table (signed_sin). x [..., D], the tables broadcast to it."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -88,12 +101,10 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, start: int, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         a = self.args
         bsz, t, _ = x.shape
-        kv_dim = a.n_kv_heads * a.head_dim
-        q, k, v = self.wqkv(x).split([a.dim, kv_dim, kv_dim], dim=-1)
-        q = q.view(bsz, t, a.n_heads, a.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(bsz, t, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(bsz, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.wqkv(x).view(bsz, t, a.n_heads + 2 * a.n_kv_heads, a.head_dim)
+        qk = apply_rope(qkv[:, :, : a.n_heads + a.n_kv_heads].transpose(1, 2), cos, sin)  # q and k at once
+        q, k = qk[:, : a.n_heads], qk[:, a.n_heads :]  # [B, H, T, D], [B, Hkv, T, D]
+        v = qkv[:, :, a.n_heads + a.n_kv_heads :].transpose(1, 2)
         if self.cache is None:
             raise RuntimeError("call setup_cache() before forward()")
         k, v = self.cache.update(start, k, v)  # [B, Hkv, start + T, D]
