@@ -104,6 +104,9 @@ WORKER_TORCH_THREADS = env_int("ACE_WORKER_TORCH_THREADS", 0, minimum=0)
 # per Celery task (a process serves one prod request at a time). The default suits a CPU; a GPU worker serves more
 # (every slot's step must come within ACE_PROD_STEP_TIMEOUT, or the gateway falls back).
 PROD_BATCH_SLOTS = env_int("ACE_BATCH_SLOTS", 8, minimum=0)
+# Prefix caching in the batch loop (speculation.engine.prefix_cache): the KV rows of finished requests, kept per
+# (target, draft) pair up to this many MiB, so that a request repeating a prefix prefills only the rest; 0 = off.
+PROD_PREFIX_CACHE_MB = env_int("ACE_PREFIX_CACHE_MB", 256, minimum=0)
 # Greedy slots draft the K that pays at the current batch size (K = 0, plain batched decoding, among them).
 PROD_BATCH_LOAD_AWARE_K = env_bool("ACE_BATCH_LOAD_AWARE_K", True)
 # shadow's projection: how long a GPU worker reuses its measured step costs (c, v) before timing them again.

@@ -39,6 +39,7 @@ from speculation.engine.decode import (
 )
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.model import Transformer
+from speculation.engine.prefix_cache import PrefixCache
 from speculation.engine.proposers import NgramProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.stats import SpecStats
@@ -98,6 +99,7 @@ class BatchDecoder:
         ngram: NgramProposer | None = None,
         lookahead: LoadAwareLookahead | None = None,
         max_context: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if draft is not None and ngram is not None:
             raise ValueError("a batch drafts with a draft model or with n-gram lookup, not both")
@@ -107,6 +109,7 @@ class BatchDecoder:
         self.draft = BatchedModel(draft, max_rows=slots, max_len=max_context) if draft is not None else None
         self.ngram = ngram
         self.lookahead = lookahead
+        self.prefix_cache = prefix_cache
         self.slots = slots
         self.vocab_size = target.vocab_size
         self.max_context = min(m.max_len for m in (self.target, self.draft) if m is not None)
@@ -142,14 +145,24 @@ class BatchDecoder:
                 SlotUpdate(key=key, tokens=[], drafted=0, accepted=0, finish_reason="length", stats=slot.stats)
             )
             return
-        row = len(self._active)
-        for model in (self.target, self.draft):
-            if model is not None:
-                model.reserve(row + 1, len(prompt_ids))
-                if len(prompt_ids) > 1:  # every prompt token but the last, as LocalTarget.prefill
-                    feed = torch.tensor([prompt_ids[:-1]], device=self.device)
-                    model.forward(feed, [0], first_row=row, last=[len(prompt_ids) - 2])
-        slot.target_len = slot.draft_len = len(prompt_ids) - 1
+        row, prefill = len(self._active), len(prompt_ids) - 1  # every prompt token but the last, as LocalTarget
+        hit = self.prefix_cache.match(prompt_ids) if self.prefix_cache is not None else None
+        for model, is_draft in ((self.target, False), (self.draft, True)):
+            if model is None:
+                continue
+            model.reserve(row + 1, len(prompt_ids))
+            reused, saved = 0, None
+            if hit is not None:
+                saved = hit.entry.draft if is_draft else hit.entry.target
+                reused = hit.reusable(len(prompt_ids), draft=is_draft) if saved is not None else 0
+            if reused:
+                model.write_row(row, saved, reused)
+            if not is_draft:
+                slot.stats.cached_prompt_tokens = reused
+            if prefill > reused:
+                feed = torch.tensor([prompt_ids[reused:-1]], device=self.device)
+                model.forward(feed, [reused], first_row=row, last=[prefill - reused - 1])
+        slot.target_len = slot.draft_len = prefill
         slot.stats.prefill_s = time.perf_counter() - slot.started
         self._active.append(slot)
 
@@ -322,7 +335,14 @@ class BatchDecoder:
         return updates
 
     def _free_row(self, row: int) -> None:
-        """The last row moves into the freed one (its cached positions only), so rows stay 0..n-1."""
+        """The last row moves into the freed one (its cached positions only), so rows stay 0..n-1. The freed row's
+        positions go to the prefix cache first."""
+        slot = self._active[row]
+        if self.prefix_cache is not None and slot.target_len >= self.prefix_cache.min_match:
+            draft = self.draft.read_row(row, slot.draft_len) if self.draft is not None else None
+            self.prefix_cache.put(
+                slot.committed[: slot.target_len], self.target.read_row(row, slot.target_len), draft, slot.draft_len
+            )
         last = len(self._active) - 1
         if row != last:
             moved = self._active[last]

@@ -73,6 +73,23 @@ class BatchedModel:
             for cache in store:
                 cache[dest, :, :length] = cache[source, :, :length]
 
+    def bytes_per_position(self) -> int:
+        """What one cached position of one row takes (keys and values of every layer)."""
+        a = self.model.args
+        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+
+    @torch.inference_mode()
+    def read_row(self, row: int, length: int) -> list[tuple[Tensor, Tensor]]:
+        """A copy of row's positions 0..length-1, per layer (keys [Hkv, length, D], values)."""
+        return [(k[row, :, :length].clone(), v[row, :, :length].clone()) for k, v in zip(self.k, self.v, strict=True)]
+
+    @torch.inference_mode()
+    def write_row(self, row: int, saved: list[tuple[Tensor, Tensor]], length: int) -> None:
+        """Positions 0..length-1 of row from what read_row returned (length at most what it read)."""
+        for (k, v), cache_k, cache_v in zip(saved, self.k, self.v, strict=True):
+            cache_k[row, :, :length] = k[:, :length]
+            cache_v[row, :, :length] = v[:, :length]
+
     @torch.inference_mode()
     def forward(
         self, tokens: Tensor, starts: list[int], *, first_row: int = 0, last: list[int] | None = None

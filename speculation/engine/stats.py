@@ -25,6 +25,7 @@ class SpecStats:
     output_tokens: int = 0
     elapsed_s: float = 0.0
     prefill_s: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt positions taken from the prefix cache instead of prefilled (target)
     draft_s: float = 0.0
     verify_s: float = 0.0
 

@@ -13,8 +13,10 @@ together (speculation.engine.batch), instead of one engine loop per Celery task.
 - Single-stream engine work (shadow replay, the remote path, a proposer the batch does not serve) uses the
   models' own KV caches: in a batching process it runs under ``single_stream()``, one at a time, as before.
 
-Settings: ACE_BATCH_SLOTS (slots per worker process; 0 turns batching off: one loop per task, as before) and
-ACE_BATCH_LOAD_AWARE_K (greedy slots draft the K that pays at the current batch size, K = 0 included).
+Settings: ACE_BATCH_SLOTS (slots per worker process; 0 turns batching off: one loop per task, as before),
+ACE_PREFIX_CACHE_MB (each decoder's prefix cache: finished requests' KV rows, reused by a request that starts with
+the same tokens; 0 = off) and ACE_BATCH_LOAD_AWARE_K (greedy slots draft the K that pays at the current batch
+size, K = 0 included).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from django.conf import settings
 from speculation.engine import DraftModelProposer, GenerationConfig, NgramProposer
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
+from speculation.engine.prefix_cache import PrefixCache
 from speculation.worker.paths import CommittedBatch
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,12 @@ def enabled() -> bool:
 def takes(job: dict[str, Any]) -> bool:
     """Whether the batch loop serves this prod job (batching on, the local path)."""
     return enabled() and job.get("path") == "local"
+
+
+def prefix_cache() -> PrefixCache | None:
+    """A new decoder's prefix cache (ACE_PREFIX_CACHE_MB; None when 0)."""
+    mib = int(getattr(settings, "PROD_PREFIX_CACHE_MB", 0))
+    return PrefixCache(mib * 2**20) if mib > 0 else None
 
 
 def capacity(processes: int) -> int:
@@ -277,6 +286,7 @@ class BatchLoop:
                 ngram=NgramProposer(max_ngram=ngram[0], min_ngram=ngram[1]) if ngram else None,
                 lookahead=LoadAwareLookahead() if self.load_aware_k else None,
                 max_context=target.max_len,
+                prefix_cache=prefix_cache(),
             )
         except Exception as exc:  # noqa: BLE001 - the request falls back with the reason
             handle.inbox.put(exc)

@@ -234,6 +234,13 @@ def test_a_worker_declares_its_batch_slots_to_admission_control(settings):
     assert not batching.takes({"path": "local"})
 
 
+def test_each_decoder_gets_a_prefix_cache_of_the_configured_size(settings):
+    settings.PROD_PREFIX_CACHE_MB = 3
+    assert batching.prefix_cache().max_bytes == 3 * 2**20
+    settings.PROD_PREFIX_CACHE_MB = 0
+    assert batching.prefix_cache() is None
+
+
 def test_the_batch_serves_draft_models_and_ngram_lookup_on_the_local_path_only(settings):
     settings.PROD_BATCH_SLOTS = 4
     target = tiny_model(seed=0)
