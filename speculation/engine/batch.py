@@ -13,7 +13,8 @@ tokens. Greedy slots are therefore token-identical to plain decoding of the requ
 distributed exactly as the target's processed distribution.
 
 Lookahead: with a LoadAwareLookahead, greedy slots draft the K it chooses at the current batch size (K = 0 is
-plain batched decoding); their output does not depend on K. Sampled slots keep their request's K, so that the
+plain batched decoding); their output does not depend on K. Greedy and sampled slots' acceptances are estimated
+apart, so each kind gets the K that pays for it. Sampled slots keep their request's K, so that the
 same seed gives the same tokens whatever the load, unless their request set no seed (``GenerationConfig.fixed_k``
 False): then they draft the controller's K too (rejection sampling is exact at any K; only which draws make the
 tokens changes, and nobody asked for them again).
@@ -192,14 +193,18 @@ class BatchDecoder:
         t2 = time.perf_counter()
         updates += self._commit(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1)
         if self.lookahead is not None:
-            drafted = max(len(d) for d in proposals.drafts)
-            accepted = sum(min(row[0], len(d)) for row, d in zip(rows, proposals.drafts, strict=True))
-            reached = sum(min(row[0] + 1, len(d)) for row, d in zip(rows, proposals.drafts, strict=True))
+            counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached]
+            for slot, row, d in zip(self._active, rows, proposals.drafts, strict=True):
+                kind = counts[slot.params.greedy]
+                kind[0] += min(row[0], len(d))
+                kind[1] += min(row[0] + 1, len(d))
             self.lookahead.observe(
                 batch_size=batch_size,
-                drafted=drafted,
-                accepted=accepted,
-                reached=reached,
+                drafted=max(len(d) for d in proposals.drafts),
+                accepted=counts[True][0],
+                reached=counts[True][1],
+                sampled_accepted=counts[False][0],
+                sampled_reached=counts[False][1],
                 draft_s=t1 - t0,
                 verify_s=t2 - t1,
                 catch_up=proposals.catch_up,
@@ -222,13 +227,16 @@ class BatchDecoder:
         """Each slot's draft length this step (0 when nothing drafts)."""
         if self.draft is None and self.ngram is None:
             return [0] * batch_size
-        k_batch = None
+        chosen: dict[bool, int] = {}  # greedy? -> the controller's K for the slots that follow it
         if self.lookahead is not None:
-            k_batch = self.lookahead.choose(batch_size, k_max=max(s.config.k for s in self._active))
+            k_max = max(s.config.k for s in self._active)
+            kinds = {s.params.greedy for s in self._active if s.params.greedy or not s.config.fixed_k}
+            for greedy in sorted(kinds, reverse=True):  # greedy first; the step counts once
+                chosen[greedy] = self.lookahead.choose(batch_size, k_max=k_max, sampled=not greedy, count=not chosen)
         ks = []
         for slot in self._active:
-            chosen = k_batch is not None and (slot.params.greedy or not slot.config.fixed_k)
-            k = min(k_batch, slot.config.k) if chosen else slot.config.k
+            follows = self.lookahead is not None and (slot.params.greedy or not slot.config.fixed_k)
+            k = min(chosen[slot.params.greedy], slot.config.k) if follows else slot.config.k
             ks.append(
                 step_lookahead(k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context)
             )

@@ -297,17 +297,28 @@ class LoadAwareLookahead:
     (a DynamicLookahead each); the acceptance is shared by all buckets (it does not depend on the load). Every
     ``REMEASURE_EVERY`` steps of a bucket one step drafts ``k_start`` again, so a cost measured at a noisy moment
     does not keep a K from ever being tried again.
+
+    Greedy and sampled slots keep apart acceptance estimates (``alpha``, ``sampled_alpha``): a sampled draft token
+    is kept with probability sum min(p, q) of the processed distributions, not when it is the argmax, and the two
+    differ (on the demo pair demo-v10 at temperature 0.7 sampled speculation at one stream ran below K = 0 while the
+    shared estimate, mostly greedy, chose K = 2-5). ``choose(..., sampled=True)`` sizes the sampled slots' K.
     """
 
     k_start: int = DEFAULT_K
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
+    sampled_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    sampled_reached: float = PRIOR_WEIGHT
     by_load: dict[int, DynamicLookahead] = field(default_factory=dict)  # load bucket -> its measured costs
     steps: dict[int, int] = field(default_factory=dict)  # load bucket -> steps chosen there
 
     @property
     def alpha(self) -> float:
         return self.accepted / self.reached if self.reached > 0 else PRIOR_ALPHA
+
+    @property
+    def sampled_alpha(self) -> float:
+        return self.sampled_accepted / self.sampled_reached if self.sampled_reached > 0 else PRIOR_ALPHA
 
     def _costs(self, batch_size: int) -> DynamicLookahead:
         bucket = load_bucket(batch_size)
@@ -327,13 +338,16 @@ class LoadAwareLookahead:
         )
         return True
 
-    def choose(self, batch_size: int, *, k_max: int) -> int:
+    def choose(self, batch_size: int, *, k_max: int, sampled: bool = False, count: bool = True) -> int:
+        """The K for this step's greedy slots (sampled: its sampled slots, by their own acceptance). count: this call
+        counts the step (once per step: a second call for the other kind passes False)."""
         bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)
         costs.k_max, costs.k_start = k_max, min(self.k_start, k_max)
-        costs.accepted, costs.reached = self.alpha, 1.0
-        self.steps[bucket] = self.steps.get(bucket, 0) + 1
-        if self.steps[bucket] % REMEASURE_EVERY == 0:
+        costs.accepted, costs.reached = (self.sampled_alpha if sampled else self.alpha), 1.0
+        if count:
+            self.steps[bucket] = self.steps.get(bucket, 0) + 1
+        if self.steps.get(bucket, 0) % REMEASURE_EVERY == 0:
             return costs.k_start
         return costs.choose()
 
@@ -347,13 +361,18 @@ class LoadAwareLookahead:
         draft_s: float,
         verify_s: float,
         catch_up: bool = False,
+        sampled_accepted: int = 0,
+        sampled_reached: int = 0,
     ) -> None:
         """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
-        the slots; draft_s / verify_s the step's wall time. catch_up: the drafting also fed the draft the tokens
-        that plain steps committed, so draft_s is not a draft step's cost (the last estimate stands)."""
+        the greedy slots, sampled_accepted / sampled_reached over the sampled ones; draft_s / verify_s the step's
+        wall time. catch_up: the drafting also fed the draft the tokens that plain steps committed, so draft_s is
+        not a draft step's cost (the last estimate stands)."""
         costs = self._costs(batch_size)
         if catch_up and costs.draft_step_s is not None:
             draft_s = costs.draft_step_s * drafted
         costs.observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s)
         self.accepted = DECAY * self.accepted + accepted
         self.reached = DECAY * self.reached + reached
+        self.sampled_accepted = DECAY * self.sampled_accepted + sampled_accepted
+        self.sampled_reached = DECAY * self.sampled_reached + sampled_reached

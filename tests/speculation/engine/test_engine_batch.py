@@ -153,7 +153,7 @@ def test_a_sampled_slot_draws_what_its_request_alone_draws_with_that_seed(target
 
 def test_greedy_slots_follow_the_load_aware_k_and_sampled_slots_keep_theirs(target_model, draft_model):
     class PlainAtThisLoad(LoadAwareLookahead):
-        def choose(self, batch_size: int, *, k_max: int) -> int:
+        def choose(self, batch_size: int, *, k_max: int, **_) -> int:
             return 0
 
     requests = [(PROMPTS[0], GenerationConfig(max_new_tokens=20, k=4)), (PROMPTS[1], sampled(3))]
@@ -168,6 +168,27 @@ def test_greedy_slots_follow_the_load_aware_k_and_sampled_slots_keep_theirs(targ
     assert drafted[0] == 0  # K = 0: plain batched decoding
     assert drafted[1] > 0  # the seed's draws stay those of the request's own K
     assert drafted[2] == 0  # no seed to reproduce: the controller's K, as a greedy slot's
+
+
+def test_unseeded_sampled_slots_draft_the_k_chosen_for_sampled_acceptance(target_model, draft_model):
+    class ByKind(LoadAwareLookahead):
+        """K = 3 for greedy slots, 0 for sampled ones; records how it was asked."""
+
+        def choose(self, batch_size: int, *, k_max: int, sampled: bool = False, count: bool = True) -> int:
+            self.asked = [*getattr(self, "asked", []), (sampled, count)]
+            return 0 if sampled else 3
+
+    lookahead = ByKind()
+    decoder = decoder_for("draft", target_model, draft_model, lookahead=lookahead)
+    decoder.add("greedy", PROMPTS[0], GenerationConfig(max_new_tokens=20, k=5))
+    decoder.add("sampled", PROMPTS[1], sampled(5, fixed_k=False))
+    drafted: dict[str, list[int]] = {"greedy": [], "sampled": []}
+    for update in decoder.step():
+        drafted[update.key].append(update.drafted)
+    assert drafted == {"greedy": [3], "sampled": [0]}
+    assert lookahead.asked == [(False, True), (True, False)]  # one step counted once
+    # and the step's acceptance went to the greedy estimate only (the sampled slot drafted nothing)
+    assert lookahead.sampled_reached < 4.0 and lookahead.reached > 0.9 * 4.0
 
 
 def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, make_tiny_model):
@@ -199,7 +220,7 @@ def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, ma
     class KEachStep(LoadAwareLookahead):
         """A controller whose K changes every step (2, 0, 1, 2, ...): unseeded slots draft what it says."""
 
-        def choose(self, batch_size: int, *, k_max: int) -> int:
+        def choose(self, batch_size: int, *, k_max: int, **_) -> int:
             self.calls = getattr(self, "calls", 0) + 1
             return (self.calls + 1) % 3
 

@@ -52,6 +52,30 @@ def test_acceptance_is_shared_by_every_batch_size():
     assert lookahead.choose(8, k_max=5) == 0
 
 
+def test_greedy_and_sampled_slots_keep_their_own_acceptance_and_k():
+    # given one slot's flat verify cost, where a draft that agrees pays
+    lookahead = measured(alpha=0.6, costs={1: ({1: 1.0, 6: 1.1}, 0.05)})
+    lookahead.sampled_accepted, lookahead.sampled_reached = 0.6 * 1000, 1000.0
+    # when steps of sampled slots see their drafts rejected and greedy slots theirs accepted
+    for _ in range(120):
+        lookahead.observe(
+            batch_size=1,
+            drafted=5,
+            accepted=5,
+            reached=5,
+            sampled_accepted=0,
+            sampled_reached=1,
+            draft_s=0.25,
+            verify_s=1.1,
+        )
+    # then each kind has its own estimate and K, and choosing for the second kind does not count the step again
+    assert lookahead.alpha > 0.95 and lookahead.sampled_alpha < 0.05
+    steps = dict(lookahead.steps)
+    assert lookahead.choose(1, k_max=5) > 0
+    assert lookahead.choose(1, k_max=5, sampled=True, count=False) == 0
+    assert lookahead.steps[1] == steps.get(1, 0) + 1
+
+
 def test_fresh_batch_sizes_explore_before_they_choose():
     # the first steps at a new size measure, each twice (the first is its warm-up): k_start, a shorter K (verify
     # cost against K), then a plain step
