@@ -109,7 +109,7 @@ class _ToldK:
         self.k = 0
         self.last: tuple[int, float, float, bool] | None = None  # drafted, draft_s, verify_s, catch_up
 
-    def choose(self, batch_size: int, *, k_max: int) -> int:
+    def choose(self, batch_size: int, *, k_max: int, **_) -> int:
         return self.k
 
     def observe(self, *, batch_size: int, drafted: int, draft_s: float, verify_s: float, catch_up: bool = False, **_):
