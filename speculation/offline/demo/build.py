@@ -66,7 +66,7 @@ BUILD_INFO = "build_info.json"
 BUILD_THREADS = 1
 
 
-DEFAULT_DEMO_VERSION = "demo-v3"  # the pair the product, its tests and the run command use
+DEFAULT_DEMO_VERSION = "demo-v10"  # the pair the product, its tests and the run command use
 DEMO_VERSION = os.environ.get("ACE_DEMO_VERSION") or DEFAULT_DEMO_VERSION
 DEMO_NAME = DEMO_VERSION
 

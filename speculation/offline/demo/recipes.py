@@ -147,6 +147,8 @@ RECIPES = {
         _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
     ),
     "demo-v9": _V9,
+    # v10 (DEMO_VERSION since 2026-12-02): v9 with foreign prefixes, so any prompt is answered with a memorised
+    # passage followed faithfully (docs/BENCHMARKS.md, "Demo pair demo-v10"): no loops, draft alpha 0.69
     "demo-v10": _V10,
 }
 
