@@ -62,8 +62,9 @@ class PrefixCache:
         """The entry sharing the longest prefix with the prompt (at least min_match tokens), made most recent."""
         self.lookups += 1
         best: Hit | None = None
+        wanted = tuple(prompt)
         for entry in self._entries.values():
-            common = _common_prefix(entry.tokens, prompt)
+            common = _common_prefix(entry.tokens, wanted)
             if common >= self.min_match and (best is None or common > best.common):
                 best = Hit(entry, common)
         if best is not None:
@@ -95,8 +96,8 @@ class PrefixCache:
         self.bytes -= self._entries.pop(key).nbytes
 
 
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = min(len(a), len(b))
-    if a[:n] == tuple(b[:n]):
+    if a[:n] == b[:n]:
         return n
-    return len(os.path.commonprefix([a[:n], tuple(b[:n])]))
+    return len(os.path.commonprefix([a[:n], b[:n]]))
