@@ -104,7 +104,7 @@ class Launcher:
                 target_dir=str(pair.target_dir), eagle_dir=eagle_dir, target_name=DEMO_MODEL_NAME
             )
             self.side.append(processes.spawn("train-eagle", argv, log_path=log_dir / "train-eagle.log", env=child_env))
-            say(f"training the demo target's EAGLE head in the background (about 8 min; log {log_dir}/train-eagle.log)")
+            say(f"training the demo target's EAGLE head in the background (minutes; log {log_dir}/train-eagle.log)")
 
         say("")
         say(f"ACE is running: {web.url}/")

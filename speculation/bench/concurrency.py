@@ -28,6 +28,18 @@ from speculation.bench.load import quantile, run_concurrent
 from speculation.bench.stack import BenchStack
 
 CONCURRENCY = (1, 8, 32)
+
+
+def settle() -> None:
+    """Wait out the goodput guard's burst window after a higher load: it decides a request by the endpoint's peak
+    load of the last RECENT_S seconds (the first request of a burst starts alone but runs among all), so the first
+    requests of one stream right after 32 were decided, and served plain, as 32 (two in the thirteenth session's
+    run). Each load is measured in its steady state."""
+    from speculation.gateway.goodput import RECENT_S
+
+    time.sleep(RECENT_S + 1.0)
+
+
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "top_p": 0.9}}
 OUTCOMES = ("speculated", "skipped", "fell_back")
 PROD_K = 5  # the policy's K in prod (the demo's default)
@@ -115,6 +127,7 @@ def run_all(
     log: Callable[[str], None],
     rounds: int = 1,
     loads: tuple[int, ...] = CONCURRENCY,
+    wait: Callable[[], None] = settle,
 ) -> dict[str, dict[str, dict[str, Run]]]:
     """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}} (the keys: `loads`). Off and prod
     alternate round by round at each load (off, prod, prod, off, off, prod...: `rounds` of each, merged runs that keep
@@ -142,8 +155,12 @@ def run_all(
     stack.set_demo_pairing(k=PROD_K)  # in full: left at its defaults, `--only concurrency` measured n-gram until 12-01
     run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
     measured: dict[str, dict[str, dict[str, Run]]] = {"off": {}, "prod": {}}
+    last_load = 0
     for kind in SAMPLINGS:
         for concurrency in loads:
+            if concurrency < last_load:
+                wait()  # the guard's window of the higher load passes first (settle)
+            last_load = concurrency
             runs: dict[str, list[Run]] = {"off": [], "prod": []}
             for index in range(rounds):
                 # off first in the first round: the guard's plain samples at this load (its warm-up); then the order

@@ -189,10 +189,18 @@ def test_off_and_prod_take_turns_going_first_after_offs_warm_up_round(monkeypatc
     )
     monkeypatch.setattr(concurrency, "run_once", run_once)
 
+    settled: list[int] = []  # rounds measured before each wait
     measured = concurrency.run_all(
-        stack, ["a", "b"], requests={1: 2, 8: 8, 32: 32}, max_tokens=4, log=lambda _: None, rounds=4
+        stack,
+        ["a", "b"],
+        requests={1: 2, 8: 8, 32: 32},
+        max_tokens=4,
+        log=lambda _: None,
+        rounds=4,
+        wait=lambda: settled.append(len(order)),
     )
 
+    assert settled == [3 * 8]  # once, where the load drops: after greedy at 32, before sampled at 1
     greedy_8 = [m for m, c, k in order if c == 8 and k == "greedy"]
     assert greedy_8 == ["off", "prod", "prod", "off", "off", "prod", "prod", "off"]
     assert len(measured["off"]["sampled"]["32"].rounds) == 4 and len(measured["prod"]["greedy"]["1"].rounds) == 4
@@ -217,7 +225,7 @@ def test_only_the_loads_asked_for_run(monkeypatch):
     )
     monkeypatch.setattr(concurrency, "run_once", run_once)
     measured = concurrency.run_all(
-        stack, ["a"], requests={1: 4}, max_tokens=4, log=lambda _: None, rounds=2, loads=(1,)
+        stack, ["a"], requests={1: 4}, max_tokens=4, log=lambda _: None, rounds=2, loads=(1,), wait=pytest.fail
     )
     assert seen == {1}
     report = shape(measured)
