@@ -170,6 +170,22 @@ def _run(prepared, prompt: list[int], *, batch: bool, on_tokens=None, max_tokens
     return out
 
 
+def test_a_prompt_seen_before_reuses_the_finished_requests_rows_and_answers_the_same(model_dirs, batch_loop):
+    # given a request that ran through the batch loop
+    prepared = _prepared(model_dirs)
+    prompt = [(5 * j) % 290 + 3 for j in range(40)]
+    first = _run(prepared, prompt, batch=True)
+    # when the same prompt comes again, then one that shares its first 30 tokens
+    again = _run(prepared, prompt, batch=True)
+    shared = prompt[:30] + [7, 8, 9]
+    diverging = _run(prepared, shared, batch=True)
+    # then both were served from the prefix cache (the loop's decoder for the pair), with what each gets alone
+    (group,) = batch_loop._groups.values()
+    assert group.decoder.prefix_cache.hits == 2
+    assert first == again == _run(prepared, prompt, batch=False)
+    assert diverging == _run(prepared, shared, batch=False)
+
+
 @pytest.mark.parametrize("ngram", [False, True])
 def test_a_request_that_leaves_early_frees_its_slot_and_the_others_finish_exactly(model_dirs, batch_loop, ngram):
     # given three concurrent requests; the second one's client goes away after its second step
