@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speculation.engine.model import Block, Transformer, rope_tables, rotate_rope, signed_sin
+from speculation.engine.model import Block, Transformer, apply_rope, rope_tables
 from speculation.limits import K_MAX
 
 HEADROOM = K_MAX + 2  # positions past max_len that a padded token of a full row may write to
@@ -34,7 +34,7 @@ class BatchedModel:
         param = model.output.weight
         self.device, self.dtype = param.device, param.dtype
         cos, sin = rope_tables(args, self.device)
-        self._cos, self._sin_signed = cos.to(self.dtype), signed_sin(sin).to(self.dtype)  # [max_positions, D]
+        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)  # [max_positions, D]
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.rows = self.positions = 0
@@ -73,11 +73,6 @@ class BatchedModel:
             for cache in store:
                 cache[dest, :, :length] = cache[source, :, :length]
 
-    def bytes_per_position(self) -> int:
-        """What one cached position of one row takes (keys and values of every layer)."""
-        a = self.model.args
-        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * torch.empty(0, dtype=self.dtype).element_size()
-
     @torch.inference_mode()
     def read_row(self, row: int, length: int) -> list[tuple[Tensor, Tensor]]:
         """A copy of row's positions 0..length-1, per layer (keys [Hkv, length, D], values)."""
@@ -107,7 +102,7 @@ class BatchedModel:
         if bsz == 1:
             s = starts[0]
             where: Tensor | int = s
-            cos, sin = self._cos[s : s + t][None, :, None], self._sin_signed[s : s + t][None, :, None]  # [1, T, 1, D]
+            cos, sin = self._cos[s : s + t][None, :, None], self._sin[s : s + t][None, :, None]  # [1, T, 1, D]
             mask = None
             if t > 1:
                 mask = torch.arange(length, device=self.device) <= torch.arange(s, s + t, device=self.device)[:, None]
@@ -115,7 +110,7 @@ class BatchedModel:
             pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)  # [B, T]
             where = pos
             rope_pos = pos.clamp_max(self._cos.shape[0] - 1)  # padded positions past the table are never read
-            cos, sin = self._cos[rope_pos][:, :, None], self._sin_signed[rope_pos][:, :, None]  # [B, T, 1, D]
+            cos, sin = self._cos[rope_pos][:, :, None], self._sin[rope_pos][:, :, None]  # [B, T, 1, D]
             mask = torch.arange(length, device=self.device) <= pos[:, None, :, None]  # [B, 1, T, L]
         x = model.tok_embeddings(tokens)  # [B, T, D]
         for i, layer in enumerate(model.layers):
@@ -143,7 +138,7 @@ class BatchedModel:
         bsz, t, _ = x.shape
         heads, kv_heads = a.n_heads, a.n_kv_heads
         qkv = attn.wqkv(x).view(bsz, t, heads + 2 * kv_heads, a.head_dim)
-        qk = rotate_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k at once, [B, T, H + Hkv, D]
+        qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k at once, [B, T, H + Hkv, D]
         q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
         rows = slice(first_row, first_row + bsz)

@@ -65,28 +65,20 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(args: ModelArgs, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin per position [max_positions, D] in Hugging Face's rotate-half layout, the sine's first half negated
+    (the sign of rotate-half moved into the table, so that apply_rope needs no negation)."""
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
     freqs = torch.outer(torch.arange(args.max_positions, dtype=torch.float32), inv_freq)  # [S, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D], Hugging Face's rotate-half layout
-    return emb.cos().to(device), emb.sin().to(device)
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+    sin = emb.sin()
+    sin[:, : args.head_dim // 2].neg_()
+    return emb.cos().to(device), sin.to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin  # x: [B, H, T, D], cos/sin: [T, D]
-
-
-def signed_sin(sin: Tensor) -> Tensor:
-    """sin with its first half negated, for rotate_rope."""
-    half = sin.shape[-1] // 2
-    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-
-
-def rotate_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """apply_rope in four operations instead of seven, bitwise the same: rotate-half is a roll by half the head
-    width with the first half's sign moved into the table (signed_sin). x [..., D], the tables broadcast to it."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+    """x * cos + rotate_half(x) * sin with rope_tables' signed sine: rotate-half is a roll by half the head width
+    (four operations; bitwise the cat-and-negate form). x [..., D], the tables broadcast to it."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):

@@ -1,9 +1,10 @@
 """The engine's leaner forward: the same numbers by fewer operations.
 
-Exact (no tolerance): RoPE by a roll with a signed sine table is apply_rope bitwise; column-major storage keeps every
-weight's values and the embedding tie. Within float32 rounding (atol 1e-5 on logits of size ~10; a different
-summation order is all that changes): one row through BatchedModel's one-row way equals that row inside a batch and
-the batch-1 Transformer, and a loaded model's logits equal those of the row-major weights.
+Exact (no tolerance): RoPE by a roll with a signed sine table is Hugging Face's rotate-half form bitwise;
+column-major storage keeps every weight's values and the embedding tie. Within float32 rounding (atol 1e-5 on
+logits of size ~10; a different summation order is all that changes): one row through BatchedModel's one-row way
+equals that row inside a batch and the batch-1 Transformer, and a loaded model's logits equal those of the
+row-major weights.
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ import torch
 from speculation.engine import load_causal_lm
 from speculation.engine.batch_model import BatchedModel
 from speculation.engine.loader import column_major_linears
-from speculation.engine.model import apply_rope, rope_tables, rotate_rope, signed_sin
+from speculation.engine.model import apply_rope, rope_tables
 from tests.support.models import tiny_model
 
 ATOL = 1e-5
 
 
-def test_rotate_rope_is_apply_rope_bitwise(target_model):
-    cos, sin = rope_tables(target_model.args, torch.device("cpu"))
+def test_rope_by_a_roll_is_the_rotate_half_form_bitwise(target_model):
+    cos, signed = rope_tables(target_model.args, torch.device("cpu"))
+    half = target_model.args.head_dim // 2
+    sin = torch.cat([-signed[:, :half], signed[:, half:]], dim=-1)  # the plain sine table
     x = torch.randn(2, 6, 9, target_model.args.head_dim)  # [B, H, T, D]
-    expected = apply_rope(x, cos[40:49], sin[40:49])
-    assert torch.equal(rotate_rope(x, cos[40:49], signed_sin(sin)[40:49]), expected)
-    wrong = rotate_rope(x, cos[40:49], sin[40:49])  # an unsigned table rotates the wrong way
-    assert not torch.allclose(wrong, expected)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # Hugging Face's rotate_half
+    expected = x * cos[40:49] + rotated * sin[40:49]
+    assert torch.equal(apply_rope(x, cos[40:49], signed[40:49]), expected)
+    assert not torch.allclose(apply_rope(x, cos[40:49], sin[40:49]), expected)  # an unsigned table rotates wrong
 
 
 @pytest.mark.parametrize("width", [1, 4])
