@@ -12,6 +12,12 @@ class DraftKind(models.TextChoices):
     DRAFT_MODEL = "draft_model", "Draft model"
     EAGLE_HEAD = "eagle_head", "EAGLE head"
     NGRAM = "ngram", "N-gram prompt lookup"
+    SUFFIX = "suffix", "Suffix decoding (earlier responses)"
+
+
+# Kinds that draft by looking tokens up (no weights, no tokenizer of their own): a policy names no draft for them,
+# and their candidate's name is the kind itself.
+LOOKUP_KINDS = frozenset({DraftKind.NGRAM, DraftKind.SUFFIX})
 
 
 class DraftModel(models.Model):

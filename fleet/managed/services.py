@@ -143,8 +143,8 @@ def speculation_of(policy: SpeculationPolicy) -> dict[str, Any]:
 
     if policy.mode != Mode.PROD or ace_speculates(policy):
         return {}
-    if policy.mechanism == Mechanism.NGRAM:
-        return {"draft_kind": "ngram", "draft_path": "", "k": int(policy.k)}
+    if policy.mechanism in (Mechanism.NGRAM, Mechanism.SUFFIX):
+        return {"draft_kind": str(policy.mechanism), "draft_path": "", "k": int(policy.k)}
     draft = policy.draft
     speculation = {
         "draft_kind": draft.kind if draft else policy.mechanism,

@@ -44,6 +44,7 @@ from speculation.engine.prefix_cache import PrefixCache
 from speculation.engine.proposers import NgramProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.stats import SpecStats
+from speculation.engine.suffix import SuffixProposer
 from speculation.engine.verify import verify_greedy, verify_sampled
 
 
@@ -97,13 +98,13 @@ class BatchDecoder:
         *,
         slots: int,
         draft: Transformer | None = None,
-        ngram: NgramProposer | None = None,
+        ngram: NgramProposer | SuffixProposer | None = None,
         lookahead: LoadAwareLookahead | None = None,
         max_context: int | None = None,
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         if draft is not None and ngram is not None:
-            raise ValueError("a batch drafts with a draft model or with n-gram lookup, not both")
+            raise ValueError("a batch drafts with a draft model or with a lookup (n-gram, suffix), not both")
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         self.target = BatchedModel(target, max_rows=slots, max_len=max_context)

@@ -4,12 +4,15 @@ ACE's "native" verification path leaves drafting to the server. This module answ
 question "what do I add to my server's command line to run this draft?" exactly, per server kind:
 
 - vLLM: one `--speculative-config` JSON (`vllm/config/speculative.py`, `SpeculativeConfig`): `method`
-  ("draft_model", "eagle" or "ngram"), `model` (the draft's directory), `num_speculative_tokens` (K), and
-  `prompt_lookup_max` / `prompt_lookup_min` for n-gram.
+  ("draft_model", "eagle", "ngram" or "suffix"), `model` (the draft's directory), `num_speculative_tokens` (K),
+  `prompt_lookup_max` / `prompt_lookup_min` for n-gram, and for suffix decoding `suffix_decoding_max_cached_requests`
+  (ACE's ACE_SUFFIX_CACHE_REQUESTS) and `suffix_decoding_min_token_prob` (vLLM's suffix decoding runs through
+  Arctic Inference, which the server's environment must have; never run here).
 - SGLang (`python/sglang/srt/server_args.py`): `--speculative-algorithm` (STANDALONE for a separate draft
   model, EAGLE for an EAGLE head, NGRAM for prompt lookup), `--speculative-draft-model-path`,
   `--speculative-num-steps` (K), `--speculative-eagle-topk` (1: a chain) and
-  `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root). With the policy's
+  `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root). SGLang has no
+  suffix decoding: a suffix policy gets no SGLang flags (ACE's local or remote path runs it). With the policy's
   EAGLE-2 draft tree (`eagle_tree`: top_k, depth, nodes) an EAGLE head runs SGLang's own tree: top-k
   `top_k`, `min(depth, K)` steps and `nodes + 1` draft tokens (the nodes plus the root).
 - vLLM 0.32 has no tree setting for EAGLE (its `--speculative-config` drafts a chain of
@@ -30,15 +33,23 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
+
+from speculation.engine.suffix import MIN_TOKEN_PROB
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
-from speculation.models import DraftKind
+from speculation.models import LOOKUP_KINDS, DraftKind
 
 DEFAULT_K = 5
 # vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
 NGRAM_LOOKUP_MAX = 3
 NGRAM_LOOKUP_MIN = 1
 
-_VLLM_METHOD = {DraftKind.DRAFT_MODEL: "draft_model", DraftKind.EAGLE_HEAD: "eagle", DraftKind.NGRAM: "ngram"}
+_VLLM_METHOD = {
+    DraftKind.DRAFT_MODEL: "draft_model",
+    DraftKind.EAGLE_HEAD: "eagle",
+    DraftKind.NGRAM: "ngram",
+    DraftKind.SUFFIX: "suffix",
+}
 _SGLANG_ALGORITHM = {DraftKind.DRAFT_MODEL: "STANDALONE", DraftKind.EAGLE_HEAD: "EAGLE", DraftKind.NGRAM: "NGRAM"}
 
 
@@ -83,7 +94,7 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
     if not K_MIN <= k <= K_MAX:
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
-    if draft_kind != DraftKind.NGRAM and not draft_path:
+    if draft_kind not in LOOKUP_KINDS and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
     if draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) != 1:
         raise NativeFlagsError(
@@ -113,6 +124,15 @@ def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tre
         )
     if draft_kind == DraftKind.NGRAM:
         config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
+    elif draft_kind == DraftKind.SUFFIX:
+        config.update(
+            suffix_decoding_max_cached_requests=settings.SUFFIX_CACHE_REQUESTS,
+            suffix_decoding_min_token_prob=MIN_TOKEN_PROB,
+        )
+        notes.append(
+            "vLLM's suffix decoding needs Arctic Inference in the server's environment (pip install "
+            "arctic-inference); its store holds the server's own responses, ACE's the responses it saw."
+        )
     else:
         config["model"] = draft_path
         notes.append("model is the draft's path on the server's machine: copy the directory there if it differs.")
@@ -124,6 +144,10 @@ def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tre
 
 def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
     _check(draft_kind, draft_path, k, tree)
+    if draft_kind not in _SGLANG_ALGORITHM:
+        raise NativeFlagsError(
+            f"SGLang has no {draft_kind} speculation: run it on ACE's local or remote path, or choose another draft"
+        )
     args = ["--speculative-algorithm", _SGLANG_ALGORITHM[draft_kind]]
     notes = []
     if draft_kind == DraftKind.NGRAM:
@@ -182,9 +206,9 @@ def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeF
         k = policy.k if policy is not None else DEFAULT_K
     if draft is None:
         mechanism = policy.mechanism if policy is not None else DraftKind.NGRAM
-        if mechanism != DraftKind.NGRAM:
+        if mechanism not in LOOKUP_KINDS:
             raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
-        return native_flags(server_kind=endpoint.kind, draft_kind=DraftKind.NGRAM, k=k)
+        return native_flags(server_kind=endpoint.kind, draft_kind=mechanism, k=k)
     tree = policy.eagle_tree if policy is not None and draft.kind == DraftKind.EAGLE_HEAD else None
     return native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k, tree=tree)
 

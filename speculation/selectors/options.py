@@ -14,7 +14,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from fleet.models import Endpoint
-from speculation.models import DraftKind, DraftModel, Mechanism, Mode, SpeculationPolicy, VerificationPath
+from speculation.models import LOOKUP_KINDS, DraftModel, Mechanism, Mode, SpeculationPolicy, VerificationPath
 from speculation.selectors import capabilities
 from speculation.services.policies import resolve_path, validate_policy
 
@@ -71,9 +71,9 @@ def path_options(*, policy: SpeculationPolicy, endpoint: Endpoint) -> list[Optio
 
 
 def draft_compatible(*, draft: DraftModel, endpoint: Endpoint) -> tuple[bool, str]:
-    """Tokenizer-fingerprint compatibility of one draft with one endpoint (n-gram drafts always fit)."""
-    if draft.kind == DraftKind.NGRAM:
-        return True, "n-gram lookup uses the endpoint's own tokens"
+    """Tokenizer-fingerprint compatibility of one draft with one endpoint (lookup drafts always fit)."""
+    if draft.kind in LOOKUP_KINDS:
+        return True, f"{draft.get_kind_display()} uses the endpoint's own tokens"
     endpoint_fp = capabilities.tokenizer_fingerprint(endpoint)
     if not endpoint_fp:
         return False, "endpoint not probed yet (no tokenizer fingerprint)"

@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
-from speculation.models import DraftKind, DraftModel, SpeculationPolicy, VerificationPath
+from speculation.models import LOOKUP_KINDS, DraftModel, SpeculationPolicy, VerificationPath
 from speculation.selectors.autopairing import MIN_REQUESTS, Recommendation, pairing_table
 from speculation.services.policies import resolve_path, update_policy
 
@@ -46,7 +46,7 @@ def apply_recommendation(
     """Set the policy's mechanism, draft and K to the recommendation's (nothing saved when it would be invalid)."""
     recommendation = recommendation_for(endpoint=endpoint, workload=workload)
     draft = None
-    if recommendation.kind != DraftKind.NGRAM:
+    if recommendation.kind not in LOOKUP_KINDS:
         draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()
         if draft is None:
             raise ValidationError({"draft": [f"draft {recommendation.candidate!r} is no longer registered"]})
@@ -67,7 +67,7 @@ def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommenda
     recommendation = table["overall"]["recommendation"]
     if recommendation is None:
         return None, "no recommendation yet"
-    current = DraftKind.NGRAM if policy.mechanism == DraftKind.NGRAM else (policy.draft.name if policy.draft else "")
+    current = str(policy.mechanism) if policy.mechanism in LOOKUP_KINDS else (policy.draft.name if policy.draft else "")
     if recommendation.candidate == current and recommendation.k == policy.k:
         return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
     if recommendation.requests < AUTO_MIN_REQUESTS:
@@ -110,7 +110,7 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
         return None
     why = f"{_scope(policy, endpoint)}: {why}"
     draft = None
-    if recommendation.kind != DraftKind.NGRAM:
+    if recommendation.kind not in LOOKUP_KINDS:
         draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()
     try:
         return update_policy(

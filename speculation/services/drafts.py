@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from speculation.models import DraftKind, DraftModel
+from speculation.models import LOOKUP_KINDS, DraftKind, DraftModel
 from speculation.services.model_files import inspect_model_dir
 
 logger = logging.getLogger(__name__)
@@ -42,9 +42,9 @@ def register_draft(
     if kind not in DraftKind.values:
         raise ValidationError({"kind": [f"unknown kind {kind!r}: choose one of {', '.join(DraftKind.values)}"]})
     facts: dict[str, Any] = {}
-    if kind == DraftKind.NGRAM:
+    if kind in LOOKUP_KINDS:
         if path:
-            raise ValidationError({"path": ["an n-gram draft has no weights: leave path empty"]})
+            raise ValidationError({"path": [f"a {kind} draft has no weights: leave path empty"]})
     else:
         if not path:
             raise ValidationError({"path": [f"a {kind} needs the directory of its weights"]})

@@ -13,7 +13,7 @@ from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import (
-    DraftKind,
+    LOOKUP_KINDS,
     DraftModel,
     Mechanism,
     Mode,
@@ -118,9 +118,12 @@ def path_warning(*, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
 
 def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     """Why the draft cannot serve this endpoint (empty when it can)."""
-    if policy.mechanism == Mechanism.NGRAM:
-        if policy.draft is not None and policy.draft.kind != DraftKind.NGRAM:
-            return [f"mechanism ngram takes no draft weights, but draft {policy.draft.name!r} is a {policy.draft.kind}"]
+    if policy.mechanism in LOOKUP_KINDS:
+        if policy.draft is not None and policy.draft.kind != policy.mechanism:
+            return [
+                f"mechanism {policy.mechanism} takes no draft weights, but draft {policy.draft.name!r} is a "
+                f"{policy.draft.kind}"
+            ]
         return []
     draft = policy.draft
     if draft is None:
@@ -160,7 +163,22 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
         return ["path local needs target_path: the target's model directory on the node class"]
     if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
         return ["an EAGLE head reads the target's hidden states: it needs path local"]
+    if policy.mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
+        return [SUFFIX_NOT_MANAGED]
     return []
+
+
+SUFFIX_NOT_MANAGED = (
+    "suffix decoding on the server needs vLLM with Arctic Inference (method 'suffix'), which ACE's managed servers "
+    "do not install: use path local or remote (ACE's own suffix decoding), or run the server yourself with the "
+    "endpoint's native flags"
+)
+
+
+def _managed(endpoint: Endpoint) -> bool:
+    from fleet.managed.models import ManagedServer
+
+    return ManagedServer.objects.filter(endpoint=endpoint).exists()
 
 
 def _check_tree(policy: SpeculationPolicy) -> dict[str, list[str]]:
@@ -261,6 +279,8 @@ def update_policy(
                 setattr(policy, name, value)
         if not changes:
             return policy
+        if managed_services.speculation_of(policy).get("draft_kind") == Mechanism.SUFFIX and _managed(endpoint):
+            raise ValidationError({"path": [SUFFIX_NOT_MANAGED]})  # a switch would start a server that cannot
         if managed_services.needs_switch(endpoint=endpoint, policy=policy):
             # A managed endpoint whose server must run differently: applied blue/green once the new instance
             # serves (fleet.managed); until then the saved policy stays as it is.

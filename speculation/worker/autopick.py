@@ -28,6 +28,7 @@ from fleet.models import Endpoint
 from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.engine.stats import SpecStats
 from speculation.models import (
+    LOOKUP_KINDS,
     CandidateMeasurement,
     DraftKind,
     DraftModel,
@@ -43,8 +44,8 @@ TABLE_TTL_S = 30.0
 NGRAM = "ngram"  # the n-gram candidate's name (speculation.worker.candidates)
 # What each worker path can run: an EAGLE head reads the target's hidden states, so only where it is loaded.
 KINDS_ON_PATH = {
-    VerificationPath.LOCAL: frozenset({DraftKind.NGRAM, DraftKind.DRAFT_MODEL, DraftKind.EAGLE_HEAD}),
-    VerificationPath.REMOTE: frozenset({DraftKind.NGRAM, DraftKind.DRAFT_MODEL}),
+    VerificationPath.LOCAL: frozenset({*LOOKUP_KINDS, DraftKind.DRAFT_MODEL, DraftKind.EAGLE_HEAD}),
+    VerificationPath.REMOTE: frozenset({*LOOKUP_KINDS, DraftKind.DRAFT_MODEL}),
 }
 
 
@@ -85,8 +86,8 @@ def forget(endpoint_id: int | None = None) -> None:
 
 def policy_choice(policy: SpeculationPolicy, k: int) -> Choice:
     """The policy's own candidate and K (what `draft: auto` falls back to)."""
-    if policy.mechanism == DraftKind.NGRAM:
-        return Choice(NGRAM, DraftKind.NGRAM, None, k, "", from_evidence=False)
+    if policy.mechanism in LOOKUP_KINDS:  # the candidate is named after its kind ("ngram", "suffix")
+        return Choice(str(policy.mechanism), policy.mechanism, None, k, "", from_evidence=False)
     name = policy.draft.name if policy.draft is not None else ""
     return Choice(name, policy.mechanism, policy.draft_id, k, "", from_evidence=False)
 
@@ -101,7 +102,7 @@ def choose(
     if choice.candidate == current.candidate and choice.kind == current.kind:
         return policy, choice
     draft = None
-    if choice.kind != DraftKind.NGRAM:
+    if choice.kind not in LOOKUP_KINDS:
         draft = cached.drafts.get(choice.draft_id)
         if draft is None:
             return policy, Choice(
@@ -114,7 +115,7 @@ def choose(
             )
     chosen = copy.copy(policy)  # never saved: this request's view of the policy
     chosen.mechanism, chosen.k = choice.kind, choice.k
-    if draft is not None:  # n-gram drafts with no weights; the policy's draft directory stays its tokenizer
+    if draft is not None:  # lookups draft with no weights; the policy's draft directory stays its tokenizer
         chosen.draft = draft
     return chosen, choice
 

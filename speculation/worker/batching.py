@@ -35,7 +35,7 @@ from typing import Any
 
 from django.conf import settings
 
-from speculation.engine import DraftModelProposer, GenerationConfig, NgramProposer
+from speculation.engine import DraftModelProposer, GenerationConfig, NgramProposer, SuffixProposer
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
@@ -43,6 +43,7 @@ from speculation.worker.paths import CommittedBatch
 
 logger = logging.getLogger(__name__)
 
+BATCHED_PROPOSERS = (DraftModelProposer, NgramProposer, SuffixProposer)
 IDLE_DROP_S = 300.0  # an unused decoder (and its caches) is dropped after this long
 
 
@@ -114,8 +115,9 @@ def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None
 
 
 def serves(prepared: Any) -> bool:
-    """The batch serves the local path with a draft model or n-gram lookup (not EAGLE heads: single-stream)."""
-    return enabled() and prepared.target is not None and type(prepared.proposer) in (DraftModelProposer, NgramProposer)
+    """The batch serves the local path with a draft model, n-gram lookup or suffix decoding (not EAGLE heads:
+    single-stream)."""
+    return enabled() and prepared.target is not None and type(prepared.proposer) in BATCHED_PROPOSERS
 
 
 def speculate(
@@ -128,7 +130,9 @@ def speculate(
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
     proposer = prepared.proposer
     draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
-    ngram = (proposer.max_ngram, proposer.min_ngram) if isinstance(proposer, NgramProposer) else None
+    ngram: Any = (proposer.max_ngram, proposer.min_ngram) if isinstance(proposer, NgramProposer) else None
+    if isinstance(proposer, SuffixProposer):  # one group per index (the endpoint's), its proposer shared
+        ngram = ("suffix", id(proposer.index), proposer)
     handle = _loop().submit(
         target=prepared.target.model,
         draft=draft,
@@ -207,15 +211,17 @@ class BatchLoop:
         *,
         target: Any,
         draft: Any,
-        ngram: tuple[int, int] | None,
+        ngram: tuple | None,
         prompt_ids: list[int],
         config: Any,
         costs: Any = None,
     ) -> _Handle:
-        """Join the batch of (target, draft model or n-gram sizes (max, min)); the handle gets its steps. costs:
+        """Join the batch of (target, draft model, or n-gram sizes (max, min), or ("suffix", index id, proposer));
+        the handle gets its steps. costs:
         the stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
         handle = _Handle(loop=self, key=next(self._ids))
-        self._commands.put(("join", (target, draft, ngram), handle, prompt_ids, config, costs))
+        pair = (target, draft, ngram[:2] if ngram and ngram[0] == "suffix" else ngram)
+        self._commands.put(("join", pair, handle, prompt_ids, config, costs, ngram))
         return handle
 
     def leave(self, key: int) -> None:
@@ -262,8 +268,8 @@ class BatchLoop:
                 except BaseException as exc:  # noqa: BLE001 - the caller gets it
                     done.set_exception(exc)
             elif command[0] == "join":
-                _, pair, handle, prompt_ids, config, costs = command
-                group = self._groups.get(pair) or self._new_group(pair, handle)
+                _, pair, handle, prompt_ids, config, costs, lookup = command
+                group = self._groups.get(pair) or self._new_group(pair, handle, lookup)
                 if group is not None:
                     group.pending.append((handle, prompt_ids, config))
                     lookahead = group.decoder.lookahead
@@ -276,14 +282,19 @@ class BatchLoop:
             except queue.Empty:
                 return
 
-    def _new_group(self, pair: tuple, handle: _Handle) -> _Group | None:
+    def _new_group(self, pair: tuple, handle: _Handle, lookup: tuple | None) -> _Group | None:
         target, draft, ngram = pair
+        proposer = None
+        if lookup and lookup[0] == "suffix":
+            proposer = lookup[2]  # the endpoint's suffix decoding (its index grows in place)
+        elif ngram:
+            proposer = NgramProposer(max_ngram=ngram[0], min_ngram=ngram[1])
         try:
             decoder = BatchDecoder(
                 target,
                 slots=self.slots,
                 draft=draft,
-                ngram=NgramProposer(max_ngram=ngram[0], min_ngram=ngram[1]) if ngram else None,
+                ngram=proposer,
                 lookahead=LoadAwareLookahead() if self.load_aware_k else None,
                 max_context=target.max_len,
                 prefix_cache=prefix_cache(),

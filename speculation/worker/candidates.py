@@ -5,9 +5,10 @@ request at every K in K_RANGE, and one CandidateMeasurement per request x candid
 verification step, the projected multiplier (S = E[N] / (v(K) + K c), the shadow projection's cost model with the
 candidate's own measured c: speculation.worker.costs), the counts and the per-position acceptance.
 
-The candidates: n-gram prompt lookup, every registered draft model with the endpoint's tokenizer fingerprint, and,
-where the worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained for
-that target (a head drafts from the target's features: one teacher-forced target pass gives them for the whole
+The candidates: n-gram prompt lookup, suffix decoding (the endpoint's earlier responses, speculation.worker.
+suffix_store, without the request's own), every registered draft model with the endpoint's tokenizer fingerprint,
+and, where the worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained
+for that target (a head drafts from the target's features: one teacher-forced target pass gives them for the whole
 request, ReplayTarget hands them to the head; without the target's weights in the worker there are no features, so
 EAGLE heads are not candidates on a remote-only policy). With the policy's `eagle_tree` set, a head replays as the
 draft tree prod's local path would draft (depth min(depth, K), verified against the known output by
@@ -17,8 +18,8 @@ tree.replay_tree_greedy), and its projection counts the verification of every no
 - Sampled requests (temperature > 0): draft models only, with the expected acceptance sum_x min(p, q) of both
   distributions processed as the request asked (speculation.worker.sampled: exact where the worker holds the
   target, else a lower bound from the server's top-N, read once for all candidates); per K the i.i.d. mean accepted
-  length and expected counts. n-gram lookup has no draft distribution and an EAGLE head's would need its own
-  sampled drafting pass: neither is replayed on sampled requests.
+  length and expected counts. n-gram lookup and suffix decoding have no draft distribution and an EAGLE head's
+  would need its own sampled drafting pass: none of them is replayed on sampled requests.
 
 Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
 shadow measurement (never inside it). Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE
@@ -40,13 +41,14 @@ import torch
 from django.conf import settings
 
 from fleet.models import Endpoint
-from speculation.engine import NgramProposer, SamplingParams, SpecStats
+from speculation.engine import NgramProposer, SamplingParams, SpecStats, SuffixProposer
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.engine.tree import TreeShape
 from speculation.limits import tree_nodes_at
 from speculation.models import CandidateMeasurement, CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
 from speculation.selectors import capabilities
+from speculation.worker import suffix_store
 from speculation.worker.costs import current_costs
 from speculation.worker.paths import resources
 
@@ -54,20 +56,22 @@ logger = logging.getLogger(__name__)
 
 K_RANGE = tuple(range(1, MAX_PROJECTED_K + 1))
 NGRAM = "ngram"
+SUFFIX = "suffix"
 BUDGET_KEY = "ace:candidate-replays:{endpoint_id}:{minute}"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    name: str  # "ngram" or the draft's name
+    name: str  # "ngram", "suffix" or the draft's name
     kind: str
     draft: DraftModel | None = None
 
 
 def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled: bool = False) -> list[Candidate]:
-    """n-gram lookup, then every draft model sharing the endpoint's tokenizer fingerprint, then (with the target
-    in the worker) every EAGLE head trained for that target (by name). Sampled: the draft models only."""
-    found = [] if sampled else [Candidate(NGRAM, DraftKind.NGRAM)]
+    """n-gram lookup and suffix decoding, then every draft model sharing the endpoint's tokenizer fingerprint, then
+    (with the target in the worker) every EAGLE head trained for that target (by name). Sampled: the draft models
+    only."""
+    found = [] if sampled else [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
     if not fingerprint:
         return found
@@ -97,13 +101,15 @@ def replay(
     max_tokens: int | None,
     target_path: str = "",
     tree: TreeShape | None = None,
+    suffix: SuffixProposer | None = None,
 ) -> dict[int, SpecStats]:
     """The candidate's greedy speculation on this request at every K (exact: the engine's replay); an EAGLE head
-    drafts the tree `tree` where given (the policy's eagle_tree), else a chain."""
+    drafts the tree `tree` where given (the policy's eagle_tree), else a chain. suffix: the suffix-decoding
+    proposer over the endpoint's earlier responses (this request's own excluded; default: its context only)."""
     sequence = prompt_ids + output_ids
     common: dict[str, Any] = {"prompt_len": len(prompt_ids), "max_new_tokens": max_tokens}
-    if candidate.kind == DraftKind.NGRAM:
-        lookup = NgramProposer()
+    if candidate.kind in (DraftKind.NGRAM, DraftKind.SUFFIX):
+        lookup = NgramProposer() if candidate.kind == DraftKind.NGRAM else (suffix or SuffixProposer())
 
         def propose(n: int, drafted: int) -> list[int]:
             return lookup.lookup(sequence[:n], drafted)
@@ -229,6 +235,7 @@ class Replayed:
     output_ids: list[int]
     max_tokens: int | None
     params: SamplingParams | None = None  # None: greedy
+    request_id: str = ""
     view: Any = None  # speculation.worker.sampled.TargetView, read once for every candidate of a sampled request
 
 
@@ -250,7 +257,7 @@ def measure_candidates(
     if budgeted and settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
         return []
     params = SamplingParams(**sampling) if sampling and float(sampling.get("temperature") or 0) > 0 else None
-    request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params)
+    request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params, request_id=request_id)
     candidates = compatible_candidates(endpoint, target_path=policy.target_path or "", sampled=params is not None)
     if not candidates:
         return []
@@ -319,6 +326,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             max_tokens=request.max_tokens,
             target_path=request.policy.target_path or "",
             tree=_tree(request, candidate),
+            suffix=SuffixProposer(suffix_store.index_for(request.endpoint.pk), exclude=request.request_id),
         )
     from speculation.worker.sampled import draft_acceptance, target_view
 

@@ -28,6 +28,7 @@ from speculation.engine import (
     NgramProposer,
     SamplingParams,
     SpecStats,
+    SuffixProposer,
     Target,
     TreeLookahead,
     generate,
@@ -36,9 +37,9 @@ from speculation.engine.decode import truncate_at_stop
 from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
-from speculation.models import Mechanism, SpeculationPolicy, VerificationPath
+from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.selectors.autopairing import Choice
-from speculation.worker import autopick, baseline, batching, costs
+from speculation.worker import autopick, baseline, batching, costs, suffix_store
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
@@ -110,11 +111,14 @@ class DraftSetup:
 
 def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
     """The engine proposer for the policy's mechanism, with the tokenizer and end tokens the request uses."""
-    if policy.mechanism == Mechanism.NGRAM:
+    if policy.mechanism in LOOKUP_KINDS:
         source = _text_source(policy)
         tok = resources.tokenizer(source)
         vocab = target.model.vocab_size if target is not None else len(tok)
-        return DraftSetup(NgramProposer(), tok, eos_token_ids(source, tok), vocab)
+        proposer: Any = NgramProposer()
+        if policy.mechanism == Mechanism.SUFFIX:  # the endpoint's earlier responses (speculation.worker.suffix_store)
+            proposer = SuffixProposer(suffix_store.index_for(policy.endpoint_id))
+        return DraftSetup(proposer, tok, eos_token_ids(source, tok), vocab)
     if policy.draft is None or not policy.draft.path:
         raise PathUnavailable("the policy has no draft weights")
     if policy.mechanism == Mechanism.EAGLE_HEAD:
@@ -126,7 +130,7 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         try:
             head = resources.eagle_head(policy.draft.path, target_dir=target.directory)
             # the policy's EAGLE-2 draft tree (K caps its depth); {} drafts a chain of K
-            proposer: Any = EagleProposer(head, target.model, tree=TreeShape.from_policy(policy.eagle_tree))
+            proposer = EagleProposer(head, target.model, tree=TreeShape.from_policy(policy.eagle_tree))
         except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
             raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
         return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)
@@ -291,6 +295,7 @@ class TokenStream:
         self.channel, self.slot = channel, slot
         self.matcher: StopMatcher | None = None
         self.sent = 0
+        self.ids: list[int] = []  # the tokens sent (what suffix decoding stores afterwards)
         self._text: list[str] = []
         self._first: tuple[float, int] | None = None  # when the first step's tokens came, and how many
 
@@ -310,6 +315,7 @@ class TokenStream:
             self._first = (time.perf_counter(), len(ids))
         text, self._text = "".join(self._text), []
         self.sent += len(ids)
+        self.ids += ids
         # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
         self.channel.send({"type": "tokens", "ids": ids, "text": text}, slot=self.slot)
 
@@ -414,6 +420,7 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
     done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
     stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)
+    suffix_store.remember(endpoint.pk, job["request_id"], stream.ids)  # after the answer: what later ones draft from
     if choice is not None and not settings.PROD_PLAIN and float((job.get("sampling") or {}).get("temperature", 0)) == 0:
         autopick.record_evidence(
             endpoint_id=endpoint.pk,

@@ -22,13 +22,21 @@ from typing import Any
 from django.conf import settings
 
 from fleet.models import Endpoint
-from speculation.engine import NgramProposer, SamplingParams, draft_greedy_predictions, replay_greedy, replay_proposer
+from speculation.engine import (
+    NgramProposer,
+    SamplingParams,
+    SuffixProposer,
+    draft_greedy_predictions,
+    replay_greedy,
+    replay_proposer,
+)
 from speculation.engine.lookahead import PRIOR_ALPHA, PRIOR_WEIGHT, ModeledLookahead
 from speculation.engine.projection import expected_tokens
-from speculation.models import Action, Mechanism, Mode, SpeculationPolicy
+from speculation.models import LOOKUP_KINDS, Action, Mechanism, Mode, SpeculationPolicy
 from speculation.selectors.costs import projection_basis
 from speculation.services.costs import TREE_REPLAY
 from speculation.services.records import record_stage
+from speculation.worker import suffix_store
 from speculation.worker.costs import batched_path, projected_path, projection, shadow_costs
 from speculation.worker.paths import resources
 from speculation.worker.stats import stage_fields
@@ -179,6 +187,7 @@ def measure_shadow(
         max_tokens=shadowed.budget,
         sampling=sampling,
     )
+    suffix_store.remember(endpoint.pk, request_id, output_ids)  # what suffix decoding drafts from next
 
 
 def _measure_greedy(shadowed: Shadowed) -> None:
@@ -190,8 +199,11 @@ def _measure_greedy(shadowed: Shadowed) -> None:
         _measure_eagle(shadowed, sequence, common)
         return
     controller = shadowed.controller()
-    if policy.mechanism == Mechanism.NGRAM:
-        stats = replay_proposer(NgramProposer(), sequence, k, lookahead=controller, **common)
+    if policy.mechanism in LOOKUP_KINDS:
+        proposer: Any = NgramProposer()
+        if policy.mechanism == Mechanism.SUFFIX:  # the endpoint's earlier responses, this one's own left out
+            proposer = SuffixProposer(suffix_store.index_for(shadowed.endpoint.pk), exclude=shadowed.request_id)
+        stats = replay_proposer(proposer, sequence, k, lookahead=controller, **common)
     else:
         predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
         stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
@@ -237,8 +249,8 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     from speculation.worker.sampled import draft_acceptance, target_view
 
     policy, k = shadowed.policy, shadowed.policy.k
-    if policy.mechanism == Mechanism.NGRAM or policy.draft is None:
-        shadowed.record(reason="sampled traffic with n-gram drafts: no draft distribution to compare")
+    if policy.mechanism in LOOKUP_KINDS or policy.draft is None:
+        shadowed.record(reason=f"sampled traffic with {policy.mechanism} drafts: no draft distribution to compare")
         return
     if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
         shadowed.record(reason="sampled traffic with an EAGLE head: not replayed (its drafts need their own pass)")

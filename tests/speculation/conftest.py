@@ -11,6 +11,14 @@ from ace import processes
 from tests.support.stack import start_ace
 
 
+@pytest.fixture(autouse=True)
+def _no_suffix_store_carried_over() -> None:
+    """Suffix decoding's per-process store is keyed by endpoint id, and a rolled-back test's ids come again."""
+    from speculation.worker import suffix_store
+
+    suffix_store.forget()
+
+
 @pytest.fixture
 def user(django_user_model):
     # An admin: the stage tests are about speculation, not ownership (roles: tests/fleet/test_roles.py).

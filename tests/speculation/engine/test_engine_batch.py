@@ -22,6 +22,8 @@ from speculation.engine import (
     LocalTarget,
     NgramProposer,
     SamplingParams,
+    SuffixIndex,
+    SuffixProposer,
     generate,
     generate_plain,
 )
@@ -51,19 +53,32 @@ def run(decoder: BatchDecoder, requests: list[tuple[list[int], GenerationConfig]
     return out, largest
 
 
+def _earlier_answers(target_model) -> SuffixIndex:
+    """Suffix decoding's store: the target's greedy answers to the test prompts, one token in 4 changed."""
+    index = SuffixIndex()
+    for i, prompt in enumerate(PROMPTS):
+        answer = generate_plain(LocalTarget(target_model), prompt, GenerationConfig(max_new_tokens=30)).tokens
+        index.add(f"r{i}", [(t + 1) % target_model.vocab_size if j % 4 == 3 else t for j, t in enumerate(answer)])
+    return index
+
+
 def decoder_for(kind: str, target_model, draft_model, *, slots: int = 3, lookahead=None) -> BatchDecoder:
     return BatchDecoder(
         target_model,
         slots=slots,
         draft=draft_model if kind == "draft" else None,
-        ngram=NgramProposer() if kind == "ngram" else None,
+        ngram=NgramProposer()
+        if kind == "ngram"
+        else SuffixProposer(_earlier_answers(target_model))
+        if kind == "suffix"
+        else None,
         lookahead=lookahead,
         max_context=target_model.max_len,
     )
 
 
 @pytest.mark.parametrize("load_aware", [False, True])
-@pytest.mark.parametrize("kind", ["draft", "ngram", "plain"])
+@pytest.mark.parametrize("kind", ["draft", "ngram", "suffix", "plain"])
 def test_greedy_slots_joining_at_different_steps_equal_plain_decoding_of_each_request_alone(
     target_model, draft_model, kind, load_aware
 ):

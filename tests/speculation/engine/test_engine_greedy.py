@@ -10,6 +10,8 @@ from speculation.engine import (
     GenerationConfig,
     LocalTarget,
     NgramProposer,
+    SuffixIndex,
+    SuffixProposer,
     Transformer,
     generate,
     generate_plain,
@@ -31,21 +33,26 @@ def assert_same_or_near_tie(target: Transformer, prompt: list[int], got: list[in
 
 
 @pytest.mark.parametrize("k", [1, 3, 5, 8])
-@pytest.mark.parametrize("proposer_kind", ["draft", "ngram"])
+@pytest.mark.parametrize("proposer_kind", ["draft", "ngram", "suffix"])
 def test_greedy_speculation_is_token_identical_to_plain_greedy(target_model, draft_model, k, proposer_kind):
     target = LocalTarget(target_model)
     config = GenerationConfig(max_new_tokens=40, k=k)
-    for prompt in PROMPTS:
+    index = SuffixIndex()  # suffix decoding: the earlier prompts' answers, with a perturbed copy of each
+    for i, prompt in enumerate(PROMPTS):
         proposer = (
             DraftModelProposer(draft_model, target_vocab_size=target.vocab_size)
             if proposer_kind == "draft"
             else NgramProposer()
+            if proposer_kind == "ngram"
+            else SuffixProposer(index)
         )
         want = generate_plain(target, prompt, config).tokens
         result = generate(target, proposer, prompt, config)
         assert len(result.tokens) == 40
         assert_same_or_near_tie(target_model, prompt, result.tokens, want)
         assert result.stats.target_passes < 40 or result.stats.accepted_tokens == 0
+        index.add(f"r{i}", want)
+        index.add(f"r{i}-perturbed", [(t + 1) % target.vocab_size if j % 5 == 4 else t for j, t in enumerate(want)])
 
 
 def test_the_draft_proposer_gets_real_acceptance_on_the_test_pair(target_model, draft_model):

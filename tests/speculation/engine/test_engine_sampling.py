@@ -17,6 +17,8 @@ from speculation.engine import (
     LocalTarget,
     NgramProposer,
     SamplingParams,
+    SuffixIndex,
+    SuffixProposer,
     generate,
     verify_sampled,
 )
@@ -52,6 +54,7 @@ def test_verification_emits_tokens_distributed_as_p_and_the_wrong_sampler_is_cau
         ("draft", SamplingParams(temperature=1.0)),
         ("draft", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
         ("ngram", SamplingParams(temperature=1.0)),
+        ("suffix", SamplingParams(temperature=1.0)),
     ],
 )
 def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
@@ -61,6 +64,9 @@ def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
     target_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=3, std=0.6)
     draft_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=4, std=0.9)
     prompt = [0, 1, 2, 3, 0, 1] if proposer_kind == "ngram" else [1, 2]
+    index = SuffixIndex()  # earlier "responses" that continue the prompt's last token in different ways
+    for i, earlier in enumerate([[2, 3, 3, 1], [2, 3, 0, 0], [1, 2, 0, 3, 1], [2, 1, 1, 2]]):
+        index.add(f"r{i}", earlier)
     exact = exact_sequence_distribution(target_model, prompt, 3, params)
     target = LocalTarget(target_model)
     n = 400  # 64 cells: a wrong sampler shifting a few percent of mass is caught; the right one passes
@@ -72,6 +78,8 @@ def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
                 DraftModelProposer(draft_model, target_vocab_size=4)
                 if proposer_kind == "draft"
                 else NgramProposer(max_ngram=2)
+                if proposer_kind == "ngram"
+                else SuffixProposer(index)
             )
             config = GenerationConfig(
                 max_new_tokens=3, k=2, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=seed

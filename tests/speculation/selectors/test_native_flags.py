@@ -32,6 +32,41 @@ def test_vllm_ngram_flags_carry_the_lookup_window_and_no_model():
     assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
+def test_vllm_suffix_flags_size_the_servers_own_store_and_say_what_it_needs(settings):
+    settings.SUFFIX_CACHE_REQUESTS = 500
+    flags = native_flags(server_kind="vllm", draft_kind="suffix", k=4)
+
+    assert flags.speculative_config == {
+        "method": "suffix",
+        "num_speculative_tokens": 4,
+        "suffix_decoding_max_cached_requests": 500,
+        "suffix_decoding_min_token_prob": 0.1,
+    }
+    assert any("Arctic Inference" in note for note in flags.notes)
+
+
+def test_sglang_has_no_suffix_decoding_and_says_where_it_runs():
+    with pytest.raises(NativeFlagsError, match="SGLang has no suffix speculation: run it on ACE's local or remote"):
+        native_flags(server_kind="sglang", draft_kind="suffix", k=4)
+
+
+@pytest.mark.vllm
+def test_the_suffix_config_keys_are_fields_of_vllms_own_speculative_config():
+    import subprocess
+
+    from ace import processes
+
+    code = (
+        "import dataclasses, typing; from vllm.config.speculative import SpeculativeConfig as C; "
+        "print(' '.join(f.name for f in dataclasses.fields(C)))"
+    )
+    fields = subprocess.run(
+        [str(processes.vllm_python()), "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+    config = native_flags(server_kind="vllm", draft_kind="suffix", k=4).speculative_config
+    assert set(config) <= set(fields), set(config) - set(fields)
+
+
 def test_sglang_eagle_head_drafts_a_chain_of_k():
     flags = native_flags(server_kind="sglang", draft_kind="eagle_head", draft_path="/heads/h1", k=5)
 

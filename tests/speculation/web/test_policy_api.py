@@ -116,3 +116,28 @@ def test_a_draft_in_use_cannot_be_deleted(api, tiny_model_dir):
     response = api.delete(f"/api/v1/drafts/{draft.pk}/")
     assert response.status_code == 400
     assert DraftModel.objects.filter(pk=draft.pk).exists()
+
+
+def test_suffix_decoding_needs_no_draft_and_refuses_draft_weights(api, tiny_model_dir):
+    draft = register_draft(name="tiny", kind="draft_model", path=str(tiny_model_dir))
+    endpoint = _endpoint(fingerprint=draft.tokenizer_fingerprint)
+    response = api.patch(_url(endpoint), {"mode": "prod", "mechanism": "suffix", "k": 6}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["mechanism"] == "suffix" and response.json()["resolved_path"] == "remote"
+    response = api.patch(_url(endpoint), {"mechanism": "suffix", "draft": "tiny"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["draft"] == ["mechanism suffix takes no draft weights, but draft 'tiny' is a draft_model"]
+
+
+def test_suffix_decoding_on_a_managed_servers_native_path_is_refused_with_where_it_runs(api):
+    from fleet.managed.models import ManagedServer
+
+    endpoint = _endpoint(native_speculation=True)
+    ManagedServer.objects.create(endpoint=endpoint, model_dir="/models/m", served_name="m")
+    response = api.patch(_url(endpoint), {"mode": "prod", "mechanism": "suffix", "path": "native"}, format="json")
+    assert response.status_code == 400
+    assert "Arctic Inference" in response.json()["path"][0] and "path local or remote" in response.json()["path"][0]
+    # on the server's own (unmanaged) native path ACE changes nothing on the server: accepted
+    ManagedServer.objects.filter(endpoint=endpoint).delete()
+    response = api.patch(_url(endpoint), {"mode": "prod", "mechanism": "suffix", "path": "native"}, format="json")
+    assert response.status_code == 200, response.json()

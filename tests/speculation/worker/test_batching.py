@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
+from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer, SuffixProposer
 from speculation.engine.batch import BatchDecoder
 from speculation.jobs.admission import inflight_key
 from speculation.jobs.channel import key as channel_key
@@ -150,6 +150,50 @@ def test_32_concurrent_prod_jobs_are_all_answered_and_equal_to_batching_off(
     assert max(sizes) >= 4, sizes
 
 
+def test_suffix_decoding_drafts_a_later_request_from_an_earlier_answer_through_redis(
+    local_endpoint, client, batch_loop
+):
+    from speculation.models import SpeculationPolicy
+    from speculation.worker import suffix_store
+    from speculation.worker.generation import run_prod_generation
+    from speculation.worker.tasks import prod_generate_task
+
+    # given: the endpoint's policy drafts by suffix decoding, its store empty
+    SpeculationPolicy.objects.filter(endpoint=local_endpoint).update(mechanism="suffix", draft=None, k=6)
+    suffix_store.forget(local_endpoint.pk, redis_too=True)
+    job = _jobs(local_endpoint, client)[20]  # greedy, 21 prompt tokens, 28 new tokens
+    job["k"] = 6
+    # when: the request runs in the batch loop, then again (a new request id) after this process forgot its store
+    # (as another worker process would: it reads the first answer from Redis)
+    prod_generate_task(job)
+    first, done_first = _answer(client, job["request_id"])
+    suffix_store.forget(local_endpoint.pk)
+    again = {**job, "request_id": job["request_id"] + "-again"}
+    client.zadd(inflight_key("cpu"), {again["request_id"]: time.time() + 120})
+    prod_generate_task(again)
+    second, done_second = _answer(client, again["request_id"])
+    # and once more with batching off (the single-stream loop drafts from the same store)
+    batch_loop.stop()
+    alone = {**job, "request_id": job["request_id"] + "-alone"}
+    client.zadd(inflight_key("cpu"), {alone["request_id"]: time.time() + 120})
+    with override_slots(0):
+        run_prod_generation(alone)
+    third, done_third = _answer(client, alone["request_id"])
+    # then: the same tokens each time; the later requests drafted the earlier answer and it was accepted
+    assert done_first["type"] == done_second["type"] == done_third["type"] == "done"
+    assert first == second == third and len(first) == job["max_tokens"]
+    stats = [d["stats"] for d in (done_first, done_second, done_third)]
+    assert stats[1]["accepted_tokens"] >= 0.8 * stats[1]["drafted_tokens"] > 0
+    assert stats[1]["target_passes"] * 2 <= stats[0]["target_passes"]
+    assert stats[2]["target_passes"] * 2 <= stats[0]["target_passes"]
+
+
+def override_slots(slots: int):
+    from django.test import override_settings
+
+    return override_settings(PROD_BATCH_SLOTS=slots)
+
+
 def _prepared(model_dirs, *, ngram: bool = False) -> Prepared:
     target = resources.model(model_dirs[0]).model
     proposer = (
@@ -257,11 +301,12 @@ def test_each_decoder_gets_a_prefix_cache_of_the_configured_size(settings):
     assert batching.prefix_cache() is None
 
 
-def test_the_batch_serves_draft_models_and_ngram_lookup_on_the_local_path_only(settings):
+def test_the_batch_serves_draft_models_and_lookups_on_the_local_path_only(settings):
     settings.PROD_BATCH_SLOTS = 4
     target = tiny_model(seed=0)
     local = LocalTarget(target)
     assert batching.serves(Prepared(proposer=NgramProposer(), tokenizer=None, eos_ids=frozenset(), target=local))
+    assert batching.serves(Prepared(proposer=SuffixProposer(), tokenizer=None, eos_ids=frozenset(), target=local))
     draft = DraftModelProposer(draft_of(target), target_vocab_size=target.vocab_size)
     assert batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset(), target=local))
     assert not batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset()))  # remote path

@@ -12,12 +12,12 @@ import torch
 from django.conf import settings
 
 from fleet.models import Endpoint, EndpointStatus
-from speculation.engine import NgramProposer
+from speculation.engine import NgramProposer, SuffixIndex, SuffixProposer
 from speculation.engine.projection import StepCosts
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.models import CandidateMeasurement, SpeculationPolicy, StageRecord
 from speculation.services.drafts import register_draft
-from speculation.worker import candidates
+from speculation.worker import candidates, suffix_store
 from speculation.worker.paths import resources
 
 pytestmark = pytest.mark.django_db
@@ -48,6 +48,7 @@ def endpoint(redis_server, tiny_model_dir, monkeypatch):
     client = redis.Redis.from_url(settings.REDIS_URL)
     for key in client.scan_iter(candidates.BUDGET_KEY.format(endpoint_id=endpoint.pk, minute="*")):
         client.delete(key)  # an endpoint id of an earlier test's rolled-back rows may have spent this minute
+    suffix_store.forget(endpoint.pk, redis_too=True)  # and may have stored responses
     return endpoint
 
 
@@ -64,28 +65,45 @@ def _measure(endpoint: Endpoint, request_id: str, workload: str = "code") -> lis
     return list(CandidateMeasurement.objects.filter(request_id=request_id).order_by("candidate"))
 
 
-def test_compatible_candidates_are_ngram_and_the_drafts_with_the_endpoints_tokenizer(endpoint):
+def test_compatible_candidates_are_the_lookups_and_the_drafts_with_the_endpoints_tokenizer(endpoint):
     register_draft(name="head", kind="ngram")  # a registered n-gram draft is not a second n-gram candidate
-    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "tiny-draft"]
-    assert [c.name for c in candidates.compatible_candidates(Endpoint.objects.get(name="other"))] == ["ngram"]
+    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "suffix", "tiny-draft"]
+    other = Endpoint.objects.get(name="other")
+    assert [c.name for c in candidates.compatible_candidates(other)] == ["ngram", "suffix"]
+    assert [c.name for c in candidates.compatible_candidates(endpoint, sampled=True)] == ["tiny-draft"]
 
 
 def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, tiny_model_dir):
-    # given: what the engine's replays give directly
+    # given: earlier responses of the endpoint in its suffix store (written through Redis, read back by a process
+    # that had none of them), one of them this request's own answer (stored by shadow before the replays run)
+    earlier = {"old-1": [9, 10, 11, 8, 5], "old-2": [1, 10, 11, 8, 2], "old-3": [13, 14, 15], "req-1": OUTPUT}
+    for key, answer in earlier.items():
+        suffix_store.remember(endpoint.pk, key, answer)
+    suffix_store.forget(endpoint.pk)
+    # and what the engine's replays give directly
     sequence = PROMPT + OUTPUT
     predictions = draft_greedy_predictions(resources.model(str(tiny_model_dir)).model, sequence)
     lookup = NgramProposer()
+    index = SuffixIndex()
+    for key in ("old-1", "old-2", "old-3"):
+        index.add(key, earlier[key])
+    suffix = SuffixProposer(index)
+
+    def replayed(proposer) -> list:
+        return [
+            replay_proposals(lambda n, d: proposer.lookup(sequence[:n], d), sequence, k, prompt_len=len(PROMPT))
+            for k in range(1, 9)
+        ]
+
     want = {
         "tiny-draft": [replay_greedy(predictions, sequence, k, prompt_len=len(PROMPT)) for k in range(1, 9)],
-        "ngram": [
-            replay_proposals(lambda n, d: lookup.lookup(sequence[:n], d), sequence, k, prompt_len=len(PROMPT))
-            for k in range(1, 9)
-        ],
+        "ngram": replayed(lookup),
+        "suffix": replayed(suffix),  # without the request's own answer
     }
     # when
     rows = _measure(endpoint, "req-1")
     # then
-    assert [r.candidate for r in rows] == ["ngram", "tiny-draft"]
+    assert [r.candidate for r in rows] == ["ngram", "suffix", "tiny-draft"]
     for row in rows:
         assert row.status == "measured" and row.workload == "code", row.reason
         stats = want[row.candidate]
@@ -100,20 +118,28 @@ def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, 
         assert row.multiplier == expected
         assert row.best_multiplier == max(expected) and row.multiplier[row.best_k - 1] == max(expected)
     assert rows[0].counts[2][1] > 0  # the repeated text gives n-gram lookup something to accept
+    # the earlier answers give suffix decoding the first tokens (after "10 11" came "8"), which the prompt does not:
+    # at K = 2 one more accepted and one verification fewer; with its own answer it would have accepted every draft
+    assert rows[1].counts[1][1] > rows[0].counts[1][1] and rows[1].counts[1][2] < rows[0].counts[1][2]
+    own = SuffixIndex()
+    for key, answer in earlier.items():
+        own.add(key, answer)
+    leaked = replayed(SuffixProposer(own))
+    assert [s.target_passes for s in leaked] != [s.target_passes for s in want["suffix"]]
 
 
 def test_the_budget_sheds_what_does_not_fit_and_says_so(endpoint, settings):
-    settings.CANDIDATE_REPLAYS_PER_MINUTE = 3  # two candidates per request
+    settings.CANDIDATE_REPLAYS_PER_MINUTE = 4  # three candidates per request
 
     first = _measure(endpoint, "req-1")
     second = _measure(endpoint, "req-2")
     third = _measure(endpoint, "req-3")
 
-    assert [r.status for r in first] == ["measured", "measured"]
-    assert sorted(r.status for r in second) == ["measured", "shed"]
-    assert [r.status for r in third] == ["shed", "shed"]
+    assert [r.status for r in first] == ["measured", "measured", "measured"]
+    assert sorted(r.status for r in second) == ["measured", "shed", "shed"]
+    assert [r.status for r in third] == ["shed", "shed", "shed"]
     shed = next(r for r in second if r.status == "shed")
-    assert "budget of 3 candidate replays per minute" in shed.reason and shed.multiplier == []
+    assert "budget of 4 candidate replays per minute" in shed.reason and shed.multiplier == []
 
 
 def test_no_budget_means_no_candidate_replays(endpoint, settings):
@@ -165,10 +191,21 @@ def test_shadow_queues_the_candidates_in_the_background_and_the_task_writes_thei
     # when: the background task runs
     replay_candidates_task.apply(kwargs=job)
     rows = CandidateMeasurement.objects.filter(request_id="req-9")
-    assert sorted(rows.values_list("candidate", "workload")) == [("ngram", "faq"), ("tiny-draft", "faq")]
+    assert sorted(rows.values_list("candidate", "workload")) == [
+        ("ngram", "faq"),
+        ("suffix", "faq"),
+        ("tiny-draft", "faq"),
+    ]
     # the policy's own replay (n-gram, K = 3) agrees with the n-gram candidate's row at K = 3
     ngram = rows.get(candidate="ngram")
     assert ngram.counts[2] == [record.drafted_tokens, record.accepted_tokens, record.target_passes]
+    # shadow stored the answer for suffix decoding before the replays ran; the suffix row did not draft from it
+    # (the store had nothing else: it drafted from the request's own context only, as an empty store does)
+    assert "req-9" in suffix_store.index_for(endpoint.pk)
+    sequence = PROMPT + OUTPUT
+    alone = SuffixProposer(SuffixIndex())
+    want = replay_proposals(lambda n, d: alone.lookup(sequence[:n], d), sequence, 3, prompt_len=len(PROMPT))
+    assert rows.get(candidate="suffix").counts[2] == [want.drafted_tokens, want.accepted_tokens, want.target_passes]
 
 
 @pytest.mark.slow
@@ -251,9 +288,9 @@ def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
     _eagle_head(other_model_dir, tmp_path / "other-head", fingerprint, "other-head")
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(tiny_model_dir))
     endpoint.refresh_from_db()
-    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "tiny-draft"]  # no target
+    assert [c.name for c in candidates.compatible_candidates(endpoint)] == ["ngram", "suffix", "tiny-draft"]
     listed = candidates.compatible_candidates(endpoint, target_path=str(tiny_model_dir))
-    assert [c.name for c in listed] == ["ngram", "tiny-draft", "tiny-head"]
+    assert [c.name for c in listed] == ["ngram", "suffix", "tiny-draft", "tiny-head"]
     # when
     rows = {r.candidate: r for r in _measure(endpoint, "req-eagle")}
     # then: the head's row equals the engine's replay with the target's teacher-forced features
@@ -268,7 +305,7 @@ def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
     row = rows["tiny-head"]
     assert row.status == "measured" and row.kind == "eagle_head", row.reason
     assert row.counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
-    assert set(rows) == {"ngram", "tiny-draft", "tiny-head"}
+    assert set(rows) == {"ngram", "suffix", "tiny-draft", "tiny-head"}
 
 
 def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_of_shadow(
