@@ -2,12 +2,14 @@
 and against the per-workload oracle (issue 12's `bench_autopairing`).
 
 One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
-every candidate (n-gram and each --drafts directory sharing the target's tokenizer) is replayed on the answer at
-K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the
-target's EAGLE head (--eagle; its features from one teacher-forced pass of the target). The projected multiplier per
-request uses costs measured here once per candidate (speculation.engine.costs: the target's verification of n
-tokens and the draft's step, the fastest repeat; an EAGLE step is the head's layer + the target's LM head): the
-local path's cost model.
+every candidate (n-gram, suffix decoding over the answers earlier in the stream, and each --drafts directory sharing
+the target's tokenizer) is replayed on the answer at K = 1..8 with the same code shadow runs
+(speculation.worker.candidates.replay: exact for greedy), and so is the target's EAGLE head (--eagle; its features
+from one teacher-forced pass of the target). In a sharded run (--shard) suffix decoding's store holds the earlier
+answers of its own shard only, a lower bound of the whole stream's. The projected multiplier per request uses costs
+measured here once per candidate (speculation.engine.costs: the target's verification of n tokens and the draft's
+step, the fastest repeat; an EAGLE step is the head's layer + the target's LM head; a suffix lookup is timed over
+a store the size of the stream's prompts): the local path's cost model.
 
 Auto-pairing is simulated online with the product's own rule (speculation.selectors.autopairing: the table
 aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request r
@@ -34,15 +36,23 @@ from typing import Any
 
 from speculation.bench.autopairing_store import Measured, dump_measurements, load_measurements
 from speculation.bench.eagle import head_step_s
-from speculation.engine import DraftModelProposer, GenerationConfig, LocalTarget, NgramProposer, generate
+from speculation.engine import (
+    DraftModelProposer,
+    GenerationConfig,
+    LocalTarget,
+    NgramProposer,
+    SuffixIndex,
+    SuffixProposer,
+    generate,
+)
 from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
-from speculation.models import DraftKind, DraftModel, SpeculationPolicy
+from speculation.models import LOOKUP_KINDS, DraftKind, DraftModel, SpeculationPolicy
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
 from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
-from speculation.worker.candidates import K_RANGE, NGRAM, Candidate, replay
+from speculation.worker.candidates import K_RANGE, NGRAM, SUFFIX, Candidate, replay
 from speculation.worker.paths import resources
 from speculation.workloads.classifier import classify
 
@@ -66,8 +76,11 @@ def mixed_prompts(*, requests: int, seed: int, code_share: float) -> list[str]:
     return chosen
 
 
-def candidate_costs(target_dir: str, candidates: list[Candidate], context: list[int]) -> dict[str, StepCosts]:
-    """Per candidate: the local path's costs (target verification of n tokens; the candidate's draft step)."""
+def candidate_costs(
+    target_dir: str, candidates: list[Candidate], context: list[int], store: list[list[int]] = ()
+) -> dict[str, StepCosts]:
+    """Per candidate: the local path's costs (target verification of n tokens; the candidate's draft step). store:
+    token sequences a suffix lookup is timed over (the stream's prompts: a store of that size)."""
     target = resources.model(target_dir).model
     verify = time_verify(LocalTarget(target), context, [1, 2, 3, 5, 9])
     costs = {}
@@ -77,6 +90,11 @@ def candidate_costs(target_dir: str, candidates: list[Candidate], context: list[
             step = head_step_s(EagleProposer(head, target), context)
         else:
             proposer: Any = NgramProposer()
+            if candidate.kind == DraftKind.SUFFIX:
+                index = SuffixIndex()
+                for i, tokens in enumerate(store):
+                    index.add(f"s{i}", tokens)
+                proposer = SuffixProposer(index)
             if candidate.kind == DraftKind.DRAFT_MODEL:
                 model = resources.model(candidate.draft.path).model
                 proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
@@ -99,9 +117,10 @@ def measure(
     loaded = resources.model(target_dir)
     target = LocalTarget(loaded.model)
     encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
-    costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1])
+    costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1], store=encoded)
     kinds = {c.name: c.kind for c in candidates}
     measured: list[Measured] = []
+    answers = SuffixIndex()  # suffix decoding's store: the answers before this request in the stream (this shard's)
     mine = range(shard[0], len(prompts), shard[1])
     for index in mine:
         prompt, prompt_ids = prompts[index], encoded[index]
@@ -109,15 +128,23 @@ def measure(
         mult, tau, drafts = {}, {}, {}
         for candidate in candidates:
             per_k = replay(
-                candidate, prompt_ids=prompt_ids, output_ids=output, max_tokens=max_tokens, target_path=target_dir
+                candidate,
+                prompt_ids=prompt_ids,
+                output_ids=output,
+                max_tokens=max_tokens,
+                target_path=target_dir,
+                suffix=SuffixProposer(answers),
             )
             for k, stats in per_k.items():
                 steps = stats.mean_accepted_len or 1.0
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
-                mult[(candidate.name, k)] = costs[candidate.name].multiplier(tokens_per_step=steps, k=k_mean)
+                mult[(candidate.name, k)] = costs[candidate.name].multiplier(
+                    tokens_per_step=stats.tokens_per_pass, k=k_mean
+                )  # per target pass, steps that drafted nothing included
                 tau[(candidate.name, k)] = steps
                 drafts[(candidate.name, k)] = k_mean
         measured.append(Measured(classify(prompt), mult, tau, kinds=kinds, k_mean=drafts, index=index))
+        answers.add(f"r{index}", output)
         if len(measured) % SAVE_EVERY == 0 or len(measured) == len(mine):
             logger.info("measured %d of %d requests", len(measured), len(mine))
             if save is not None:
@@ -127,7 +154,7 @@ def measure(
 
 def _policy(choice: Choice) -> SpeculationPolicy:
     """An unsaved policy holding a pairing (what auto_decision reads: mechanism, draft name, K)."""
-    draft = None if choice.kind == DraftKind.NGRAM else DraftModel(name=choice.candidate, kind=choice.kind)
+    draft = None if choice.kind in LOOKUP_KINDS else DraftModel(name=choice.candidate, kind=choice.kind)
     return SpeculationPolicy(mechanism=choice.kind, draft=draft, k=choice.k)
 
 
@@ -137,7 +164,7 @@ def simulate(measured: list[Measured], *, first: tuple[str, int]) -> list[tuple[
     rows: list[dict[str, Any]] = []
     kinds = measured[0].kinds if measured else {}
     name, k = first
-    current = Choice(name, kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL), None, k, "",
+    current = Choice(name, kinds.get(name, name if name in LOOKUP_KINDS else DraftKind.DRAFT_MODEL), None, k, "",
                      from_evidence=False)  # fmt: skip
     chosen = []
     for i, request in enumerate(measured):
@@ -235,7 +262,7 @@ def run(
     save_measurements: Path | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
-    candidates = [Candidate(NGRAM, DraftKind.NGRAM)]
+    candidates = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     for directory in draft_dirs:
         name = f"draft:{Path(directory).parent.name}/{Path(directory).name}"
         candidates.append(Candidate(name, DraftKind.DRAFT_MODEL, DraftModel(name=name, path=directory)))

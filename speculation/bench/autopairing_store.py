@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from speculation.engine.projection import StepCosts
-from speculation.models import CandidateStatus, DraftKind
-from speculation.worker.candidates import K_RANGE, NGRAM
+from speculation.models import LOOKUP_KINDS, CandidateStatus, DraftKind
+from speculation.worker.candidates import K_RANGE
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Measured:
     workload: str
     multiplier: dict[tuple[str, int], float]  # (candidate, K) -> projected multiplier on this request
     tokens_per_step: dict[tuple[str, int], float]
-    kinds: dict[str, str] = field(default_factory=dict)  # candidate -> kind (default: ngram / draft_model by name)
+    kinds: dict[str, str] = field(default_factory=dict)  # candidate -> kind (default: a lookup's / draft_model by name)
     k_mean: dict[tuple[str, int], float] = field(default_factory=dict)  # drafts per verification (costs again)
     index: int = 0  # the prompt's place in the mixed stream (shards merge in this order)
 
@@ -30,7 +30,7 @@ class Measured:
             {
                 "workload": self.workload,
                 "candidate": name,
-                "kind": self.kinds.get(name, DraftKind.NGRAM if name == NGRAM else DraftKind.DRAFT_MODEL),
+                "kind": self.kinds.get(name, name if name in LOOKUP_KINDS else DraftKind.DRAFT_MODEL),
                 "draft_id": None,
                 "status": CandidateStatus.MEASURED,
                 "multiplier": [self.multiplier.get((name, k)) for k in K_RANGE],

@@ -66,6 +66,13 @@ class SpecStats:
         return (self.accepted_tokens + self.drafts) / self.drafts if self.drafts else 0.0
 
     @property
+    def tokens_per_pass(self) -> float:
+        """Tokens committed per target pass after the prefill, steps that drafted nothing included: what a speed
+        projection divides by the cost of the average pass (mean_accepted_len counts the drafting steps only, so
+        for a lookup that finds a draft on few steps it is far above what the target's passes deliver)."""
+        return 1.0 + self.accepted_tokens / self.target_passes if self.target_passes else 1.0
+
+    @property
     def tok_s(self) -> float:
         return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 

@@ -12,8 +12,10 @@ past ``max_sequences``, indexed by their n-grams of length 1..``max_match`` (a b
 per n-gram). ``SuffixProposer`` drafts from an index and the request's own context:
 
 1. the longest suffix of the context (up to ``max_match`` tokens) that occurs in the index or earlier in the
-   context; no match, no draft;
-2. from the occurrences of that suffix, token by token: the continuation most of them agree on (ties: the latest
+   context; no match, no draft. Its occurrences are then compared further back (up to ``MAX_DEPTH`` tokens, as
+   SuffixDecoding's tree depth) and only those matching the longest stretch are kept: two places that share the
+   last few tokens but not what came before them do not vote against each other;
+2. from the occurrences kept, token by token: the continuation most of them agree on (ties: the latest
    occurrence), keeping only the occurrences that agree, and stopping where the winner's share is under
    ``min_token_prob`` (SuffixDecoding's frequency cut), at ``max_spec_factor`` x the match length, or at k.
 
@@ -34,7 +36,8 @@ from torch import Tensor
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams
 
-MAX_MATCH = 6  # the longest suffix looked up (tokens)
+MAX_MATCH = 6  # the longest suffix looked up in the index (tokens)
+MAX_DEPTH = 32  # how far back the occurrences found are compared with the context
 MAX_OCCURRENCES = 32  # latest positions kept per n-gram (and voted over)
 MIN_TOKEN_PROB = 0.1  # SuffixDecoding's default: stop where the best continuation has less support
 MAX_SPEC_FACTOR = 2.0  # at most this x the match length drafted (SuffixDecoding's spec factor)
@@ -101,6 +104,16 @@ class SuffixIndex:
             return found
 
 
+def _match_len(sequence: tuple[int, ...], at: int, committed: list[int]) -> int:
+    """How many tokens before sequence[at] equal the context's last ones (up to MAX_DEPTH)."""
+    n_tokens, length = len(committed), 0
+    while length < MAX_DEPTH and length < at and length < n_tokens:
+        if sequence[at - length - 1] != committed[n_tokens - length - 1]:
+            break
+        length += 1
+    return length
+
+
 class SuffixProposer:
     """Drafts the most frequent earlier continuation of the context's longest matching suffix (see the module)."""
 
@@ -144,7 +157,10 @@ class SuffixProposer:
             suffix = tuple(committed[n_tokens - n :])
             found = self.index.occurrences(suffix, self.exclude) + self._in_context(committed, suffix)
             if found:
-                return self._follow(found, min(k, max(1, int(self.max_spec_factor * n))))
+                lengths = [_match_len(sequence, at, committed) for sequence, at in found]
+                best = max(lengths)
+                found = [f for f, length in zip(found, lengths, strict=True) if length == best]
+                return self._follow(found, min(k, max(1, int(self.max_spec_factor * best))))
         return []
 
     @staticmethod

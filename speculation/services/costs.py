@@ -58,7 +58,12 @@ def project_pending_records(*, calibration: CostCalibration, tag: str, pending: 
         k = record.drafted_tokens / record.target_passes if record.target_passes else float(record.k or 0)
         head = record.reason.split(pending, 1)[0]
         verified = _tree_verified(record, head, tree, k)
-        multiplier = costs.multiplier(tokens_per_step=record.mean_accepted_len or 1.0, k=k, verified=verified)
+        per_pass = (
+            1.0 + (record.accepted_tokens or 0) / record.target_passes
+            if record.target_passes
+            else record.mean_accepted_len or 1.0
+        )  # tokens per target pass, steps that drafted nothing included (SpecStats.tokens_per_pass)
+        multiplier = costs.multiplier(tokens_per_step=per_pass, k=k, verified=verified)
         record.multiplier = multiplier
         record.tok_s = record.baseline_tok_s * multiplier if record.baseline_tok_s else None
         record.reason = f"{head}{projection_basis(calibration, k=k)}, stored after this record"

@@ -146,7 +146,8 @@ def evidence_row(
     costs = _costs(endpoint_id, node_class, choice.draft_id, path)
     per_k: dict[str, list[Any]] = {name: [None] * MAX_PROJECTED_K for name in ("mal", "mult", "counts", "pos")}
     per_k["mal"][k - 1] = round(tau, 4)
-    per_k["mult"][k - 1] = round(costs.multiplier(tokens_per_step=tau, k=k_mean), 4) if costs else None
+    per_pass = stats.tokens_per_pass  # steps that drafted nothing included
+    per_k["mult"][k - 1] = round(costs.multiplier(tokens_per_step=per_pass, k=k_mean), 4) if costs else None
     per_k["counts"][k - 1] = [stats.drafted_tokens, stats.accepted_tokens, stats.target_passes]
     per_k["pos"][k - 1] = [round(a, 4) for a in stats.alpha_per_position]
     return CandidateMeasurement.objects.create(

@@ -195,8 +195,9 @@ def measured_fields(
         k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
         verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k) if tree is not None else None
         mal.append(round(tau, 4))
+        per_pass = stats.tokens_per_pass  # steps that drafted nothing count (a lookup that found nothing)
         mult.append(
-            round(costs.multiplier(tokens_per_step=tau, k=k_mean, verified=verified), 4) if costs is not None else None
+            round(costs.multiplier(tokens_per_step=per_pass, k=k_mean, verified=verified), 4) if costs else None
         )
         counts.append([stats.drafted_tokens, stats.accepted_tokens, stats.target_passes])
         positions.append([round(a, 4) for a in stats.alpha_per_position])

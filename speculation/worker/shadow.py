@@ -211,9 +211,9 @@ def _measure_greedy(shadowed: Shadowed) -> None:
         projected, basis = shadowed.project_modeled(controller, stats)
         shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
         return
-    tau = stats.mean_accepted_len or 1.0  # no drafts at all: one token per step, as plain decoding
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
-    projected, basis = shadowed.project(tokens_per_step=tau, k=k_mean)
+    # per target pass, steps that drafted nothing included (stats.tokens_per_pass)
+    projected, basis = shadowed.project(tokens_per_step=stats.tokens_per_pass, k=k_mean)
     shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
 
 
@@ -232,14 +232,13 @@ def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, An
     tree = TreeShape.from_policy(policy.eagle_tree)
     head = policy.draft.path
     stats = replay_eagle_head(head, sequence, (k,), target_path=policy.target_path, tree=tree, common=common)[k]
-    tau = stats.mean_accepted_len or 1.0
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     how = "greedy replay (exact) of the EAGLE head"
     verified = None
     if tree is not None:  # one verification checks every node: S = E[N] / (v(nodes) + depth c)
         verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k)
         how += f" {TREE_REPLAY} {policy.eagle_tree} (depth min(depth, K), verified against the known output)"
-    projected, basis = shadowed.project(tokens_per_step=tau, k=k_mean, verified=verified)
+    projected, basis = shadowed.project(tokens_per_step=stats.tokens_per_pass, k=k_mean, verified=verified)
     shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
 
 

@@ -90,3 +90,22 @@ def test_the_command_refuses_a_file_that_is_not_measurements_with_exit_code_2(tm
     with pytest.raises(CommandError, match="unknown demo pair version") as raised:
         call_command("bench_autopairing", "--demo-version", "demo-v99", "--requests", "1")
     assert raised.value.returncode == 2
+
+
+def test_suffix_decodings_store_in_the_bench_holds_the_answers_before_each_request(tiny_model_dir):
+    from speculation.bench.autopairing import measure
+    from speculation.models import DraftKind
+    from speculation.worker.candidates import Candidate
+
+    # given: the same prompt three times, then another (greedy answers: the repeats answer the same)
+    candidates = [Candidate("ngram", DraftKind.NGRAM), Candidate("suffix", DraftKind.SUFFIX)]
+    prompts = ["the quick brown fox"] * 3 + ["over the lazy dog"]
+    # when
+    measured, costs = measure(target_dir=str(tiny_model_dir), candidates=candidates, prompts=prompts, max_tokens=24)
+    # then: the first request has no earlier answer (suffix decoding is prompt lookup there, at most); the repeats
+    # draft the first answer (the store holds answers, not prompts: the first step finds nothing), so they project
+    # far above prompt lookup on the same request, which finds a draft on few steps
+    mult = [m.multiplier for m in measured]
+    assert mult[0][("suffix", 4)] < mult[1][("suffix", 4)] == mult[2][("suffix", 4)]
+    assert mult[1][("suffix", 4)] > 1.5 * mult[1][("ngram", 4)]
+    assert set(costs) == {"ngram", "suffix"} and costs["suffix"].draft_step_s > 0

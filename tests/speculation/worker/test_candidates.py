@@ -112,7 +112,7 @@ def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, 
         assert row.per_position == [[round(a, 4) for a in s.alpha_per_position] for s in stats]
         k_means = [s.drafted_tokens / s.target_passes for s in stats]
         expected = [
-            round(COSTS.multiplier(tokens_per_step=s.mean_accepted_len or 1.0, k=km), 4)
+            round(COSTS.multiplier(tokens_per_step=s.tokens_per_pass, k=km), 4)
             for s, km in zip(stats, k_means, strict=True)
         ]
         assert row.multiplier == expected
@@ -258,7 +258,7 @@ def test_a_mixed_stream_ends_with_a_different_winner_per_workload_matching_a_bru
                             draft_greedy_predictions(draft_model, seq), seq, k, prompt_len=len(prompt)
                         )
                     k_mean = stats.drafted_tokens / stats.target_passes
-                    values.append(round(COSTS.multiplier(tokens_per_step=stats.mean_accepted_len or 1.0, k=k_mean), 4))
+                    values.append(round(COSTS.multiplier(tokens_per_step=stats.tokens_per_pass, k=k_mean), 4))
                 means[(name, k)] = sum(values) / len(values)
         brute[workload] = max(means, key=lambda key: (means[key], -key[1]))
     got = {w: (e["recommendation"].candidate, e["recommendation"].k) for w, e in table["workloads"].items()}

@@ -130,9 +130,9 @@ def test_shadow_replays_the_policys_draft_tree_and_projects_the_verification_of_
     # and its projection pays one verification of all the tree's nodes per step (12 at depth 4), not K + 1 tokens
     k_mean = tree.drafted_tokens / tree.target_passes
     nodes = k_mean * TREE["nodes"] / TREE["depth"]
-    want = MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean, verified=nodes)
+    want = MEASURED.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean, verified=nodes)
     assert record.multiplier == pytest.approx(want)
-    assert record.multiplier < MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean)
+    assert record.multiplier < MEASURED.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean)
 
 
 def test_a_tree_record_projected_late_pays_the_verification_of_every_node_as_the_on_time_projection(
@@ -159,9 +159,9 @@ def test_a_tree_record_projected_late_pays_the_verification_of_every_node_as_the
     k_mean = tree.drafted_tokens / tree.target_passes
     nodes = k_mean * TREE["nodes"] / TREE["depth"]
     costs = row.step_costs()
-    assert record.multiplier == pytest.approx(costs.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean,
+    assert record.multiplier == pytest.approx(costs.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean,
                                                                verified=nodes))  # fmt: skip
-    assert record.multiplier < costs.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean)
+    assert record.multiplier < costs.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean)
 
 
 def test_without_a_tree_shadow_replays_the_heads_chain(tree_policy, target_dir, head_dir):
@@ -178,7 +178,7 @@ def test_without_a_tree_shadow_replays_the_heads_chain(tree_policy, target_dir, 
     assert (record.drafted_tokens, record.accepted_tokens) == (chain.drafted_tokens, chain.accepted_tokens)
     assert "tree" not in record.reason
     k_mean = chain.drafted_tokens / chain.target_passes
-    assert record.multiplier == pytest.approx(MEASURED.multiplier(tokens_per_step=chain.mean_accepted_len, k=k_mean))
+    assert record.multiplier == pytest.approx(MEASURED.multiplier(tokens_per_step=chain.tokens_per_pass, k=k_mean))
 
 
 def test_a_head_without_the_target_in_the_worker_is_recorded_as_not_replayed(tree_policy, target_dir):
@@ -230,5 +230,5 @@ def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy,
     assert row.counts[K - 1] == [tree.drafted_tokens, tree.accepted_tokens, tree.target_passes]
     assert row.counts[K - 1] != [chain.drafted_tokens, chain.accepted_tokens, chain.target_passes]
     k_mean = tree.drafted_tokens / tree.target_passes
-    want = MEASURED.multiplier(tokens_per_step=tree.mean_accepted_len, k=k_mean, verified=k_mean * 12 / 4)
+    want = MEASURED.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean, verified=k_mean * 12 / 4)
     assert row.multiplier[K - 1] == pytest.approx(want, abs=1e-4)
