@@ -1,8 +1,9 @@
 """``python -m speculation.bench``: ACE's speculative decoding against plain decoding and Hugging Face.
 
 One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
-the demo pair: plain target decoding; ACE speculation with the draft model and with n-gram lookup, each at
-K=5 and with dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
+the demo pair: plain target decoding; ACE speculation with the draft model, with n-gram lookup and with suffix
+decoding (its store: the plain answers to the prompts run before, each prompt's own left out), each at K=5 and with
+dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
 constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and the demo target's EAGLE head as a
 chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built first when
 it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few minutes
@@ -34,6 +35,8 @@ from speculation.engine import (
     LocalTarget,
     NgramProposer,
     SpecStats,
+    SuffixIndex,
+    SuffixProposer,
     Transformer,
     TreeLookahead,
     generate,
@@ -60,7 +63,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Mechanism:
-    name: str  # "plain" | "draft_model" | "ngram" | "hf_plain" | "hf_assisted" | "eagle" | "eagle_tree"
+    name: str  # "plain" | "draft_model" | "ngram" | "suffix" | "hf_plain" | "hf_assisted" | "eagle" | "eagle_tree"
     k: int | str | None  # eagle_tree: the tree shape's label (speculation/bench/trees.py)
 
 
@@ -70,6 +73,8 @@ MECHANISMS = [
     Mechanism("draft_model", "dynamic"),
     Mechanism("ngram", K),
     Mechanism("ngram", "dynamic"),
+    Mechanism("suffix", K),
+    Mechanism("suffix", "dynamic"),
     Mechanism("hf_plain", None),
     Mechanism("hf_assisted", K),
 ]
@@ -149,12 +154,23 @@ def is_looping(tokens: Sequence[Hashable]) -> bool:
 LOOKAHEADS: dict[Mechanism, DynamicLookahead] = {}  # dynamic K keeps its estimates across requests, as a server
 
 
+# Suffix decoding's store: the plain answers to the prompts run so far (each prompt's own left out of its run), as
+# an endpoint's store holds its earlier traffic's answers.
+ANSWERS = SuffixIndex()
+
+
+def answer_key(prompt: Prompt) -> str:
+    return ",".join(map(str, prompt.ids))
+
+
 def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Prompt, max_new: int, eos: int):
     config = GenerationConfig(max_new_tokens=max_new, k=K, dynamic_k=mech.k == "dynamic", stop_token_ids=(eos,))
     if mech.name == "plain":
         proposer = None
     elif mech.name == "draft_model":
         proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
+    elif mech.name == "suffix":
+        proposer = SuffixProposer(ANSWERS, exclude=answer_key(prompt))
     else:
         proposer = NgramProposer()
     lookahead = LOOKAHEADS.setdefault(mech, DynamicLookahead(k_max=K, k_start=K)) if config.dynamic_k else None
@@ -192,6 +208,7 @@ def summarise(stats: SpecStats) -> dict:
         "alpha": round(stats.alpha, 4),
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "mean_accepted_len": round(stats.mean_accepted_len, 4),
+        "tokens_per_pass": round(stats.tokens_per_pass, 4),
         "tok_s": round(stats.tok_s, 2),
         "output_tokens": stats.output_tokens,
         "target_passes": stats.target_passes,
@@ -272,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     draft_model.setup_cache(1024)
 
     warm_used = tree_lookahead.used
-    results, wall_s = run_interleaved(prompts, mechanisms, run)
+
+    def run_storing(mech: Mechanism, prompt: Prompt):
+        tokens, stats = run(mech, prompt)
+        if mech.name == "plain":  # later prompts' suffix runs draft from it (its own run leaves it out)
+            ANSWERS.add(answer_key(prompt), tokens)
+        return tokens, stats
+
+    results, wall_s = run_interleaved(prompts, mechanisms, run_storing)
     report = build_report(results, costs, prompts, max_new, pair, args)
     report["wall_s"] = wall_s
     print_table(report)

@@ -74,11 +74,16 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
         ("draft_model", "dynamic"),
         ("ngram", 5),
         ("ngram", "dynamic"),
+        ("suffix", 5),
+        ("suffix", "dynamic"),
         ("hf_plain", None),
         ("hf_assisted", 5),
     }
     assert {"code", "translation", "summarization", "qa", "math_reasoning", "rag"} <= set(report["categories"])
     assert "draft_model" in capsys.readouterr().out
+    # suffix decoding drafted from the answers to the prompts before (the first prompt's run had none)
+    suffix = next(r for r in report["runs"] if r["mechanism"] == "suffix" and r["k"] == 5)
+    assert suffix["greedy_identical"] is True and suffix["acceptance_rate"] > 0
 
 
 class _Built(Exception):
