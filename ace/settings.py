@@ -110,7 +110,7 @@ PROD_PREFIX_CACHE_MB = env_int("ACE_PREFIX_CACHE_MB", 256, minimum=0)
 # Suffix decoding (speculation.worker.suffix_store): per endpoint, the responses of this many recent shadowed and
 # prod requests are kept (in Redis, shared by the worker processes) to draft from; 0 = only the request's own
 # context is looked up (prompt lookup with frequency voting).
-SUFFIX_CACHE_REQUESTS = env_int("ACE_SUFFIX_CACHE_REQUESTS", 2000, minimum=0)
+SUFFIX_CACHE_REQUESTS = env_int("ACE_SUFFIX_CACHE_REQUESTS", 1000, minimum=0)
 # Greedy slots draft the K that pays at the current batch size (K = 0, plain batched decoding, among them).
 PROD_BATCH_LOAD_AWARE_K = env_bool("ACE_BATCH_LOAD_AWARE_K", True)
 # shadow's projection: how long a GPU worker reuses its measured step costs (c, v) before timing them again.

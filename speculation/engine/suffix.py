@@ -8,11 +8,11 @@ templated extraction, a model that quotes the same passages) accept long drafts;
 costs nearly nothing (a dictionary lookup per step, no model).
 
 ``SuffixIndex`` is the store: sequences of token ids (the earlier responses) under a key each, the oldest dropped
-past ``max_sequences``, indexed by their n-grams of length 1..``max_match`` (a bounded number of latest positions
-per n-gram). ``SuffixProposer`` drafts from an index and the request's own context:
+past ``max_sequences``, indexed by their n-grams of lengths 1, 2 and 4 (a bounded number of latest positions per
+n-gram). ``SuffixProposer`` drafts from an index and the request's own context:
 
-1. the longest suffix of the context (up to ``max_match`` tokens) that occurs in the index or earlier in the
-   context; no match, no draft. Its occurrences are then compared further back (up to ``MAX_DEPTH`` tokens, as
+1. the longest suffix of the context (of 4, 2 or 1 tokens) that occurs in the index or earlier in the context; no
+   match, no draft. Its occurrences are then compared further back (up to ``MAX_DEPTH`` tokens, as
    SuffixDecoding's tree depth) and only those matching the longest stretch are kept: two places that share the
    last few tokens but not what came before them do not vote against each other;
 2. from the occurrences kept, token by token: the continuation most of them agree on (ties: the latest
@@ -36,7 +36,8 @@ from torch import Tensor
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams
 
-MAX_MATCH = 6  # the longest suffix looked up in the index (tokens)
+KEY_LENGTHS = (1, 2, 4)  # the n-gram lengths the index keys (a match of 3 is looked up as 2 and compared back)
+STRIDE = 1 << 20  # a stored position is serial * STRIDE + offset (responses are cut at STRIDE - 1 tokens)
 MAX_DEPTH = 32  # how far back the occurrences found are compared with the context
 MAX_OCCURRENCES = 32  # latest positions kept per n-gram (and voted over)
 MIN_TOKEN_PROB = 0.1  # SuffixDecoding's default: stop where the best continuation has less support
@@ -44,19 +45,22 @@ MAX_SPEC_FACTOR = 2.0  # at most this x the match length drafted (SuffixDecoding
 
 
 class SuffixIndex:
-    """Earlier responses, looked up by their n-grams. Thread-safe: the worker's batch loop reads it while a
-    request's completion adds to it."""
+    """Earlier responses, looked up by their n-grams (lengths KEY_LENGTHS). Thread-safe: the worker's batch loop
+    reads it while a request's completion adds to it. Compact: an n-gram is keyed by its hash (an occurrence is
+    checked token by token when looked up), a position is one integer, and evicted responses' positions are swept
+    out by a rebuild once as many have gone as the index holds."""
 
-    def __init__(self, *, max_sequences: int = 2000, max_match: int = MAX_MATCH):
-        if max_sequences < 1 or max_match < 1:
-            raise ValueError("max_sequences and max_match must be >= 1")
-        self.max_sequences, self.max_match = max_sequences, max_match
-        self._sequences: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._ids: dict[str, int] = {}  # key -> a serial number (positions name it, so an evicted key is stale)
+    def __init__(self, *, max_sequences: int = 2000):
+        if max_sequences < 1:
+            raise ValueError("max_sequences must be >= 1")
+        self.max_sequences = max_sequences
+        self._sequences: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()  # key -> (tokens, serial)
         self._serial = 0
-        self._positions: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # n-gram -> [(serial, end)], latest last
-        self._by_serial: dict[int, tuple[int, ...]] = {}
-        self._serial_key: dict[int, str] = {}
+        self._stale = 0  # responses evicted since the last rebuild (their positions are skipped until then)
+        # hash(n-gram) -> a position serial * STRIDE + end (the n-gram ends at end - 1, sequence[end] follows) or a
+        # list of them, latest last
+        self._positions: dict[int, int | list[int]] = {}
+        self._by_serial: dict[int, tuple[tuple[int, ...], str]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -67,41 +71,64 @@ class SuffixIndex:
 
     @property
     def tokens(self) -> int:
-        return sum(len(s) for s in self._sequences.values())
+        return sum(len(s) for s, _ in self._sequences.values())
 
     def add(self, key: str, tokens: Iterable[int]) -> None:
         """Store a response under key (a key already stored is left as it is)."""
-        sequence = tuple(int(t) for t in tokens)
+        sequence = tuple(int(t) for t in tokens)[: STRIDE - 1]
         with self._lock:
             if key in self._sequences or len(sequence) < 2:
                 return
             self._serial += 1
-            serial = self._serial
-            self._sequences[key] = sequence
-            self._ids[key] = serial
-            self._by_serial[serial] = sequence
-            self._serial_key[serial] = key
-            for end in range(1, len(sequence)):  # the n-grams ending at end - 1, continued by sequence[end]
-                for n in range(1, min(self.max_match, end) + 1):
-                    slot = self._positions.setdefault(sequence[end - n : end], [])
-                    slot.append((serial, end))
-                    if len(slot) > MAX_OCCURRENCES:
-                        del slot[0]
+            self._sequences[key] = (sequence, self._serial)
+            self._by_serial[self._serial] = (sequence, key)
+            self._index(sequence, self._serial)
             while len(self._sequences) > self.max_sequences:
-                old, _ = self._sequences.popitem(last=False)
-                gone = self._ids.pop(old)
-                del self._by_serial[gone], self._serial_key[gone]
-                # positions naming a gone serial are skipped at lookup and age out of their bounded lists
+                _, (_, gone) = self._sequences.popitem(last=False)
+                del self._by_serial[gone]
+                self._stale += 1
+            if self._stale >= self.max_sequences:
+                self._rebuild()
+
+    def _index(self, sequence: tuple[int, ...], serial: int) -> None:
+        positions = self._positions
+        for end in range(1, len(sequence)):
+            position = serial * STRIDE + end
+            for n in KEY_LENGTHS:
+                if n > end:
+                    break
+                gram = hash(sequence[end - n : end])
+                found = positions.get(gram)
+                if found is None:
+                    positions[gram] = position
+                elif type(found) is int:
+                    positions[gram] = [found, position]
+                else:
+                    found.append(position)
+                    if len(found) > MAX_OCCURRENCES:
+                        del found[0]
+
+    def _rebuild(self) -> None:
+        self._positions = {}
+        for sequence, serial in self._sequences.values():
+            self._index(sequence, serial)
+        self._stale = 0
 
     def occurrences(self, suffix: tuple[int, ...], exclude: str = "") -> list[tuple[tuple[int, ...], int]]:
-        """(sequence, position after the suffix) for the stored occurrences of suffix, latest last."""
+        """(sequence, position after the suffix) for the stored occurrences of suffix (one of the key lengths),
+        latest last."""
+        n = len(suffix)
         with self._lock:
-            found = []
-            for serial, end in self._positions.get(suffix, ()):
-                sequence = self._by_serial.get(serial)
-                if sequence is not None and self._serial_key[serial] != exclude:
-                    found.append((sequence, end))
-            return found
+            found = self._positions.get(hash(suffix))
+            if found is None:
+                return []
+            out = []
+            for position in (found,) if type(found) is int else found:
+                stored = self._by_serial.get(position // STRIDE)
+                end = position % STRIDE
+                if stored is not None and stored[1] != exclude and stored[0][end - n : end] == suffix:
+                    out.append((stored[0], end))
+            return out
 
 
 def _match_len(sequence: tuple[int, ...], at: int, committed: list[int]) -> int:
@@ -124,19 +151,15 @@ class SuffixProposer:
         index: SuffixIndex | None = None,
         *,
         exclude: str = "",
-        max_match: int = MAX_MATCH,
         min_token_prob: float = MIN_TOKEN_PROB,
         max_spec_factor: float = MAX_SPEC_FACTOR,
     ):
-        if max_match < 1:
-            raise ValueError("max_match must be >= 1")
         if not 0.0 <= min_token_prob <= 1.0:
             raise ValueError("min_token_prob must be in [0, 1]")
         if max_spec_factor <= 0:
             raise ValueError("max_spec_factor must be > 0")
-        self.index = index if index is not None else SuffixIndex(max_match=max_match)
+        self.index = index if index is not None else SuffixIndex()
         self.exclude = exclude
-        self.max_match = min(max_match, self.index.max_match)
         self.min_token_prob, self.max_spec_factor = min_token_prob, max_spec_factor
         self.device = torch.device("cpu")
 
@@ -153,7 +176,9 @@ class SuffixProposer:
         n_tokens = len(committed)
         if k <= 0 or n_tokens == 0:
             return []
-        for n in range(min(self.max_match, n_tokens), 0, -1):
+        for n in reversed(KEY_LENGTHS):
+            if n > n_tokens:
+                continue
             suffix = tuple(committed[n_tokens - n :])
             found = self.index.occurrences(suffix, self.exclude) + self._in_context(committed, suffix)
             if found:
