@@ -35,11 +35,13 @@ from pathlib import Path
 
 from django.conf import settings
 
-from speculation.engine.suffix import MIN_TOKEN_PROB
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import LOOKUP_KINDS, DraftKind
 
 DEFAULT_K = 5
+# ACE's suffix decoding's frequency cut (speculation.engine.suffix.MIN_TOKEN_PROB; not imported: the web process
+# loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
+SUFFIX_MIN_TOKEN_PROB = 0.1
 # vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
 NGRAM_LOOKUP_MAX = 3
 NGRAM_LOOKUP_MIN = 1
@@ -127,7 +129,7 @@ def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tre
     elif draft_kind == DraftKind.SUFFIX:
         config.update(
             suffix_decoding_max_cached_requests=settings.SUFFIX_CACHE_REQUESTS,
-            suffix_decoding_min_token_prob=MIN_TOKEN_PROB,
+            suffix_decoding_min_token_prob=SUFFIX_MIN_TOKEN_PROB,
         )
         notes.append(
             "vLLM's suffix decoding needs Arctic Inference in the server's environment (pip install "

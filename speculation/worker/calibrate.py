@@ -25,6 +25,7 @@ from fleet.netpolicy import PinnedTransport
 from speculation.models import CandidateMeasurement, CandidateStatus
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.services.policies import get_policy
+from speculation.worker import suffix_store
 from speculation.worker.candidates import K_RANGE, measure_candidates
 from speculation.workloads.classifier import CATEGORY_OF
 
@@ -98,16 +99,18 @@ def calibrate(*, endpoint: Endpoint, sample: int, max_tokens: int) -> dict[str, 
         except Exception as exc:  # noqa: BLE001 - one prompt's failure is reported, the rest still runs
             errors[category].append(f"{type(exc).__name__}: {exc}")
             continue
+        request_id = f"calibrate-{uuid.uuid4().hex[:16]}"
         rows = measure_candidates(
             endpoint=endpoint,
             policy=policy,
-            request_id=f"calibrate-{uuid.uuid4().hex[:16]}",
+            request_id=request_id,
             workload=CATEGORY_OF.get(category, category),
             prompt_ids=prompt_ids,
             output_ids=output_ids,
             max_tokens=max_tokens,
             budgeted=False,
         )
+        suffix_store.remember(endpoint.pk, request_id, output_ids)  # the next prompts' suffix decoding drafts from it
         for row in rows:
             by_cell[(category, row.candidate)].append(row)
     client.close()

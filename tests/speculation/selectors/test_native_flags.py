@@ -43,6 +43,9 @@ def test_vllm_suffix_flags_size_the_servers_own_store_and_say_what_it_needs(sett
         "suffix_decoding_min_token_prob": 0.1,
     }
     assert any("Arctic Inference" in note for note in flags.notes)
+    from speculation.engine.suffix import MIN_TOKEN_PROB
+
+    assert flags.speculative_config["suffix_decoding_min_token_prob"] == MIN_TOKEN_PROB  # the server cuts as ACE does
 
 
 def test_sglang_has_no_suffix_decoding_and_says_where_it_runs():
