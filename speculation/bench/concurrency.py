@@ -128,6 +128,8 @@ def run_all(
     rounds: int = 1,
     loads: tuple[int, ...] = CONCURRENCY,
     wait: Callable[[], None] = settle,
+    mechanism: str = "draft_model",
+    fresh: bool = False,
 ) -> dict[str, dict[str, dict[str, Run]]]:
     """{"off" | "prod" | "plain": {"greedy" | "sampled": {"1" | "8" | "32": Run}}} (the keys: `loads`). Off and prod
     alternate round by round at each load (off, prod, prod, off, off, prod...: `rounds` of each, merged runs that keep
@@ -136,10 +138,15 @@ def run_all(
     them.
 
     The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
-    (call it last in a run)."""
+    (call it last in a run). mechanism: prod's (the demo draft, or a lookup: "ngram", "suffix"). fresh: every round
+    of a load sends prompts no earlier round sent (off's round r and prod's round r the same ones), so neither the
+    server's and ACE's prefix caches nor suffix decoding's store of earlier answers meets a prompt twice; else each
+    round sends the first prompts of the list again."""
+    offset = {"n": 0}  # fresh: where the next load's prompts start
 
     def one(name: str, kind: str, concurrency: int, index: int) -> Run:
-        batch = [prompts[i % len(prompts)] for i in range(requests[concurrency])]
+        start = offset["n"] + index * requests[concurrency] if fresh else 0
+        batch = [prompts[(start + i) % len(prompts)] for i in range(requests[concurrency])]
         run = run_once(
             stack, batch, concurrency=concurrency, max_tokens=max_tokens, sampling=SAMPLINGS[kind], prod=name != "off"
         )
@@ -152,7 +159,8 @@ def run_all(
     def mode(name: str) -> None:
         stack.set_policy("demo", mode="off" if name == "off" else "prod")
 
-    stack.set_demo_pairing(k=PROD_K)  # in full: left at its defaults, `--only concurrency` measured n-gram until 12-01
+    # in full: left at its defaults, `--only concurrency` measured n-gram until 12-01
+    stack.set_demo_pairing(k=PROD_K, mechanism=mechanism)
     run_once(stack, prompts[:1], concurrency=1, max_tokens=max_tokens, sampling={}, prod=True)  # warm: load models
     measured: dict[str, dict[str, dict[str, Run]]] = {"off": {}, "prod": {}}
     last_load = 0
@@ -170,6 +178,7 @@ def run_all(
                 for name in ("off", "prod") if index % 2 == 0 else ("prod", "off"):
                     mode(name)
                     runs[name].append(one(name, kind, concurrency, index))
+            offset["n"] += rounds * requests[concurrency]
             for name, done in runs.items():
                 measured[name].setdefault(kind, {})[str(concurrency)] = merge(done)
     stack.restart_worker(extra_env={"ACE_PROD_PLAIN": "true"})  # the same path at K = 0: the engine's plain decoding

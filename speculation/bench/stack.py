@@ -153,11 +153,12 @@ class BenchStack:
             raise RuntimeError(f"policy {fields} refused: {response.text}")
         return response.json()
 
-    def set_demo_pairing(self, endpoint: str = "demo", *, k: int = 5) -> dict:
+    def set_demo_pairing(self, endpoint: str = "demo", *, k: int = 5, mechanism: str = "draft_model") -> dict:
         """Prod with the run command's demo pairing, set in full (the demo draft at K on the local path): a policy left
-        at its defaults would run n-gram lookup."""
+        at its defaults would run n-gram lookup. mechanism "suffix" or "ngram": that lookup instead of the draft."""
+        draft = "demo-draft" if mechanism == "draft_model" else None
         return self.set_policy(
-            endpoint, mode="prod", mechanism="draft_model", draft="demo-draft", k=k, path="local",
+            endpoint, mode="prod", mechanism=mechanism, draft=draft, k=k, path="local",
             target_path=str(self.target_dir),
         )  # fmt: skip
 

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import platform
+import random
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,6 +67,18 @@ class Command(BaseCommand):
             "in the first rounds and acts in the later ones; default 3)",
         )
         parser.add_argument(
+            "--mechanism",
+            choices=("draft_model", "suffix", "ngram"),
+            default="draft_model",
+            help="concurrency: what prod drafts with (default: the demo draft, the run command's pairing)",
+        )
+        parser.add_argument(
+            "--fresh-prompts",
+            action="store_true",
+            help="concurrency: every round sends prompts no earlier round sent (no prefix-cache or suffix-store hits "
+            "from repeats); default: each round repeats the first prompts",
+        )
+        parser.add_argument(
             "--concurrency-streams",
             default=",".join(str(c) for c in concurrency_bench.CONCURRENCY),
             help="concurrency: the loads (streams at once) to run, comma-separated (default 1,8,32)",
@@ -82,6 +95,8 @@ class Command(BaseCommand):
         only: str,
         concurrency_rounds: int,
         concurrency_streams: str,
+        mechanism: str = "draft_model",
+        fresh_prompts: bool = False,
         **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
@@ -107,8 +122,14 @@ class Command(BaseCommand):
             "concurrency_max_tokens": 32 if quick else 64,
             "concurrency_rounds": concurrency_rounds,
             "concurrency_loads": loads,
+            "concurrency_mechanism": mechanism,
+            "concurrency_fresh_prompts": fresh_prompts,
         }
         prompts = [p for _, p in load_prompts(Path(dataset), per_category=plan["prod_prompts"])]
+        self.concurrency_prompts = prompts
+        if fresh_prompts:  # enough for every round of every load (Spec-Bench has 480), categories mixed
+            self.concurrency_prompts = [p for _, p in load_prompts(Path(dataset), per_category=40)]
+            random.Random(0).shuffle(self.concurrency_prompts)
         sections = {name.strip() for name in only.split(",") if name.strip()}
         if sections - {"shadow_vs_prod", "concurrency"}:
             raise CommandError(f"--only takes shadow_vs_prod and/or concurrency, not {only!r}", returncode=2)
@@ -240,12 +261,14 @@ class Command(BaseCommand):
             out["prod_multiplier"]["native"], out["native"] = self._native(stack, run, off_tps)
         measured = concurrency_bench.run_all(  # last: it leaves the worker at K = 0
             stack,
-            prompts,
+            self.concurrency_prompts,
             requests=plan["concurrency_requests"],
             max_tokens=plan["concurrency_max_tokens"],
             log=self.stderr.write,
             rounds=plan["concurrency_rounds"],
             loads=plan["concurrency_loads"],
+            mechanism=plan["concurrency_mechanism"],
+            fresh=plan["concurrency_fresh_prompts"],
         )
         out["concurrency"] = concurrency_bench.shape(measured)
         return out
@@ -259,12 +282,14 @@ class Command(BaseCommand):
         if "concurrency" in sections:
             measured = concurrency_bench.run_all(
                 stack,
-                prompts,
+                self.concurrency_prompts,
                 requests=plan["concurrency_requests"],
                 max_tokens=plan["concurrency_max_tokens"],
                 log=self.stderr.write,
                 rounds=plan["concurrency_rounds"],
                 loads=plan["concurrency_loads"],
+                mechanism=plan["concurrency_mechanism"],
+                fresh=plan["concurrency_fresh_prompts"],
             )
             out["concurrency"] = concurrency_bench.shape(measured)
         return out

@@ -247,3 +247,38 @@ def test_bench_gateway_takes_loads_in_order_once_each():
     from speculation.management.commands.bench_gateway import _loads
 
     assert _loads("1, 8,32,8") == (1, 8, 32)
+
+
+def test_fresh_prompts_never_repeat_across_rounds_and_loads_and_off_and_prod_share_each_rounds(monkeypatch):
+    from types import SimpleNamespace
+
+    from speculation.bench import concurrency
+
+    sent: list[tuple[str, int, tuple[str, ...]]] = []  # (mode, concurrency, prompts) per measured greedy round
+    state = {"mode": "", "pairing": None}
+
+    def run_once(stack, prompts, *, concurrency, max_tokens, sampling, prod, endpoint="demo"):
+        if (len(prompts) > 1 or concurrency > 1) and sampling == {"temperature": 0.0} and not state.get("k0"):
+            sent.append((state["mode"], concurrency, tuple(prompts)))
+        return Run(tok_s=1.0, latencies_s=[1.0], tokens=1, wall_s=1.0)
+
+    stack = SimpleNamespace(
+        set_policy=lambda name, **fields: state.update(mode=fields["mode"]),
+        set_demo_pairing=lambda **fields: state.update(mode="prod", pairing=fields),
+        restart_worker=lambda **_: state.update(k0=True),
+        restart_ace=lambda **_: None,
+    )
+    monkeypatch.setattr(concurrency, "run_once", run_once)
+    pool = [f"p{i}" for i in range(200)]
+    concurrency.run_all(
+        stack, pool, requests={1: 4, 8: 16}, max_tokens=4, log=lambda _: None, rounds=3, loads=(1, 8),
+        wait=lambda: None, mechanism="suffix", fresh=True,
+    )  # fmt: skip
+    assert state["pairing"] == {"k": concurrency.PROD_K, "mechanism": "suffix"}
+    by_round: dict[tuple[int, int], set[tuple[str, ...]]] = {}
+    for i, (_, load, prompts) in enumerate(sent):
+        by_round.setdefault((load, i // 2), set()).add(prompts)
+    assert all(len(both) == 1 for both in by_round.values())  # off's round and prod's round: the same prompts
+    rounds = [next(iter(both)) for both in by_round.values()]
+    flat = [p for prompts in rounds for p in prompts]
+    assert len(rounds) == 6 and len(flat) == len(set(flat)) == 3 * 4 + 3 * 16  # no prompt twice
