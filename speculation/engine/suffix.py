@@ -61,6 +61,7 @@ class SuffixIndex:
         # list of them, latest last
         self._positions: dict[int, int | list[int]] = {}
         self._by_serial: dict[int, tuple[tuple[int, ...], str]] = {}
+        self._rebuilding = False
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -87,8 +88,10 @@ class SuffixIndex:
                 _, (_, gone) = self._sequences.popitem(last=False)
                 del self._by_serial[gone]
                 self._stale += 1
-            if self._stale >= self.max_sequences:
-                self._rebuild()
+            if self._stale < self.max_sequences or self._rebuilding:
+                return
+            self._rebuilding, live = True, list(self._sequences.values())
+        self._rebuild(live)
 
     def _index(self, sequence: tuple[int, ...], serial: int) -> None:
         positions = self._positions
@@ -108,11 +111,18 @@ class SuffixIndex:
                     if len(found) > MAX_OCCURRENCES:
                         del found[0]
 
-    def _rebuild(self) -> None:
-        self._positions = {}
-        for sequence, serial in self._sequences.values():
-            self._index(sequence, serial)
-        self._stale = 0
+    def _rebuild(self, live: list[tuple[tuple[int, ...], int]]) -> None:
+        """A fresh index of the live answers, built outside the lock (lookups go on meanwhile), then swapped in
+        with the answers added during the build indexed into it too."""
+        fresh = SuffixIndex(max_sequences=self.max_sequences)
+        for sequence, serial in live:
+            fresh._index(sequence, serial)
+        built_upto = max((serial for _, serial in live), default=0)
+        with self._lock:
+            for sequence, serial in self._sequences.values():
+                if serial > built_upto:
+                    fresh._index(sequence, serial)
+            self._positions, self._stale, self._rebuilding = fresh._positions, 0, False
 
     def occurrences(self, suffix: tuple[int, ...], exclude: str = "") -> list[tuple[tuple[int, ...], int]]:
         """(sequence, position after the suffix) for the stored occurrences of suffix (one of the key lengths),

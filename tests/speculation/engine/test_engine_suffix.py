@@ -89,3 +89,14 @@ def test_a_target_that_repeats_an_earlier_answer_accepts_long_drafts_from_the_st
     assert warm.tokens == cold.tokens == first
     assert warm.stats.acceptance_rate > 0.8
     assert warm.stats.target_passes <= 12 < cold.stats.target_passes
+
+
+def test_evicted_answers_leave_the_index_once_as_many_have_gone_as_it_holds():
+    index = SuffixIndex(max_sequences=3)
+    for i in range(9):  # 6 evicted: two sweeps
+        index.add(f"r{i}", [1000 + i, 2000 + i, 3000 + i])
+    assert len(index) == 3
+    assert index.occurrences((1000,)) == [] and index.occurrences((1008,)) == [((1008, 2008, 3008), 1)]
+    # only the live answers' n-grams are keyed: 3 answers x (2 one-grams + 1 two-gram)
+    assert len(index._positions) == 3 * 3
+    assert SuffixProposer(index).lookup([5, 1007], 2) == [2007, 3007]

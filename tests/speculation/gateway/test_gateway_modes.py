@@ -179,6 +179,39 @@ def test_prod_local_path_gives_the_same_tokens_as_off(endpoint, draft, demo_pair
     assert [(r.action, r.path) for r in records] == [("speculated", "local")] * 2
 
 
+def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_tokens_as_off(
+    endpoint, demo_pair, celery_worker, gateway_client
+):
+    import redis
+    from django.conf import settings
+
+    from speculation.worker import suffix_store
+
+    # given: suffix decoding in shadow, its store empty; one request measured (the worker stores its answer)
+    suffix_store.forget(endpoint.pk, redis_too=True)
+    common = {"mechanism": "suffix", "k": K, "path": "local", "target_path": str(demo_pair.target_dir)}
+    update_policy(endpoint=endpoint, mode="shadow", shadow_sample_rate=1.0, **common)
+    off = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
+    [shadowed] = _records(endpoint, count=1, mode="shadow")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + 30
+    while int(client.get(suffix_store.COUNT_KEY.format(endpoint_id=endpoint.pk)) or 0) < 1:
+        assert time.monotonic() < deadline, "shadow did not store the answer"
+        time.sleep(0.1)
+    # when: prod on the local path with suffix decoding, the same question again
+    update_policy(endpoint=endpoint, mode="prod", **common)
+    prod = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=True)
+    # then: the tokens of off; the worker drafted the stored answer and the target accepted most of it (the first
+    # step finds nothing: the store holds answers, not prompts)
+    assert prod == off
+    [record] = _records(endpoint, count=1, mode="prod")
+    assert (record.action, record.path, record.mechanism) == ("speculated", "local", "suffix")
+    assert record.accepted_tokens >= 0.8 * record.drafted_tokens > 0
+    assert record.target_passes * 2 <= record.output_tokens
+    # shadow's own replay had no earlier answer to draft from (its own left out)
+    assert shadowed.accepted_tokens < record.accepted_tokens
+
+
 @pytest.fixture
 def eagle_head(demo_pair, tmp_path):
     """The demo target's EAGLE head: the trained one when the demo build made it, else one saved untrained for the
