@@ -80,7 +80,8 @@ def candidate_costs(
     target_dir: str, candidates: list[Candidate], context: list[int], store: list[list[int]] = ()
 ) -> dict[str, StepCosts]:
     """Per candidate: the local path's costs (target verification of n tokens; the candidate's draft step). store:
-    token sequences a suffix lookup is timed over (the stream's prompts: a store of that size)."""
+    token sequences a suffix lookup is timed over (the stream's prompts: a store of that size). A lookup's step
+    grows with the context it scans, so n-gram and suffix decoding are timed over the longest of them."""
     target = resources.model(target_dir).model
     verify = time_verify(LocalTarget(target), context, [1, 2, 3, 5, 9])
     costs = {}
@@ -98,7 +99,8 @@ def candidate_costs(
             if candidate.kind == DraftKind.DRAFT_MODEL:
                 model = resources.model(candidate.draft.path).model
                 proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
-            step = time_draft_step(proposer, context)
+            lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
+            step = time_draft_step(proposer, lookup_context or context)
         costs[candidate.name] = StepCosts(target_step_s=verify[1], draft_step_s=step, verify_s=verify)
     return costs
 
