@@ -41,7 +41,7 @@ STRIDE = 1 << 20  # a stored position is serial * STRIDE + offset (responses are
 MAX_DEPTH = 32  # how far back the occurrences found are compared with the context
 MAX_OCCURRENCES = 32  # latest positions kept per n-gram (and voted over)
 MIN_TOKEN_PROB = 0.1  # SuffixDecoding's default: stop where the best continuation has less support
-MAX_SPEC_FACTOR = 2.0  # at most this x the match length drafted (SuffixDecoding's spec factor)
+MAX_SPEC_FACTOR = 2.0  # at most this x the match length drafted (SuffixDecoding's spec factor; vLLM's default 1.0)
 
 
 class SuffixIndex:

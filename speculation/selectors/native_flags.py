@@ -39,9 +39,10 @@ from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import LOOKUP_KINDS, DraftKind
 
 DEFAULT_K = 5
-# ACE's suffix decoding's frequency cut (speculation.engine.suffix.MIN_TOKEN_PROB; not imported: the web process
-# loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
+# ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
+# not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
 SUFFIX_MIN_TOKEN_PROB = 0.1
+SUFFIX_MAX_SPEC_FACTOR = 2.0
 # vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
 NGRAM_LOOKUP_MAX = 3
 NGRAM_LOOKUP_MIN = 1
@@ -130,6 +131,7 @@ def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tre
         config.update(
             suffix_decoding_max_cached_requests=settings.SUFFIX_CACHE_REQUESTS,
             suffix_decoding_min_token_prob=SUFFIX_MIN_TOKEN_PROB,
+            suffix_decoding_max_spec_factor=SUFFIX_MAX_SPEC_FACTOR,
         )
         notes.append(
             "vLLM's suffix decoding needs Arctic Inference in the server's environment (pip install "

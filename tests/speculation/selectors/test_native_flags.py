@@ -41,11 +41,16 @@ def test_vllm_suffix_flags_size_the_servers_own_store_and_say_what_it_needs(sett
         "num_speculative_tokens": 4,
         "suffix_decoding_max_cached_requests": 500,
         "suffix_decoding_min_token_prob": 0.1,
+        "suffix_decoding_max_spec_factor": 2.0,
     }
     assert any("Arctic Inference" in note for note in flags.notes)
-    from speculation.engine.suffix import MIN_TOKEN_PROB
+    from speculation.engine.suffix import MAX_SPEC_FACTOR, MIN_TOKEN_PROB
 
-    assert flags.speculative_config["suffix_decoding_min_token_prob"] == MIN_TOKEN_PROB  # the server cuts as ACE does
+    config = flags.speculative_config  # the server cuts and sizes its drafts as ACE does
+    assert (config["suffix_decoding_min_token_prob"], config["suffix_decoding_max_spec_factor"]) == (
+        MIN_TOKEN_PROB,
+        MAX_SPEC_FACTOR,
+    )
 
 
 def test_sglang_has_no_suffix_decoding_and_says_where_it_runs():
