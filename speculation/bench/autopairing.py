@@ -135,7 +135,7 @@ def measure(
                 output_ids=output,
                 max_tokens=max_tokens,
                 target_path=target_dir,
-                suffix=SuffixProposer(answers),
+                lookup=SuffixProposer(answers) if candidate.kind == DraftKind.SUFFIX else None,
             )
             for k, stats in per_k.items():
                 steps = stats.mean_accepted_len or 1.0

@@ -49,6 +49,7 @@ _EXPORTS = {
     "Transformer": "model",
     "init_weights": "model",
     "DraftModelProposer": "proposers",
+    "LookupProposer": "proposers",
     "NgramProposer": "proposers",
     "SuffixIndex": "suffix",
     "SuffixProposer": "suffix",

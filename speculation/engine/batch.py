@@ -41,10 +41,9 @@ from speculation.engine.decode import (
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.model import Transformer
 from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import NgramProposer
+from speculation.engine.proposers import LookupProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.stats import SpecStats
-from speculation.engine.suffix import SuffixProposer
 from speculation.engine.verify import verify_greedy, verify_sampled
 
 
@@ -98,7 +97,7 @@ class BatchDecoder:
         *,
         slots: int,
         draft: Transformer | None = None,
-        ngram: NgramProposer | SuffixProposer | None = None,
+        ngram: LookupProposer | None = None,
         lookahead: LoadAwareLookahead | None = None,
         max_context: int | None = None,
         prefix_cache: PrefixCache | None = None,

@@ -45,16 +45,20 @@ class Proposer(Protocol):
         """The target's features [K+1, D] of the last verification (only called when wants_hidden)."""
 
 
-class NgramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed."""
+class LookupProposer:
+    """A proposer that looks its drafts up (no model, one-hot drafts, no state per request): subclasses give
+    ``lookup(committed, k)``, which the batch loop also calls directly for each slot, and ``batch_key``, which
+    requests may share one batch under (equal keys: the same lookup)."""
 
     wants_hidden = False
+    device = torch.device("cpu")
 
-    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError("need 1 <= min_ngram <= max_ngram")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.device = torch.device("cpu")
+    @property
+    def batch_key(self) -> tuple:
+        raise NotImplementedError
+
+    def lookup(self, committed: list[int], k: int) -> list[int]:
+        raise NotImplementedError
 
     def begin(self, prompt_ids: list[int]) -> None:
         pass
@@ -64,6 +68,25 @@ class NgramProposer:
     ) -> Proposal:
         return Proposal(tokens=torch.tensor(self.lookup(committed, k), dtype=torch.long, device=self.device), q=None)
 
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        pass
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        pass
+
+
+class NgramProposer(LookupProposer):
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed."""
+
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("need 1 <= min_ngram <= max_ngram")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    @property
+    def batch_key(self) -> tuple:
+        return ("ngram", self.max_ngram, self.min_ngram)
+
     def lookup(self, committed: list[int], k: int) -> list[int]:
         n_tokens = len(committed)
         for n in range(min(self.max_ngram, n_tokens - 1), self.min_ngram - 1, -1):
@@ -72,12 +95,6 @@ class NgramProposer:
                 if committed[start : start + n] == suffix:
                     return committed[start + n : start + n + k]
         return []
-
-    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
-        pass
-
-    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
-        pass
 
 
 class DraftModelProposer:

@@ -30,11 +30,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
-import torch
-from torch import Tensor
-
-from speculation.engine.proposers import Proposal
-from speculation.engine.sampling import SamplingParams
+from speculation.engine.proposers import LookupProposer
 
 KEY_LENGTHS = (1, 2, 4)  # the n-gram lengths the index keys (a match of 3 is looked up as 2 and compared back)
 STRIDE = 1 << 20  # a stored position is serial * STRIDE + offset (responses are cut at STRIDE - 1 tokens)
@@ -151,10 +147,8 @@ def _match_len(sequence: tuple[int, ...], at: int, committed: list[int]) -> int:
     return length
 
 
-class SuffixProposer:
+class SuffixProposer(LookupProposer):
     """Drafts the most frequent earlier continuation of the context's longest matching suffix (see the module)."""
-
-    wants_hidden = False
 
     def __init__(
         self,
@@ -171,15 +165,11 @@ class SuffixProposer:
         self.index = index if index is not None else SuffixIndex()
         self.exclude = exclude
         self.min_token_prob, self.max_spec_factor = min_token_prob, max_spec_factor
-        self.device = torch.device("cpu")
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        pass
-
-    def propose(
-        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal:
-        return Proposal(tokens=torch.tensor(self.lookup(committed, k), dtype=torch.long, device=self.device), q=None)
+    @property
+    def batch_key(self) -> tuple:
+        """One batch per store (the endpoint's index grows in place while the batch drafts from it)."""
+        return ("suffix", id(self.index), self.exclude, self.min_token_prob, self.max_spec_factor)
 
     def lookup(self, committed: list[int], k: int) -> list[int]:
         """Up to k draft tokens to follow committed (the batch loop calls this directly, as NgramProposer's)."""
@@ -229,9 +219,3 @@ class SuffixProposer:
             draft.append(token)
             live = [(sequence, at + 1) for sequence, at in live if at < len(sequence) and sequence[at] == token]
         return draft
-
-    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
-        pass
-
-    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
-        pass

@@ -39,11 +39,12 @@ from speculation.engine import DraftModelProposer, GenerationConfig, NgramPropos
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
+from speculation.engine.proposers import LookupProposer
 from speculation.worker.paths import CommittedBatch
 
 logger = logging.getLogger(__name__)
 
-BATCHED_PROPOSERS = (DraftModelProposer, NgramProposer, SuffixProposer)
+BATCHED_PROPOSERS = (DraftModelProposer, NgramProposer, SuffixProposer)  # not EAGLE heads: single-stream
 IDLE_DROP_S = 300.0  # an unused decoder (and its caches) is dropped after this long
 
 
@@ -130,13 +131,10 @@ def speculate(
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
     proposer = prepared.proposer
     draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
-    ngram: Any = (proposer.max_ngram, proposer.min_ngram) if isinstance(proposer, NgramProposer) else None
-    if isinstance(proposer, SuffixProposer):  # one group per index (the endpoint's), its proposer shared
-        ngram = ("suffix", id(proposer.index), proposer)
     handle = _loop().submit(
         target=prepared.target.model,
         draft=draft,
-        ngram=ngram,
+        lookup=proposer if isinstance(proposer, LookupProposer) else None,
         prompt_ids=prompt_ids,
         config=config,
         costs=prepared.costs,
@@ -211,17 +209,17 @@ class BatchLoop:
         *,
         target: Any,
         draft: Any,
-        ngram: tuple | None,
+        lookup: LookupProposer | None,
         prompt_ids: list[int],
         config: Any,
         costs: Any = None,
     ) -> _Handle:
-        """Join the batch of (target, draft model, or n-gram sizes (max, min), or ("suffix", index id, proposer));
-        the handle gets its steps. costs:
-        the stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
+        """Join the batch of (target, draft model or lookup: requests whose lookups have the same batch_key share
+        one, the first one's proposer drafting for all); the handle gets its steps. costs: the stored calibration
+        of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
         handle = _Handle(loop=self, key=next(self._ids))
-        pair = (target, draft, ngram[:2] if ngram and ngram[0] == "suffix" else ngram)
-        self._commands.put(("join", pair, handle, prompt_ids, config, costs, ngram))
+        pair = (target, draft, lookup.batch_key if lookup is not None else None)
+        self._commands.put(("join", pair, handle, prompt_ids, config, costs, lookup))
         return handle
 
     def leave(self, key: int) -> None:
@@ -282,19 +280,14 @@ class BatchLoop:
             except queue.Empty:
                 return
 
-    def _new_group(self, pair: tuple, handle: _Handle, lookup: tuple | None) -> _Group | None:
-        target, draft, ngram = pair
-        proposer = None
-        if lookup and lookup[0] == "suffix":
-            proposer = lookup[2]  # the endpoint's suffix decoding (its index grows in place)
-        elif ngram:
-            proposer = NgramProposer(max_ngram=ngram[0], min_ngram=ngram[1])
+    def _new_group(self, pair: tuple, handle: _Handle, lookup: LookupProposer | None) -> _Group | None:
+        target, draft, _ = pair
         try:
             decoder = BatchDecoder(
                 target,
                 slots=self.slots,
                 draft=draft,
-                ngram=proposer,
+                ngram=lookup,
                 lookahead=LoadAwareLookahead() if self.load_aware_k else None,
                 max_context=target.max_len,
                 prefix_cache=prefix_cache(),

@@ -43,10 +43,18 @@ from django.conf import settings
 from fleet.models import Endpoint
 from speculation.engine import NgramProposer, SamplingParams, SpecStats, SuffixProposer
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
+from speculation.engine.proposers import LookupProposer
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.engine.tree import TreeShape
 from speculation.limits import tree_nodes_at
-from speculation.models import CandidateMeasurement, CandidateStatus, DraftKind, DraftModel, SpeculationPolicy
+from speculation.models import (
+    LOOKUP_KINDS,
+    CandidateMeasurement,
+    CandidateStatus,
+    DraftKind,
+    DraftModel,
+    SpeculationPolicy,
+)
 from speculation.selectors import capabilities
 from speculation.worker import suffix_store
 from speculation.worker.costs import current_costs
@@ -101,15 +109,17 @@ def replay(
     max_tokens: int | None,
     target_path: str = "",
     tree: TreeShape | None = None,
-    suffix: SuffixProposer | None = None,
+    lookup: LookupProposer | None = None,
 ) -> dict[int, SpecStats]:
     """The candidate's greedy speculation on this request at every K (exact: the engine's replay); an EAGLE head
-    drafts the tree `tree` where given (the policy's eagle_tree), else a chain. suffix: the suffix-decoding
-    proposer over the endpoint's earlier responses (this request's own excluded; default: its context only)."""
+    drafts the tree `tree` where given (the policy's eagle_tree), else a chain. lookup: what a lookup candidate
+    drafts with (suffix decoding: over the endpoint's earlier answers, this request's own left out; default: n-gram
+    lookup, or suffix decoding over the request's context only)."""
     sequence = prompt_ids + output_ids
     common: dict[str, Any] = {"prompt_len": len(prompt_ids), "max_new_tokens": max_tokens}
-    if candidate.kind in (DraftKind.NGRAM, DraftKind.SUFFIX):
-        lookup = NgramProposer() if candidate.kind == DraftKind.NGRAM else (suffix or SuffixProposer())
+    if candidate.kind in LOOKUP_KINDS:
+        if lookup is None:
+            lookup = NgramProposer() if candidate.kind == DraftKind.NGRAM else SuffixProposer()
 
         def propose(n: int, drafted: int) -> list[int]:
             return lookup.lookup(sequence[:n], drafted)
@@ -327,7 +337,9 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             max_tokens=request.max_tokens,
             target_path=request.policy.target_path or "",
             tree=_tree(request, candidate),
-            suffix=SuffixProposer(suffix_store.index_for(request.endpoint.pk), exclude=request.request_id),
+            lookup=suffix_store.lookup_proposer(candidate.kind, request.endpoint.pk, exclude=request.request_id)
+            if candidate.kind in LOOKUP_KINDS
+            else None,
         )
     from speculation.worker.sampled import draft_acceptance, target_view
 

@@ -25,10 +25,8 @@ from speculation.engine import (
     DraftModelProposer,
     GenerationConfig,
     LocalTarget,
-    NgramProposer,
     SamplingParams,
     SpecStats,
-    SuffixProposer,
     Target,
     TreeLookahead,
     generate,
@@ -115,9 +113,7 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         source = _text_source(policy)
         tok = resources.tokenizer(source)
         vocab = target.model.vocab_size if target is not None else len(tok)
-        proposer: Any = NgramProposer()
-        if policy.mechanism == Mechanism.SUFFIX:  # the endpoint's earlier responses (speculation.worker.suffix_store)
-            proposer = SuffixProposer(suffix_store.index_for(policy.endpoint_id))
+        proposer = suffix_store.lookup_proposer(policy.mechanism, policy.endpoint_id)
         return DraftSetup(proposer, tok, eos_token_ids(source, tok), vocab)
     if policy.draft is None or not policy.draft.path:
         raise PathUnavailable("the policy has no draft weights")

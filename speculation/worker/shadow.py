@@ -23,9 +23,7 @@ from django.conf import settings
 
 from fleet.models import Endpoint
 from speculation.engine import (
-    NgramProposer,
     SamplingParams,
-    SuffixProposer,
     draft_greedy_predictions,
     replay_greedy,
     replay_proposer,
@@ -200,9 +198,8 @@ def _measure_greedy(shadowed: Shadowed) -> None:
         return
     controller = shadowed.controller()
     if policy.mechanism in LOOKUP_KINDS:
-        proposer: Any = NgramProposer()
-        if policy.mechanism == Mechanism.SUFFIX:  # the endpoint's earlier responses, this one's own left out
-            proposer = SuffixProposer(suffix_store.index_for(shadowed.endpoint.pk), exclude=shadowed.request_id)
+        # suffix decoding: the endpoint's earlier answers, this one's own left out
+        proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
         stats = replay_proposer(proposer, sequence, k, lookahead=controller, **common)
     else:
         predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
