@@ -4,7 +4,8 @@ Entry points:
 - ``load_causal_lm(dir)`` -> ``Transformer`` (Llama-format HF checkpoint, static KV cache);
   ``Transformer.forward(tokens, start, return_hidden=False)`` -> logits [T, V] (+ hidden [T, D]).
 - targets: ``LocalTarget(model)``; proposers: ``DraftModelProposer(model, target_vocab_size=...)``,
-  ``NgramProposer()``, ``SuffixProposer(SuffixIndex())`` (suffix decoding over earlier responses; protocols
+  ``NgramProposer()``, ``SuffixProposer(SuffixIndex())`` (suffix decoding over earlier responses),
+  ``HybridProposer(lookup, draft_proposer, model_k=...)`` (a lookup first, the draft where it finds little; protocols
   ``Target`` / ``Proposer``; ``Proposer.observe_target`` for EAGLE heads);
   ``EagleProposer(head, target_model, tree=TreeShape(...))`` drafts EAGLE-2 trees (``engine/tree.py``).
 - ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``;
@@ -49,6 +50,8 @@ _EXPORTS = {
     "Transformer": "model",
     "init_weights": "model",
     "DraftModelProposer": "proposers",
+    "HYBRID_LOOKUP_K": "proposers",
+    "HybridProposer": "proposers",
     "LookupProposer": "proposers",
     "NgramProposer": "proposers",
     "SuffixIndex": "suffix",

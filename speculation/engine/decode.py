@@ -207,7 +207,9 @@ class _Run:
             proposer.on_verified(accepted, drafted)
             if self.hidden_request and hidden is not None:
                 proposer.observe_target(hidden, accepted)
-        self.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
+        self.stats.record_step(
+            drafted=drafted, accepted=accepted_counted, reached=reached, looked_up=proposal.looked_up
+        )
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1
         return _Step(new, accepted, drafted, t1 - t0, t2 - t1, stopped, verified)

@@ -117,10 +117,14 @@ class StepCosts:
         """Verifying K + 1 tokens on prod's path, in target steps (K may be a mean number of drafts)."""
         return verify_cost(self.verify_s, k + 1) / self.target_step_s
 
-    def multiplier(self, *, tokens_per_step: float, k: float, verified: float | None = None) -> float:
+    def multiplier(
+        self, *, tokens_per_step: float, k: float, verified: float | None = None, draft_steps: float | None = None
+    ) -> float:
         """S = E[N] / (v(K) + K c) with E[N] the tokens a verification step commits. verified: the drafts one
-        verification checks when that is not K (a draft tree: all its nodes, K its depth of drafting steps)."""
-        return tokens_per_step / (self.v(k if verified is None else verified) + k * self.c)
+        verification checks when that is not K (a draft tree: all its nodes, K its depth of drafting steps).
+        draft_steps: the model steps per verification when that is not K (a hybrid: its lookup's drafts cost none)."""
+        steps = k if draft_steps is None else draft_steps
+        return tokens_per_step / (self.v(k if verified is None else verified) + steps * self.c)
 
     def curve(self, *, alpha: float, k_max: int = MAX_PROJECTED_K) -> list[ProjectionPoint]:
         """project() with v measured per K."""

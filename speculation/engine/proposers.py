@@ -24,6 +24,7 @@ class Proposal:
     tokens: Tensor  # [k'] long, k' <= k (may be empty)
     q: Tensor | None  # [k', V] the draft's processed distribution; None = one-hot drafts
     tree: DraftTree | None = None  # a draft tree (tokens are its nodes): verified by engine/tree.py
+    looked_up: bool = False  # drafts from a lookup, not a model (a hybrid's step that cost no model step)
 
 
 @runtime_checkable
@@ -162,3 +163,50 @@ class DraftModelProposer:
 
     def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
         pass
+
+
+HYBRID_LOOKUP_K = 8  # how far a hybrid's lookup may draft (its own cut stops it earlier): the engine's K for it
+HYBRID_MIN_LOOKUP = 3  # a lookup draft this long is verified instead of the model's (measured: docs/BENCHMARKS.md)
+
+
+class HybridProposer:
+    """A lookup first, a model where the lookup finds too little (SuffixDecoding's hybrid with a model drafter).
+
+    Each step asks the lookup (suffix decoding over the endpoint's earlier answers) for up to k drafts; a draft of
+    at least ``min_lookup`` tokens is verified as it is (one-hot, no model step: ``Proposal.looked_up``), else the
+    fallback (a draft model) drafts at most ``model_k``. The engine's K for a hybrid is the lookup's cap
+    (HYBRID_LOOKUP_K, within the request's budget); ``model_k`` is the policy's K. The fallback skips the steps
+    the lookup served: a draft model's cache keeps the committed positions it saw and feeds the rest on its next
+    step. Exact for greedy and sampled requests (each step is verified as its own drafter's).
+    """
+
+    def __init__(
+        self, lookup: LookupProposer, fallback: Proposer, *, model_k: int, min_lookup: int = HYBRID_MIN_LOOKUP
+    ):
+        if model_k < 1 or min_lookup < 1:
+            raise ValueError("model_k and min_lookup must be >= 1")
+        self.lookup, self.fallback = lookup, fallback
+        self.model_k, self.min_lookup = model_k, min_lookup
+        self.wants_hidden = fallback.wants_hidden
+        self._fell_back = False
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.fallback.begin(prompt_ids)
+        self._fell_back = False
+
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        drafts = self.lookup.lookup(committed, k)
+        self._fell_back = len(drafts) < self.min_lookup
+        if not self._fell_back:
+            return Proposal(tokens=torch.tensor(drafts, dtype=torch.long), q=None, looked_up=True)
+        return self.fallback.propose(committed, min(k, self.model_k), params, generator)
+
+    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
+        if self._fell_back:
+            self.fallback.on_verified(num_accepted, num_drafted)
+
+    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
+        if self._fell_back:
+            self.fallback.observe_target(hidden, num_accepted)

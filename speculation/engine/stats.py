@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 class SpecStats:
     drafts: int = 0  # verification steps that carried at least one draft token
     drafted_tokens: int = 0
+    looked_up_tokens: int = 0  # of drafted_tokens, those a hybrid took from its lookup (no model step)
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose draft i was accepted
     drafted_per_position: list[int] = field(default_factory=list)  # [i]: steps that drafted a token at i
@@ -29,10 +30,12 @@ class SpecStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
 
-    def record_step(self, *, drafted: int, accepted: int, reached: int) -> None:
+    def record_step(self, *, drafted: int, accepted: int, reached: int, looked_up: bool = False) -> None:
         self.target_passes += 1
         if drafted == 0:
             return
+        if looked_up:
+            self.looked_up_tokens += drafted
         self.drafts += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -73,6 +76,11 @@ class SpecStats:
         return 1.0 + self.accepted_tokens / self.target_passes if self.target_passes else 1.0
 
     @property
+    def model_steps_per_pass(self) -> float:
+        """Draft-model steps per target pass (drafts a lookup gave cost none): the K a projection charges c for."""
+        return (self.drafted_tokens - self.looked_up_tokens) / self.target_passes if self.target_passes else 0.0
+
+    @property
     def tok_s(self) -> float:
         return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
@@ -81,6 +89,7 @@ class SpecStats:
         keys = (
             "drafts",
             "drafted_tokens",
+            "looked_up_tokens",
             "accepted_tokens",
             "accepted_per_position",
             "drafted_per_position",
@@ -99,6 +108,7 @@ class SpecStats:
             for name in (
                 "drafts",
                 "drafted_tokens",
+                "looked_up_tokens",
                 "accepted_tokens",
                 "target_passes",
                 "output_tokens",

@@ -14,6 +14,7 @@ import torch
 from speculation.engine import (
     DraftModelProposer,
     GenerationConfig,
+    HybridProposer,
     LocalTarget,
     NgramProposer,
     SamplingParams,
@@ -55,6 +56,7 @@ def test_verification_emits_tokens_distributed_as_p_and_the_wrong_sampler_is_cau
         ("draft", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
         ("ngram", SamplingParams(temperature=1.0)),
         ("suffix", SamplingParams(temperature=1.0)),
+        ("hybrid", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
     ],
 )
 def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
@@ -81,6 +83,9 @@ def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
                 if proposer_kind == "ngram"
                 else SuffixProposer(index)
             )
+            if proposer_kind == "hybrid":  # the store's drafts where 2 tokens are found, else the draft model's
+                draft = DraftModelProposer(draft_model, target_vocab_size=4)
+                proposer = HybridProposer(proposer, draft, model_k=2, min_lookup=2)
             config = GenerationConfig(
                 max_new_tokens=3, k=2, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=seed
             )
