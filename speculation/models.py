@@ -13,11 +13,31 @@ class DraftKind(models.TextChoices):
     EAGLE_HEAD = "eagle_head", "EAGLE head"
     NGRAM = "ngram", "N-gram prompt lookup"
     SUFFIX = "suffix", "Suffix decoding (earlier responses)"
+    SUFFIX_DRAFT = "suffix_draft", "Suffix decoding, a draft model where it finds little"
 
 
 # Kinds that draft by looking tokens up (no weights, no tokenizer of their own): a policy names no draft for them,
 # and their candidate's name is the kind itself.
 LOOKUP_KINDS = frozenset({DraftKind.NGRAM, DraftKind.SUFFIX})
+# Kinds whose policy names a draft model (the draft's kind is draft_model): the draft model itself, and the hybrid
+# that looks up first (suffix decoding) and drafts with the model where the lookup finds too little.
+DRAFT_MODEL_KINDS = frozenset({DraftKind.DRAFT_MODEL, DraftKind.SUFFIX_DRAFT})
+HYBRID_PREFIX = "suffix+"  # a hybrid candidate's name: this prefix and its draft model's name
+
+
+def candidate_name(mechanism: str, draft: DraftModel | None) -> str:
+    """The auto-pairing candidate a policy's pairing is: a lookup's kind, the draft's name, or the hybrid's
+    HYBRID_PREFIX + the draft's name ("" when a draft is missing)."""
+    if mechanism in LOOKUP_KINDS:
+        return str(mechanism)
+    if draft is None:
+        return ""
+    return HYBRID_PREFIX + draft.name if mechanism == DraftKind.SUFFIX_DRAFT else draft.name
+
+
+def draft_kind_for(mechanism: str) -> str:
+    """The kind of draft a policy with this mechanism names (a hybrid names a draft model)."""
+    return DraftKind.DRAFT_MODEL if mechanism == DraftKind.SUFFIX_DRAFT else mechanism
 
 
 class DraftModel(models.Model):

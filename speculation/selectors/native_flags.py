@@ -93,6 +93,8 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError("; ".join(problems))
     if tree and draft_kind != DraftKind.EAGLE_HEAD:
         raise NativeFlagsError(f"a draft tree is drafted by an EAGLE head, not by a {draft_kind}")
+    if draft_kind == DraftKind.SUFFIX_DRAFT:
+        raise NativeFlagsError(HYBRID_NOT_NATIVE)
     if draft_kind not in DraftKind.values:
         raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
     if not K_MIN <= k <= K_MAX:
@@ -104,6 +106,12 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
             "this EAGLE head reads several target layers (ACE's multi-layer format 2): it runs on ACE's local path "
             "only; vLLM's and SGLang's EAGLE load single-feature heads (train one without --multi-layer)"
         )
+
+
+HYBRID_NOT_NATIVE = (
+    "suffix decoding with a draft model's fallback runs in ACE's worker (path local or remote): a server runs one "
+    "method; its flags are suffix's or the draft model's"
+)
 
 
 def _head_format(draft_path: str) -> int:
@@ -214,7 +222,11 @@ def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeF
             raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
         return native_flags(server_kind=endpoint.kind, draft_kind=mechanism, k=k)
     tree = policy.eagle_tree if policy is not None and draft.kind == DraftKind.EAGLE_HEAD else None
-    return native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k, tree=tree)
+    flags = native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k, tree=tree)
+    if policy is not None and policy.mechanism == DraftKind.SUFFIX_DRAFT:
+        flags.notes.append(f"the policy's suffix decoding with this draft's fallback runs in ACE's worker only: "
+                           f"these flags run the draft model {draft.name} alone")  # fmt: skip
+    return flags
 
 
 def _policy_of(endpoint):

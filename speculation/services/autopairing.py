@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
-from speculation.models import LOOKUP_KINDS, DraftModel, SpeculationPolicy, VerificationPath
+from speculation.models import LOOKUP_KINDS, DraftModel, SpeculationPolicy, VerificationPath, candidate_name
 from speculation.selectors.autopairing import MIN_REQUESTS, Recommendation, pairing_table
 from speculation.services.policies import resolve_path, update_policy
 
@@ -67,7 +67,7 @@ def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommenda
     recommendation = table["overall"]["recommendation"]
     if recommendation is None:
         return None, "no recommendation yet"
-    current = str(policy.mechanism) if policy.mechanism in LOOKUP_KINDS else (policy.draft.name if policy.draft else "")
+    current = candidate_name(policy.mechanism, policy.draft)
     if recommendation.candidate == current and recommendation.k == policy.k:
         return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
     if recommendation.requests < AUTO_MIN_REQUESTS:

@@ -86,6 +86,8 @@ def _median_multiplier(endpoint: Endpoint, **filters) -> tuple[float | None, int
 def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
     if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
         return "an EAGLE head reads the target's hidden states: local only"
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
+        return "suffix decoding with a draft model's fallback runs in ACE's worker: a server runs one method"
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):
         return "the server does not speculate itself"
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):

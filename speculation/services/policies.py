@@ -20,6 +20,7 @@ from speculation.models import (
     PolicyChange,
     SpeculationPolicy,
     VerificationPath,
+    draft_kind_for,
 )
 from speculation.selectors import capabilities
 from speculation.services import model_files
@@ -128,8 +129,8 @@ def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     draft = policy.draft
     if draft is None:
         return [f"mechanism {policy.mechanism} needs a registered draft"]
-    if draft.kind != policy.mechanism:
-        return [f"draft {draft.name!r} is a {draft.kind}, not a {policy.mechanism}"]
+    if draft.kind != draft_kind_for(policy.mechanism):
+        return [f"draft {draft.name!r} is a {draft.kind}, not a {draft_kind_for(policy.mechanism)}"]
     endpoint_fp = capabilities.tokenizer_fingerprint(endpoint)
     if not endpoint_fp:
         return ["the endpoint's tokenizer fingerprint is unknown: probe the endpoint first"]
@@ -165,7 +166,15 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
         return ["an EAGLE head reads the target's hidden states: it needs path local"]
     if policy.mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
         return [SUFFIX_NOT_MANAGED]
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
+        return [SUFFIX_DRAFT_NOT_NATIVE]
     return []
+
+
+SUFFIX_DRAFT_NOT_NATIVE = (
+    "suffix decoding with a draft model's fallback runs in ACE's worker (path local or remote): a server runs one "
+    "speculation method, so on path native choose suffix or draft_model"
+)
 
 
 SUFFIX_NOT_MANAGED = (
@@ -281,6 +290,9 @@ def update_policy(
             return policy
         if managed_services.speculation_of(policy).get("draft_kind") == Mechanism.SUFFIX and _managed(endpoint):
             raise ValidationError({"path": [SUFFIX_NOT_MANAGED]})  # a switch would start a server that cannot
+        hybrid = policy.mechanism == Mechanism.SUFFIX_DRAFT
+        if hybrid and managed_services.speculation_of(policy) and _managed(endpoint):
+            raise ValidationError({"path": [SUFFIX_DRAFT_NOT_NATIVE]})  # nor can a server run the hybrid
         if managed_services.needs_switch(endpoint=endpoint, policy=policy):
             # A managed endpoint whose server must run differently: applied blue/green once the new instance
             # serves (fleet.managed); until then the saved policy stays as it is.

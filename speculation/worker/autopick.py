@@ -28,12 +28,14 @@ from fleet.models import Endpoint
 from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.engine.stats import SpecStats
 from speculation.models import (
+    DRAFT_MODEL_KINDS,
     LOOKUP_KINDS,
     CandidateMeasurement,
     DraftKind,
     DraftModel,
     SpeculationPolicy,
     VerificationPath,
+    candidate_name,
 )
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.autopairing import Choice, pairing_table, workload_choice
@@ -44,8 +46,8 @@ TABLE_TTL_S = 30.0
 NGRAM = "ngram"  # the n-gram candidate's name (speculation.worker.candidates)
 # What each worker path can run: an EAGLE head reads the target's hidden states, so only where it is loaded.
 KINDS_ON_PATH = {
-    VerificationPath.LOCAL: frozenset({*LOOKUP_KINDS, DraftKind.DRAFT_MODEL, DraftKind.EAGLE_HEAD}),
-    VerificationPath.REMOTE: frozenset({*LOOKUP_KINDS, DraftKind.DRAFT_MODEL}),
+    VerificationPath.LOCAL: frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS, DraftKind.EAGLE_HEAD}),
+    VerificationPath.REMOTE: frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS}),
 }
 
 
@@ -86,10 +88,9 @@ def forget(endpoint_id: int | None = None) -> None:
 
 def policy_choice(policy: SpeculationPolicy, k: int) -> Choice:
     """The policy's own candidate and K (what `draft: auto` falls back to)."""
-    if policy.mechanism in LOOKUP_KINDS:  # the candidate is named after its kind ("ngram", "suffix")
-        return Choice(str(policy.mechanism), policy.mechanism, None, k, "", from_evidence=False)
-    name = policy.draft.name if policy.draft is not None else ""
-    return Choice(name, policy.mechanism, policy.draft_id, k, "", from_evidence=False)
+    name = candidate_name(policy.mechanism, policy.draft)  # a lookup is named after its kind ("ngram", "suffix")
+    draft_id = None if policy.mechanism in LOOKUP_KINDS else policy.draft_id
+    return Choice(name, policy.mechanism, draft_id, k, "", from_evidence=False)
 
 
 def choose(
@@ -147,7 +148,10 @@ def evidence_row(
     per_k: dict[str, list[Any]] = {name: [None] * MAX_PROJECTED_K for name in ("mal", "mult", "counts", "pos")}
     per_k["mal"][k - 1] = round(tau, 4)
     per_pass = stats.tokens_per_pass  # steps that drafted nothing included
-    per_k["mult"][k - 1] = round(costs.multiplier(tokens_per_step=per_pass, k=k_mean), 4) if costs else None
+    steps = stats.model_steps_per_pass  # a hybrid's looked-up drafts cost no draft step
+    per_k["mult"][k - 1] = (
+        round(costs.multiplier(tokens_per_step=per_pass, k=k_mean, draft_steps=steps), 4) if costs else None
+    )
     per_k["counts"][k - 1] = [stats.drafted_tokens, stats.accepted_tokens, stats.target_passes]
     per_k["pos"][k - 1] = [round(a, 4) for a in stats.alpha_per_position]
     return CandidateMeasurement.objects.create(

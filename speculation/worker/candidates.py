@@ -41,13 +41,22 @@ import torch
 from django.conf import settings
 
 from fleet.models import Endpoint
-from speculation.engine import NgramProposer, SamplingParams, SpecStats, SuffixProposer
+from speculation.engine import (
+    HYBRID_LOOKUP_K,
+    HybridProposer,
+    KnownDrafts,
+    NgramProposer,
+    SamplingParams,
+    SpecStats,
+    SuffixProposer,
+)
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
 from speculation.engine.proposers import LookupProposer
 from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
 from speculation.engine.tree import TreeShape
 from speculation.limits import tree_nodes_at
 from speculation.models import (
+    HYBRID_PREFIX,
     LOOKUP_KINDS,
     CandidateMeasurement,
     CandidateStatus,
@@ -84,7 +93,10 @@ def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled:
     if not fingerprint:
         return found
     same = DraftModel.objects.filter(tokenizer_fingerprint=fingerprint).order_by("name")
-    found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.DRAFT_MODEL)]
+    models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
+    found += [Candidate(d.name, d.kind, d) for d in models]
+    if not sampled:  # each draft model behind suffix decoding (the hybrid; greedy replays only, as suffix's)
+        found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
     if target_path and not sampled:
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
@@ -125,6 +137,8 @@ def replay(
             return lookup.lookup(sequence[:n], drafted)
 
         return {k: replay_proposals(propose, sequence, k, **common) for k in K_RANGE}
+    if candidate.kind == DraftKind.SUFFIX_DRAFT:
+        return replay_hybrid(candidate.draft.path, sequence, K_RANGE, lookup=lookup or SuffixProposer(), common=common)
     if candidate.kind == DraftKind.EAGLE_HEAD:
         return replay_eagle_head(
             candidate.draft.path, sequence, K_RANGE, target_path=target_path, tree=tree, common=common
@@ -132,6 +146,26 @@ def replay(
     model = resources.model(candidate.draft.path).model
     predictions = draft_greedy_predictions(model, sequence)  # one teacher-forced pass serves every K
     return {k: replay_greedy(predictions, sequence, k, **common) for k in K_RANGE}
+
+
+def replay_hybrid(
+    draft_path: str, sequence: list[int], ks: tuple[int, ...], *, lookup: LookupProposer, common: dict[str, Any]
+) -> dict[int, SpecStats]:
+    """Suffix decoding with a draft model's fallback at each K (the draft's K; the lookup drafts up to its own cap,
+    HYBRID_LOOKUP_K), as prod's HybridProposer runs it: exact for greedy, the draft's drafts from one
+    teacher-forced pass (its chain is accepted exactly as far as its teacher-forced predictions match)."""
+    predictions = draft_greedy_predictions(resources.model(draft_path).model, sequence)
+
+    def teacher_forced(n: int, drafted: int) -> list[int]:  # padded past the known predictions: never counted
+        drafts = list(predictions[n - 1 : n - 1 + drafted])
+        return drafts + [0] * (drafted - len(drafts))
+
+    return {
+        k: replay_proposer(
+            HybridProposer(lookup, KnownDrafts(teacher_forced), model_k=k), sequence, max(k, HYBRID_LOOKUP_K), **common
+        )
+        for k in ks
+    }
 
 
 @torch.inference_mode()
@@ -206,8 +240,11 @@ def measured_fields(
         verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k) if tree is not None else None
         mal.append(round(tau, 4))
         per_pass = stats.tokens_per_pass  # steps that drafted nothing count (a lookup that found nothing)
+        model_steps = stats.model_steps_per_pass  # a hybrid's looked-up drafts cost no draft step
         mult.append(
-            round(costs.multiplier(tokens_per_step=per_pass, k=k_mean, verified=verified), 4) if costs else None
+            round(costs.multiplier(tokens_per_step=per_pass, k=k_mean, verified=verified, draft_steps=model_steps), 4)
+            if costs
+            else None
         )
         counts.append([stats.drafted_tokens, stats.accepted_tokens, stats.target_passes])
         positions.append([round(a, 4) for a in stats.alpha_per_position])
@@ -327,9 +364,18 @@ def _tree(request: Replayed, candidate: Candidate) -> TreeShape | None:
     return TreeShape.from_policy(request.policy.eagle_tree) if candidate.kind == DraftKind.EAGLE_HEAD else None
 
 
+def _lookup_kind(candidate: Candidate) -> str:
+    """The lookup a candidate drafts with ("" for none): its own kind, or suffix decoding for the hybrid."""
+    if candidate.kind == DraftKind.SUFFIX_DRAFT:
+        return DraftKind.SUFFIX
+    return candidate.kind if candidate.kind in LOOKUP_KINDS else ""
+
+
 def _replayed(request: Replayed, candidate: Candidate) -> Any:
     """Greedy: the candidate's replay at every K. Sampled: its expected acceptance (speculation.worker.sampled)."""
     if request.params is None:
+        kind = _lookup_kind(candidate)
+        lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
         return replay(
             candidate,
             prompt_ids=request.prompt_ids,
@@ -337,9 +383,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             max_tokens=request.max_tokens,
             target_path=request.policy.target_path or "",
             tree=_tree(request, candidate),
-            lookup=suffix_store.lookup_proposer(candidate.kind, request.endpoint.pk, exclude=request.request_id)
-            if candidate.kind in LOOKUP_KINDS
-            else None,
+            lookup=lookup,
         )
     from speculation.worker.sampled import draft_acceptance, target_view
 

@@ -498,6 +498,7 @@ def projection(
     k: float,
     verified: float | None = None,  # drafts one verification checks when not K (a draft tree's nodes)
     stored: tuple[CostCalibration | None, str] | None = None,  # shadow_costs' answer when the caller has it
+    draft_steps: float | None = None,  # model steps per verification when not K (a hybrid's lookups cost none)
 ) -> tuple[float | None, str, float | None]:
     """Shadow's projected multiplier S = E[N] / (v(K) + K c) from the newest stored calibration, how it was made
     (for the record's reason) and the server step (ms) it is over (the record's server_step_ms); None with PENDING
@@ -510,7 +511,8 @@ def projection(
     if row is None:
         key = cost_key(endpoint=endpoint, policy=policy)
         return None, f"{PENDING} [{key.tag}]: projected when the worker has measured c and v ({note})", None
-    return (*projected(row, tokens_per_step=tokens_per_step, k=k, note=note, verified=verified), row.target_step_ms)
+    value = projected(row, tokens_per_step=tokens_per_step, k=k, note=note, verified=verified, draft_steps=draft_steps)
+    return (*value, row.target_step_ms)
 
 
 def prod_server_step_ms(*, endpoint: Endpoint, policy: SpeculationPolicy) -> float | None:
@@ -532,8 +534,16 @@ def prod_server_step_ms(*, endpoint: Endpoint, policy: SpeculationPolicy) -> flo
 
 
 def projected(
-    row: CostCalibration, *, tokens_per_step: float, k: float, note: str = "", verified: float | None = None
+    row: CostCalibration,
+    *,
+    tokens_per_step: float,
+    k: float,
+    note: str = "",
+    verified: float | None = None,
+    draft_steps: float | None = None,
 ) -> tuple[float, str]:
-    """S from a stored calibration, with the basis for the record's reason (verified: see StepCosts.multiplier)."""
+    """S from a stored calibration, with the basis for the record's reason (verified, draft_steps: see
+    StepCosts.multiplier)."""
     basis = cost_selectors.projection_basis(row, k=k) + (f"; {note}" if note else "")
-    return row.step_costs().multiplier(tokens_per_step=tokens_per_step, k=k, verified=verified), basis
+    costs = row.step_costs()
+    return costs.multiplier(tokens_per_step=tokens_per_step, k=k, verified=verified, draft_steps=draft_steps), basis

@@ -22,8 +22,10 @@ from fleet.adapters import wire_for
 from fleet.models import Endpoint
 from fleet.netpolicy import PinnedTransport
 from speculation.engine import (
+    HYBRID_LOOKUP_K,
     DraftModelProposer,
     GenerationConfig,
+    HybridProposer,
     LocalTarget,
     SamplingParams,
     SpecStats,
@@ -117,6 +119,10 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         return DraftSetup(proposer, tok, eos_token_ids(source, tok), vocab)
     if policy.draft is None or not policy.draft.path:
         raise PathUnavailable("the policy has no draft weights")
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT:  # suffix decoding first, the draft model where it finds little
+        model = _draft_model(policy, target)
+        lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, policy.endpoint_id)
+        return replace(model, proposer=HybridProposer(lookup, model.proposer, model_k=max(1, policy.k)))
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         if target is None:
             raise PathUnavailable("an EAGLE head reads the target's hidden states: it needs path local")
@@ -130,6 +136,10 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
             raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
         return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)
+    return _draft_model(policy, target)
+
+
+def _draft_model(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
     try:
         draft = resources.model(policy.draft.path)
     except Exception as exc:  # noqa: BLE001 - as above
@@ -204,6 +214,8 @@ def speculate(
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
+    if k > 0 and isinstance(prepared.proposer, HybridProposer):  # K is the draft model's; the lookup has its own cap
+        prepared.proposer.model_k, k = k, max(k, HYBRID_LOOKUP_K)
     config = GenerationConfig(
         max_new_tokens=max_tokens,
         k=k,

@@ -74,7 +74,9 @@ class Shadowed:
             **{**self.common, **fields},
         )
 
-    def project(self, *, tokens_per_step: float, k: float, verified: float | None = None) -> tuple[float | None, str]:
+    def project(
+        self, *, tokens_per_step: float, k: float, verified: float | None = None, draft_steps: float | None = None
+    ) -> tuple[float | None, str]:
         value, basis, self.server_step_ms = projection(
             endpoint=self.endpoint,
             policy=self.policy,
@@ -83,6 +85,7 @@ class Shadowed:
             k=k,
             verified=verified,
             stored=self._costs,
+            draft_steps=draft_steps,
         )
         return value, basis
 
@@ -196,6 +199,9 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         _measure_eagle(shadowed, sequence, common)
         return
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
+        _measure_hybrid(shadowed, sequence, common)
+        return
     controller = shadowed.controller()
     if policy.mechanism in LOOKUP_KINDS:
         # suffix decoding: the endpoint's earlier answers, this one's own left out
@@ -212,6 +218,24 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     # per target pass, steps that drafted nothing included (stats.tokens_per_pass)
     projected, basis = shadowed.project(tokens_per_step=stats.tokens_per_pass, k=k_mean)
     shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
+
+
+def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
+    """Suffix decoding with the draft model's fallback, replayed as prod runs it (exact: the lookup over the
+    endpoint's earlier answers, this one's own left out, and the draft's teacher-forced predictions); projected
+    with the draft model's costs charged for the steps it drafted only."""
+    from speculation.worker.candidates import replay_hybrid
+
+    policy, k = shadowed.policy, shadowed.policy.k
+    lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
+    stats = replay_hybrid(policy.draft.path, sequence, (k,), lookup=lookup, common=common)[k]
+    k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
+    projected, basis = shadowed.project(
+        tokens_per_step=stats.tokens_per_pass, k=k_mean, draft_steps=stats.model_steps_per_pass
+    )
+    how = f"greedy replay (exact) of suffix decoding with the draft's fallback ({stats.looked_up_tokens} of " \
+          f"{stats.drafted_tokens} drafts looked up)"  # fmt: skip
+    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
 
 
 def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
@@ -250,6 +274,12 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
         return
     if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
         shadowed.record(reason="sampled traffic with an EAGLE head: not replayed (its drafts need their own pass)")
+        return
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
+        shadowed.record(
+            reason="sampled traffic with suffix decoding and a draft's fallback: not replayed (the lookup's steps have "
+            "no draft distribution; the draft model's own figure is its candidate row)"
+        )
         return
     view = target_view(
         endpoint=shadowed.endpoint,
