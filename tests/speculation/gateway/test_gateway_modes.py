@@ -212,6 +212,44 @@ def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_
     assert shadowed.accepted_tokens < record.accepted_tokens
 
 
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_on_known_and_new_prompts(
+    endpoint, draft, demo_pair, celery_worker, gateway_client, path
+):
+    import redis
+    from django.conf import settings
+
+    from speculation.worker import suffix_store
+
+    # given: the hybrid in shadow, its store empty; one request measured (the worker stores its answer), and one
+    # answered in off (nothing stored)
+    suffix_store.forget(endpoint.pk, redis_too=True)
+    common = {"mechanism": "suffix_draft", "draft": draft, "k": K, "path": path}
+    common["target_path"] = str(demo_pair.target_dir) if path == "local" else ""
+    update_policy(endpoint=endpoint, mode="off", **common)
+    off = {PROMPTS[2]: _chat_tokens(gateway_client, endpoint.name, PROMPTS[2], stream=False)}
+    update_policy(endpoint=endpoint, mode="shadow", shadow_sample_rate=1.0)
+    off[PROMPTS[1]] = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
+    [shadowed] = _records(endpoint, count=1, mode="shadow")
+    assert "suffix decoding with the draft's fallback" in shadowed.reason, shadowed.reason
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + 30
+    while int(client.get(suffix_store.COUNT_KEY.format(endpoint_id=endpoint.pk)) or 0) < 1:
+        assert time.monotonic() < deadline, "shadow did not store the answer"
+        time.sleep(0.1)
+    # when: prod with the hybrid, a question answered before and one never seen
+    update_policy(endpoint=endpoint, mode="prod", **common)
+    prod = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=True) for p in PROMPTS[1:]}
+    # then: the tokens of off, both times
+    assert prod == off
+    known, new = _records(endpoint, count=2, mode="prod")
+    assert {(r.action, r.path, r.mechanism) for r in (known, new)} == {("speculated", path, "suffix_draft")}
+    # the stored answer was drafted from (long accepted drafts); on the new one the draft model drafted
+    assert known.accepted_tokens >= 0.6 * known.drafted_tokens > 0
+    assert known.target_passes * 2 <= known.output_tokens
+    assert new.drafted_tokens > 0 and new.accepted_tokens > 0
+
+
 @pytest.fixture
 def eagle_head(demo_pair, tmp_path):
     """The demo target's EAGLE head: the trained one when the demo build made it, else one saved untrained for the

@@ -141,6 +141,7 @@ DRAFT_AT_D = {"server_kind": "sglang", "draft_kind": "draft_model", "draft_path"
         ({"server_kind": "vllm", "draft_kind": "draft_model"}, "needs the directory"),
         ({"server_kind": "sglang", "draft_kind": "eagle_head", "draft_path": "/h", "tree": {"top_k": 9}}, "top_k"),
         ({**DRAFT_AT_D, "tree": {"top_k": 2, "depth": 3, "nodes": 4}}, "drafted by an EAGLE head"),
+        ({"server_kind": "vllm", "draft_kind": "suffix_draft", "draft_path": "/d"}, "runs in ACE's worker"),
     ],
 )
 def test_impossible_requests_raise_a_clear_error(kwargs, message):
@@ -180,6 +181,21 @@ def test_the_api_defaults_to_the_policy_draft_and_k(api, endpoint, head):
 
     assert body["k"] == 7
     assert body["speculative_config"]["model"] == "/heads/h1"
+
+
+@pytest.mark.django_db
+def test_the_api_gives_a_hybrid_policys_draft_model_flags_and_says_the_hybrid_is_aces(api, endpoint):
+    draft = DraftModel.objects.create(name="small", kind="draft_model", path="/drafts/small")
+    SpeculationPolicy.objects.create(endpoint=endpoint, mechanism="suffix_draft", draft=draft, k=3)
+
+    body = api.get(f"/api/v1/endpoints/{endpoint.pk}/native-flags/").json()
+
+    assert body["speculative_config"] == {
+        "method": "draft_model",
+        "model": "/drafts/small",
+        "num_speculative_tokens": 3,
+    }
+    assert any("runs in ACE's worker only" in note and "small alone" in note for note in body["notes"])
 
 
 @pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Endpoint
-from speculation.models import DraftModel, PolicyChange
+from speculation.models import DraftModel, PolicyChange, SpeculationPolicy
 from speculation.services.drafts import register_draft
 
 pytestmark = pytest.mark.django_db
@@ -141,3 +141,34 @@ def test_suffix_decoding_on_a_managed_servers_native_path_is_refused_with_where_
     ManagedServer.objects.filter(endpoint=endpoint).delete()
     response = api.patch(_url(endpoint), {"mode": "prod", "mechanism": "suffix", "path": "native"}, format="json")
     assert response.status_code == 200, response.json()
+
+
+def test_suffix_decoding_with_a_draft_fallback_needs_a_draft_model_and_runs_in_aces_worker(api, tiny_model_dir):
+    from fleet.managed.models import ManagedServer
+
+    draft = register_draft(name="tiny", kind="draft_model", path=str(tiny_model_dir))
+    register_draft(name="lookup", kind="ngram")
+    endpoint = _endpoint(fingerprint=draft.tokenizer_fingerprint, native_speculation=True)
+    # no draft, or a draft that is no model: refused, saying what it needs
+    response = api.patch(_url(endpoint), {"mode": "prod", "mechanism": "suffix_draft"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["draft"] == ["mechanism suffix_draft needs a registered draft"]
+    body = {"mode": "prod", "mechanism": "suffix_draft", "draft": "lookup"}
+    response = api.patch(_url(endpoint), body, format="json")
+    assert response.status_code == 400
+    assert response.json()["draft"] == ["draft 'lookup' is a ngram, not a draft_model"]
+    # the server's native path cannot run it (one method per server): refused; auto goes to ACE's remote path
+    body = {"mode": "prod", "mechanism": "suffix_draft", "draft": "tiny", "path": "native"}
+    response = api.patch(_url(endpoint), body, format="json")
+    assert response.status_code == 400
+    assert "ACE's worker (path local or remote)" in response.json()["path"][0]
+    response = api.patch(_url(endpoint), {**body, "path": "auto"}, format="json")
+    assert response.status_code == 200, response.json()
+    assert (response.json()["mechanism"], response.json()["draft"]) == ("suffix_draft", "tiny")
+    assert response.json()["resolved_path"] == "remote"
+    # a managed server is never switched to run it natively
+    ManagedServer.objects.create(endpoint=endpoint, model_dir="/models/m", served_name="m")
+    response = api.patch(_url(endpoint), {"path": "native"}, format="json")
+    assert response.status_code == 400
+    assert "ACE's worker" in response.json()["path"][0]
+    assert SpeculationPolicy.objects.get(endpoint=endpoint).path == "auto"  # nothing half-saved

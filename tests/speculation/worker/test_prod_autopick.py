@@ -31,7 +31,7 @@ def other_draft_dir(tiny_model_dir, tmp_path):
     return out
 
 
-def _rows(endpoint, workload: str, candidate: str, draft, peak_k: int, peak: float, n: int) -> None:
+def _rows(endpoint, workload: str, candidate: str, draft, peak_k: int, peak: float, n: int, kind: str = "") -> None:
     """n shadowed requests of one candidate, as shadow's replays store them (every K; draws alternate +-0.02)."""
     from speculation.models import CandidateMeasurement, DraftKind
 
@@ -41,7 +41,7 @@ def _rows(endpoint, workload: str, candidate: str, draft, peak_k: int, peak: flo
             request_id=f"{workload}-{candidate}-{i}",
             workload=workload,
             candidate=candidate,
-            kind=DraftKind.DRAFT_MODEL if draft else DraftKind.NGRAM,
+            kind=kind or (DraftKind.DRAFT_MODEL if draft else DraftKind.NGRAM),
             draft=draft,
             multiplier=[round(peak + (0.02 if i % 2 else -0.02) - 0.1 * abs(k - peak_k), 4) for k in range(1, 9)],
             mean_accepted_len=[2.0] * 8,
@@ -223,3 +223,36 @@ def test_the_worker_holds_a_target_and_its_drafts_within_its_model_budget(
     assert list(resources._loaded) == [target, other]
     assert resources.loaded_bytes() <= size[target] + size[other]
     resources._loaded.clear()
+
+
+def test_a_workload_whose_winner_is_suffix_decoding_with_a_draft_fallback_runs_it(
+    auto_endpoint, client, tiny_model_dir
+):
+    from speculation.models import CandidateMeasurement, CostCalibration, DraftModel
+    from speculation.worker import autopick, suffix_store
+
+    # given: chat's evidence names the hybrid with `near` at K = 4; the endpoint's store holds an earlier answer
+    near = DraftModel.objects.get(name="near")
+    _rows(auto_endpoint, "chat", "suffix+near", near, 4, 2.5, 12, kind="suffix_draft")
+    _rows(auto_endpoint, "chat", "near", near, 4, 1.5, 12)
+    autopick.forget()
+    plain = _plain(tiny_model_dir, WRITING_PROMPT)
+    suffix_store.remember(auto_endpoint.pk, "earlier", plain)
+    calibration = dict(node_class="cpu", path="local", target_step_ms=10.0, draft_step_ms=2.0)
+    CostCalibration.objects.create(endpoint=auto_endpoint, draft=near, verify_ms={"2": 11.0, "9": 14.0}, **calibration)
+    # when: a chat request asks what was answered before
+    job = _job(client, auto_endpoint, "chat", WRITING_PROMPT)
+    tokens, stats = _run(client, job)
+    # then: the hybrid ran at K = 4 and said so; the output is plain greedy's
+    assert (stats["mechanism"], stats["k"]) == ("suffix_draft", 4)
+    assert stats["reason"].startswith("auto: chat -> suffix+near K=4"), stats["reason"]
+    assert tokens == plain
+    # the store's answer was drafted and accepted: fewer passes than tokens
+    assert stats["accepted_tokens"] > 0 and stats["target_passes"] < len(tokens)
+    # and prod's own row is the hybrid's, its projection charging the draft step for the model's drafts only
+    row = CandidateMeasurement.objects.get(request_id=job["request_id"])
+    assert (row.candidate, row.kind, row.draft_id, row.best_k) == ("suffix+near", "suffix_draft", near.pk, 4)
+    drafted, accepted, passes = row.counts[3]
+    costs = CostCalibration.objects.get(draft=near).step_costs()
+    every_draft_charged = costs.multiplier(tokens_per_step=1 + accepted / passes, k=drafted / passes)
+    assert row.multiplier[3] > round(every_draft_charged, 4)
