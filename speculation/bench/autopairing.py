@@ -2,9 +2,9 @@
 and against the per-workload oracle (issue 12's `bench_autopairing`).
 
 One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
-every candidate (n-gram, suffix decoding over the answers earlier in the stream, and each --drafts directory sharing
-the target's tokenizer) is replayed on the answer at K = 1..8 with the same code shadow runs
-(speculation.worker.candidates.replay: exact for greedy), and so is the target's EAGLE head (--eagle; its features
+every candidate (n-gram, suffix decoding over the answers earlier in the stream, each --drafts directory sharing
+the target's tokenizer, and each of them behind suffix decoding: the hybrid suffix+DRAFT) is replayed on the answer
+at K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the target's EAGLE head (--eagle; its features
 from one teacher-forced pass of the target). In a sharded run (--shard) suffix decoding's store holds the earlier
 answers of its own shard only, a lower bound of the whole stream's. The projected multiplier per request uses costs
 measured here once per candidate (speculation.engine.costs: the target's verification of n tokens and the draft's
@@ -21,7 +21,11 @@ every request (as shadow does), so the choice learns from full information. The 
 gives the prompt (the automatic category: speculation.workloads.classifier). Compared, on the same requests:
 - best single: the one (candidate, K) with the best mean over all requests (in hindsight);
 - oracle: per workload, the (candidate, K) with the best mean over that workload's requests (in hindsight).
-overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's.
+overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's;
+gain_over_best_single_without_hybrids: auto's / the best single candidate's with the hybrids left out of the singles
+(what choosing per step between suffix decoding and a draft adds over the best one of them alone). A hybrid's
+projection charges the draft's step for the model's drafts only (the lookup's own step, measured at 0.3 % of a
+target step, is left out).
 """
 
 from __future__ import annotations
@@ -48,7 +52,15 @@ from speculation.engine import (
 from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
-from speculation.models import LOOKUP_KINDS, DraftKind, DraftModel, SpeculationPolicy
+from speculation.models import (
+    DRAFT_MODEL_KINDS,
+    HYBRID_PREFIX,
+    LOOKUP_KINDS,
+    DraftKind,
+    DraftModel,
+    SpeculationPolicy,
+    draft_kind_for,
+)
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
 from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
@@ -96,7 +108,7 @@ def candidate_costs(
                 for i, tokens in enumerate(store):
                     index.add(f"s{i}", tokens)
                 proposer = SuffixProposer(index)
-            if candidate.kind == DraftKind.DRAFT_MODEL:
+            if candidate.kind in DRAFT_MODEL_KINDS:  # a hybrid's model steps cost the draft's
                 model = resources.model(candidate.draft.path).model
                 proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
             lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
@@ -127,7 +139,7 @@ def measure(
     for index in mine:
         prompt, prompt_ids = prompts[index], encoded[index]
         output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
-        mult, tau, drafts = {}, {}, {}
+        mult, tau, drafts, per_pass, model_steps = {}, {}, {}, {}, {}
         for candidate in candidates:
             per_k = replay(
                 candidate,
@@ -135,17 +147,23 @@ def measure(
                 output_ids=output,
                 max_tokens=max_tokens,
                 target_path=target_dir,
-                lookup=SuffixProposer(answers) if candidate.kind == DraftKind.SUFFIX else None,
+                lookup=SuffixProposer(answers)
+                if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT)
+                else None,
             )
             for k, stats in per_k.items():
-                steps = stats.mean_accepted_len or 1.0
+                key = (candidate.name, k)
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
-                mult[(candidate.name, k)] = costs[candidate.name].multiplier(
-                    tokens_per_step=stats.tokens_per_pass, k=k_mean
-                )  # per target pass, steps that drafted nothing included
-                tau[(candidate.name, k)] = steps
-                drafts[(candidate.name, k)] = k_mean
-        measured.append(Measured(classify(prompt), mult, tau, kinds=kinds, k_mean=drafts, index=index))
+                per_pass[key], model_steps[key] = stats.tokens_per_pass, stats.model_steps_per_pass
+                mult[key] = costs[candidate.name].multiplier(
+                    tokens_per_step=per_pass[key], k=k_mean, draft_steps=model_steps[key]
+                )  # per target pass, steps that drafted nothing included; a hybrid's lookups cost no draft step
+                tau[key] = stats.mean_accepted_len or 1.0
+                drafts[key] = k_mean
+        measured.append(
+            Measured(classify(prompt), mult, tau, kinds=kinds, k_mean=drafts, index=index, per_pass=per_pass,
+                     model_steps=model_steps)
+        )  # fmt: skip
         answers.add(f"r{index}", output)
         if len(measured) % SAVE_EVERY == 0 or len(measured) == len(mine):
             logger.info("measured %d of %d requests", len(measured), len(mine))
@@ -156,7 +174,8 @@ def measure(
 
 def _policy(choice: Choice) -> SpeculationPolicy:
     """An unsaved policy holding a pairing (what auto_decision reads: mechanism, draft name, K)."""
-    draft = None if choice.kind in LOOKUP_KINDS else DraftModel(name=choice.candidate, kind=choice.kind)
+    name = choice.candidate.removeprefix(HYBRID_PREFIX) if choice.kind == DraftKind.SUFFIX_DRAFT else choice.candidate
+    draft = None if choice.kind in LOOKUP_KINDS else DraftModel(name=name, kind=draft_kind_for(choice.kind))
     return SpeculationPolicy(mechanism=choice.kind, draft=draft, k=choice.k)
 
 
@@ -219,6 +238,11 @@ def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str,
         }
     auto_overall = _mean(auto_all)
     single_overall = _mean([r.multiplier[best_single] for r in measured])
+    # the best fixed choice among the candidates alone (each draft model behind suffix decoding left out)
+    kinds = measured[0].kinds
+    plain_keys = [key for key in keys if kinds.get(key[0]) != DraftKind.SUFFIX_DRAFT]
+    best_plain = max(plain_keys, key=lambda key: (totals[key], -key[1]))
+    plain_overall = _mean([r.multiplier[best_plain] for r in measured])
     return {
         "workloads": workloads,
         "best_single": f"{best_single[0]}@K{best_single[1]}",
@@ -228,6 +252,9 @@ def report(measured: list[Measured], chosen: list[tuple[str, int]]) -> dict[str,
         "overall_gain": round(auto_overall / single_overall, 4) if single_overall else None,
         "regret": round(1 - auto_overall / _mean(oracle_all), 4) if oracle_all else None,
         "oracle_over_best_single": round(_mean(oracle_all) / single_overall, 4) if single_overall else None,
+        "best_single_without_hybrids": f"{best_plain[0]}@K{best_plain[1]}",
+        "best_single_without_hybrids_projected": round(plain_overall, 4),
+        "gain_over_best_single_without_hybrids": round(auto_overall / plain_overall, 4) if plain_overall else None,
         "second_half": _second_half(measured, chosen, best_single, oracles),
         "requests": len(measured),
     }
@@ -263,11 +290,15 @@ def run(
     eagle_dir: str = "",
     save_measurements: Path | None = None,
     shard: tuple[int, int] = (0, 1),
+    hybrids: bool = True,
 ) -> dict[str, Any]:
     candidates = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     for directory in draft_dirs:
         name = f"draft:{Path(directory).parent.name}/{Path(directory).name}"
         candidates.append(Candidate(name, DraftKind.DRAFT_MODEL, DraftModel(name=name, path=directory)))
+    if hybrids:  # each draft behind suffix decoding, as shadow's candidates
+        drafts = [c for c in candidates if c.kind == DraftKind.DRAFT_MODEL]
+        candidates += [Candidate(HYBRID_PREFIX + c.name, DraftKind.SUFFIX_DRAFT, c.draft) for c in drafts]
     if eagle_dir:
         name = f"eagle:{Path(eagle_dir).name}"
         candidates.append(Candidate(name, DraftKind.EAGLE_HEAD, DraftModel(name=name, path=eagle_dir)))
@@ -298,7 +329,8 @@ def run(
 def evaluate(measured: list[Measured], costs: dict[str, StepCosts]) -> dict[str, Any]:
     """Simulate auto-pairing on measured requests (the policy starts on the main draft at DEFAULT_K) and report."""
     names = list(measured[0].kinds) or list(dict.fromkeys(name for name, _ in measured[0].multiplier))
-    first = names[min(1, len(names) - 1)]  # the main draft
+    models = [n for n in names if measured[0].kinds.get(n, DraftKind.DRAFT_MODEL) == DraftKind.DRAFT_MODEL]
+    first = (models or names)[0]  # the main draft
     k = (
         DEFAULT_K
         if (first, DEFAULT_K) in measured[0].multiplier

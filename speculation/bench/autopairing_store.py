@@ -4,7 +4,7 @@ can be simulated again without measuring, and shards measured by separate proces
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ class Measured:
     kinds: dict[str, str] = field(default_factory=dict)  # candidate -> kind (default: a lookup's / draft_model by name)
     k_mean: dict[tuple[str, int], float] = field(default_factory=dict)  # drafts per verification (costs again)
     index: int = 0  # the prompt's place in the mixed stream (shards merge in this order)
+    per_pass: dict[tuple[str, int], float] = field(default_factory=dict)  # tokens per target pass (what S divides)
+    model_steps: dict[tuple[str, int], float] = field(default_factory=dict)  # draft-model steps per pass (a hybrid)
 
     def rows(self, request_id: str = "") -> list[dict[str, Any]]:
         """This request's rows in the auto-pairing table's shape (one per candidate, K = 1..8; one request id:
@@ -55,6 +57,8 @@ def dump_measurements(path: Path, measured: list[Measured], costs: dict[str, Ste
                 "multiplier": {_text(key): v for key, v in m.multiplier.items()},
                 "tokens_per_step": {_text(key): v for key, v in m.tokens_per_step.items()},
                 "k_mean": {_text(key): v for key, v in m.k_mean.items()},
+                "per_pass": {_text(key): v for key, v in m.per_pass.items()},
+                "model_steps": {_text(key): v for key, v in m.model_steps.items()},
             }
             for m in measured
         ],
@@ -96,6 +100,8 @@ def _read(path: Path) -> tuple[list[Measured], dict[str, StepCosts]]:
                 kinds=r["kinds"],
                 k_mean={_key(key): float(v) for key, v in r.get("k_mean", {}).items()},
                 index=int(r.get("index", i)),
+                per_pass={_key(key): float(v) for key, v in r.get("per_pass", {}).items()},
+                model_steps={_key(key): float(v) for key, v in r.get("model_steps", {}).items()},
             )
             for i, r in enumerate(data["requests"])
         ]
@@ -107,10 +113,15 @@ def _read(path: Path) -> tuple[list[Measured], dict[str, StepCosts]]:
 def _priced(m: Measured, costs: dict[str, StepCosts]) -> Measured:
     if not m.k_mean:
         raise ValueError("shards to merge need k_mean per request (measured before it was stored)")
-    multiplier = {
-        key: costs[key[0]].multiplier(tokens_per_step=m.tokens_per_step[key], k=m.k_mean[key]) for key in m.multiplier
+    multiplier = {  # per target pass where the file has it (older files: per drafting step)
+        key: costs[key[0]].multiplier(
+            tokens_per_step=m.per_pass.get(key, m.tokens_per_step[key]),
+            k=m.k_mean[key],
+            draft_steps=m.model_steps.get(key),
+        )
+        for key in m.multiplier
     }
-    return Measured(m.workload, multiplier, m.tokens_per_step, kinds=m.kinds, k_mean=m.k_mean, index=m.index)
+    return replace(m, multiplier=multiplier)
 
 
 def _text(key: tuple[str, int]) -> str:

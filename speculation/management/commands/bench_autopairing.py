@@ -2,12 +2,13 @@
 
     python manage.py bench_autopairing [--json out.json] [--requests 200] [--max-tokens 48]
         [--target DIR] [--drafts DIR,DIR] [--eagle DIR] [--demo-version V] [--seed 0] [--code-share 0.4]
-        [--save-measurements PATH] [--shard I/N] [--from-measurements PATH[,PATH...]]
+        [--save-measurements PATH] [--shard I/N] [--from-measurements PATH[,PATH...]] [--no-hybrids]
 
 Defaults: the demo pair's target (speculation.offline.demo, DEMO_VERSION or ACE_DEMO_VERSION) with every draft of
 its version (DemoPair.drafts: the main draft and draft-prose on demo-v3, draft-code from demo-v6 on), the demo
 target's EAGLE head when it is built (`--eagle ""`: none), and n-gram lookup; `--demo-version` picks another demo
-version (e.g. demo-v7: two drafts and a head). `--save-measurements` keeps the raw per-request figures;
+version (e.g. demo-v7: two drafts and a head). Each draft also runs behind suffix decoding (the hybrid
+`suffix+DRAFT`, as shadow's candidates; `--no-hybrids`: not). `--save-measurements` keeps the raw per-request figures;
 `--shard I/N` measures only the stream's places I, I + N, ... (N processes share a loaded machine's cores);
 `--from-measurements` simulates the selection again on such files (shards merged) without measuring. What it
 measures and how: speculation.bench.autopairing.
@@ -40,6 +41,9 @@ class Command(BaseCommand):
         parser.add_argument("--demo-version", help="the demo version whose models are the defaults")
         parser.add_argument("--save-measurements", type=Path, help="write the raw per-request figures here")
         parser.add_argument("--shard", type=shard, default=(0, 1), help="I/N: measure the stream's places I mod N")
+        parser.add_argument(
+            "--no-hybrids", action="store_true", help="leave out each draft behind suffix decoding (suffix+DRAFT)"
+        )
         parser.add_argument(
             "--from-measurements", type=paths, help="simulate again on --save-measurements files (comma-separated)"
         )
@@ -74,6 +78,7 @@ class Command(BaseCommand):
             code_share=options["code_share"],
             save_measurements=options["save_measurements"],
             shard=options["shard"],
+            hybrids=not options["no_hybrids"],
         )
         self._write(result, options)
 

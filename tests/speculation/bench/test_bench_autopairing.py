@@ -109,3 +109,34 @@ def test_suffix_decodings_store_in_the_bench_holds_the_answers_before_each_reque
     assert mult[0][("suffix", 4)] < mult[1][("suffix", 4)] == mult[2][("suffix", 4)]
     assert mult[1][("suffix", 4)] > 1.5 * mult[1][("ngram", 4)]
     assert set(costs) == {"ngram", "suffix"} and costs["suffix"].draft_step_s > 0
+
+
+def test_a_draft_behind_suffix_decoding_is_measured_and_shards_price_it_again_the_same(tiny_model_dir, tmp_path):
+    from speculation.bench.autopairing import measure
+    from speculation.bench.autopairing_store import dump_measurements, load_measurements
+    from speculation.models import DraftKind, DraftModel
+    from speculation.worker.candidates import Candidate
+
+    # given: suffix decoding, the tiny draft, and the draft behind suffix decoding; a prompt asked twice, then another
+    draft = DraftModel(name="tiny", path=str(tiny_model_dir))
+    candidates = [
+        Candidate("suffix", DraftKind.SUFFIX),
+        Candidate("tiny", DraftKind.DRAFT_MODEL, draft),
+        Candidate("suffix+tiny", DraftKind.SUFFIX_DRAFT, draft),
+    ]
+    prompts = ["the quick brown fox", "the quick brown fox", "over the lazy dog", "jumps over it"]
+    # when
+    measured, costs = measure(target_dir=str(tiny_model_dir), candidates=candidates, prompts=prompts, max_tokens=24)
+    # then: the hybrid's model steps are the draft's, charged only where the lookup found too little: on the repeated
+    # prompt it drafts mostly from the store, with fewer model steps per pass than the draft alone
+    assert costs["suffix+tiny"].draft_step_s > costs["suffix"].draft_step_s
+    repeat = measured[1]
+    assert repeat.model_steps[("suffix+tiny", 4)] < repeat.model_steps[("tiny", 4)] == repeat.k_mean[("tiny", 4)]
+    assert repeat.multiplier[("suffix+tiny", 4)] > repeat.multiplier[("tiny", 4)]
+    # and shards merged price every request again with one cost model, the hybrid's model steps included: with the
+    # same costs, the same multipliers
+    dump_measurements(tmp_path / "a.json", measured[::2], costs)
+    dump_measurements(tmp_path / "b.json", measured[1::2], costs)
+    merged, _ = load_measurements([tmp_path / "a.json", tmp_path / "b.json"])
+    for again, first in zip(merged, measured, strict=True):
+        assert again.multiplier == pytest.approx(first.multiplier)
