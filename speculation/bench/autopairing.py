@@ -2,14 +2,14 @@
 and against the per-workload oracle (issue 12's `bench_autopairing`).
 
 One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
-every candidate (n-gram, suffix decoding over the answers earlier in the stream, each --drafts directory sharing
-the target's tokenizer, and each of them behind suffix decoding: the hybrid suffix+DRAFT) is replayed on the answer
-at K = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the target's EAGLE head (--eagle; its features
-from one teacher-forced pass of the target). In a sharded run (--shard) suffix decoding's store holds the earlier
-answers of its own shard only, a lower bound of the whole stream's. The projected multiplier per request uses costs
-measured here once per candidate (speculation.engine.costs: the target's verification of n tokens and the draft's
-step, the fastest repeat; an EAGLE step is the head's layer + the target's LM head; a suffix lookup is timed over
-a store the size of the stream's prompts): the local path's cost model.
+every candidate (n-gram, suffix decoding over the answers earlier in the stream, each --drafts directory sharing the
+target's tokenizer, and each of them behind suffix decoding: the hybrid suffix+DRAFT) is replayed on the answer at K
+= 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the
+target's EAGLE head (--eagle; its features from one teacher-forced pass of the target). In a sharded run (--shard)
+suffix decoding's store holds the earlier answers of its own shard only, a lower bound of the whole stream's. The
+projected multiplier per request uses costs measured here once per candidate (speculation.engine.costs: the target's
+verification of n tokens and the draft's step, the fastest repeat; an EAGLE step is the head's layer + the target's
+LM head; a suffix lookup is timed over a store the size of the stream's prompts): the local path's cost model.
 
 Auto-pairing is simulated online with the product's own rule (speculation.selectors.autopairing: the table
 aggregated from the earlier requests' rows exactly as the endpoint page and prod's worker aggregate them): request r
