@@ -3,7 +3,8 @@
 One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
 the demo pair: plain target decoding; ACE speculation with the draft model, with n-gram lookup and with suffix
 decoding (its store: the plain answers to the prompts run before, each prompt's own left out), each at K=5 and with
-dynamic K; Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
+dynamic K; suffix decoding with the draft model's fallback (``suffix_draft``: the draft at K=5 where the store gives
+fewer than 3 tokens); Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
 constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and the demo target's EAGLE head as a
 chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built first when
 it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few minutes
@@ -22,16 +23,18 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from speculation.bench import trees
 from speculation.engine import (
+    HYBRID_LOOKUP_K,
     DraftModelProposer,
     DynamicLookahead,
     GenerationConfig,
+    HybridProposer,
     LocalTarget,
     NgramProposer,
     SpecStats,
@@ -63,7 +66,8 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Mechanism:
-    name: str  # "plain" | "draft_model" | "ngram" | "suffix" | "hf_plain" | "hf_assisted" | "eagle" | "eagle_tree"
+    name: str  # "plain" | "draft_model" | "ngram" | "suffix" | "suffix_draft" | "hf_plain" | "hf_assisted" | "eagle"
+    # | "eagle_tree"
     k: int | str | None  # eagle_tree: the tree shape's label (speculation/bench/trees.py)
 
 
@@ -75,6 +79,7 @@ MECHANISMS = [
     Mechanism("ngram", "dynamic"),
     Mechanism("suffix", K),
     Mechanism("suffix", "dynamic"),
+    Mechanism("suffix_draft", K),  # suffix decoding first, the draft model (K=5) where it finds fewer than 3 tokens
     Mechanism("hf_plain", None),
     Mechanism("hf_assisted", K),
 ]
@@ -171,6 +176,10 @@ def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Pr
         proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
     elif mech.name == "suffix":
         proposer = SuffixProposer(ANSWERS, exclude=answer_key(prompt))
+    elif mech.name == "suffix_draft":  # the lookup drafts up to its own cap, the draft model K
+        model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
+        proposer = HybridProposer(SuffixProposer(ANSWERS, exclude=answer_key(prompt)), model, model_k=K)
+        config = replace(config, k=HYBRID_LOOKUP_K)
     else:
         proposer = NgramProposer()
     lookahead = LOOKAHEADS.setdefault(mech, DynamicLookahead(k_max=K, k_start=K)) if config.dynamic_k else None

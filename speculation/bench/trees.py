@@ -28,7 +28,7 @@ EAGLE_TREES = (
     TreeShape(top_k=4, depth=6, nodes=24, score_temperature=0.3),
     TreeShape(top_k=1, depth=8, nodes=8),
 )
-SPECULATIVE = ("draft_model", "ngram", "suffix", "eagle", "eagle_tree")
+SPECULATIVE = ("draft_model", "ngram", "suffix", "suffix_draft", "eagle", "eagle_tree")
 DYNAMIC = "dynamic"  # the eagle_tree run whose shape and depth the controller chooses
 DYNAMIC_TREE = EAGLE_TREES[0]  # the policy-default tree it chooses around
 

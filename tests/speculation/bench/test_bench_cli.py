@@ -76,6 +76,7 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
         ("ngram", "dynamic"),
         ("suffix", 5),
         ("suffix", "dynamic"),
+        ("suffix_draft", 5),
         ("hf_plain", None),
         ("hf_assisted", 5),
     }
@@ -84,6 +85,8 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
     # suffix decoding drafted from the answers to the prompts before (the first prompt's run had none)
     suffix = next(r for r in report["runs"] if r["mechanism"] == "suffix" and r["k"] == 5)
     assert suffix["greedy_identical"] is True and suffix["acceptance_rate"] > 0
+    hybrid = next(r for r in report["runs"] if r["mechanism"] == "suffix_draft")
+    assert hybrid["greedy_identical"] is True and hybrid["acceptance_rate"] > 0
 
 
 class _Built(Exception):
