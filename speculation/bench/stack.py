@@ -155,8 +155,9 @@ class BenchStack:
 
     def set_demo_pairing(self, endpoint: str = "demo", *, k: int = 5, mechanism: str = "draft_model") -> dict:
         """Prod with the run command's demo pairing, set in full (the demo draft at K on the local path): a policy left
-        at its defaults would run n-gram lookup. mechanism "suffix" or "ngram": that lookup instead of the draft."""
-        draft = "demo-draft" if mechanism == "draft_model" else None
+        at its defaults would run n-gram lookup. mechanism "suffix" or "ngram": that lookup instead of the draft;
+        "suffix_draft": suffix decoding with the demo draft where it finds little."""
+        draft = "demo-draft" if mechanism in ("draft_model", "suffix_draft") else None
         return self.set_policy(
             endpoint, mode="prod", mechanism=mechanism, draft=draft, k=k, path="local",
             target_path=str(self.target_dir),

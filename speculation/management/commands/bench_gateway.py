@@ -68,7 +68,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--mechanism",
-            choices=("draft_model", "suffix", "ngram"),
+            choices=("draft_model", "suffix", "suffix_draft", "ngram"),
             default="draft_model",
             help="concurrency: what prod drafts with (default: the demo draft, the run command's pairing)",
         )
