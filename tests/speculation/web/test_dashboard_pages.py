@@ -188,6 +188,27 @@ def test_settings_form_saves_through_the_service(client_in, endpoint):
     assert (policy.mode, policy.draft.name, policy.k, policy.path) == ("prod", "same-vocab", 4, "remote")
 
 
+def test_the_settings_form_sets_suffix_decoding_with_a_draft_fallback_and_the_pages_say_so(client_in, endpoint):
+    DraftModel.objects.create(name="same-vocab", kind=DraftKind.DRAFT_MODEL, path="/y", tokenizer_fingerprint=FP)
+    form = {"mode": "prod", "mechanism": "suffix_draft", "draft": "same-vocab", "k": 3, "shadow_sample_rate": 1.0,
+            "path": "remote", "target_path": ""}  # fmt: skip
+
+    response = client_in.post(reverse("speculation:endpoint-policy", args=[endpoint.pk]), form)
+
+    assert response.status_code == 302
+    policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
+    assert (policy.mechanism, policy.draft.name, policy.k) == ("suffix_draft", "same-vocab", 3)
+    page = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    assert "same-vocab behind suffix decoding" in page
+    assert "behind suffix decoding" in client_in.get(reverse("speculation:overview")).content.decode()
+    # on the native path (of a server that speculates itself) it is refused on the field, nothing saved
+    Endpoint.objects.filter(pk=endpoint.pk).update(capabilities={**endpoint.capabilities, "native_speculation": True})
+    response = client_in.post(reverse("speculation:endpoint-policy", args=[endpoint.pk]), {**form, "path": "native"})
+    assert response.status_code == 400
+    assert "runs in ACE's worker" in " ".join(response.context["form"].errors["path"])
+    assert SpeculationPolicy.objects.get(endpoint=endpoint).path == "remote"
+
+
 def test_settings_form_shows_the_service_refusal_on_the_field(client_in, endpoint):
     DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
     form = {
