@@ -7,7 +7,9 @@ candidate's own measured c: speculation.worker.costs), the counts and the per-po
 
 The candidates: n-gram prompt lookup, suffix decoding (the endpoint's earlier responses, speculation.worker.
 suffix_store, without the request's own), every registered draft model with the endpoint's tokenizer fingerprint,
-and, where the worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained
+each of those draft models behind suffix decoding (the hybrid `suffix+NAME`: the store's draft where it has 3 tokens,
+else the model's; greedy only, projected with the draft's step charged for the model's drafts only), and, where the
+worker holds the target (the policy's target_path), every EAGLE head with that fingerprint trained
 for that target (a head drafts from the target's features: one teacher-forced target pass gives them for the whole
 request, ReplayTarget hands them to the head; without the target's weights in the worker there are no features, so
 EAGLE heads are not candidates on a remote-only policy). With the policy's `eagle_tree` set, a head replays as the
@@ -15,8 +17,8 @@ draft tree prod's local path would draft (depth min(depth, K), verified against 
 tree.replay_tree_greedy), and its projection counts the verification of every node: S = E[N] / (v(nodes) + depth c).
 - Greedy requests: the engine's exact replay (speculation.engine.replay; one teacher-forced pass per draft model or
   target serves all K).
-- Sampled requests (temperature > 0): draft models only, with the expected acceptance sum_x min(p, q) of both
-  distributions processed as the request asked (speculation.worker.sampled: exact where the worker holds the
+- Sampled requests (temperature > 0): draft models only (no hybrid), with the expected acceptance sum_x min(p, q) of
+  both distributions processed as the request asked (speculation.worker.sampled: exact where the worker holds the
   target, else a lower bound from the server's top-N, read once for all candidates); per K the i.i.d. mean accepted
   length and expected counts. n-gram lookup and suffix decoding have no draft distribution and an EAGLE head's
   would need its own sampled drafting pass: none of them is replayed on sampled requests.
