@@ -8,11 +8,15 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from speculation.models import LOOKUP_KINDS, DraftKind, DraftModel
+from speculation.models import LOOKUP_KINDS, REGISTRABLE_KINDS, DraftKind, DraftModel
 from speculation.services.model_files import inspect_model_dir
 
 logger = logging.getLogger(__name__)
 
+HYBRID_IS_A_MECHANISM = (
+    "suffix_draft is a policy's mechanism, not a kind of draft: register the draft model (kind draft_model) and set "
+    "the endpoint's policy to mechanism suffix_draft with it"
+)
 # Weights plus activations and a short KV cache: a deliberately simple estimate, stated as such in the API.
 VRAM_OVERHEAD = 1.2
 
@@ -39,8 +43,11 @@ def register_draft(
     *, name: str, kind: str, path: str = "", node_class: str = "cpu", target_name: str = ""
 ) -> DraftModel:
     """Register a draft; its facts are read from the directory, never taken from the caller."""
+    if kind == DraftKind.SUFFIX_DRAFT:
+        raise ValidationError({"kind": [HYBRID_IS_A_MECHANISM]})
     if kind not in DraftKind.values:
-        raise ValidationError({"kind": [f"unknown kind {kind!r}: choose one of {', '.join(DraftKind.values)}"]})
+        known = ", ".join(value for value, _ in REGISTRABLE_KINDS)
+        raise ValidationError({"kind": [f"unknown kind {kind!r}: choose one of {known}"]})
     facts: dict[str, Any] = {}
     if kind in LOOKUP_KINDS:
         if path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django import forms
 
 from speculation.limits import K_MAX, K_MIN
-from speculation.models import Action, DraftKind, Mechanism, Mode, VerificationPath
+from speculation.models import REGISTRABLE_KINDS, Action, Mechanism, Mode, VerificationPath
 from speculation.selectors.rollups import RANGES
 
 
@@ -78,7 +78,7 @@ class ModeForm(forms.Form):
 
 class DraftRegisterForm(forms.Form):
     name = forms.SlugField(max_length=64)
-    kind = forms.ChoiceField(choices=DraftKind.choices)
+    kind = forms.ChoiceField(choices=REGISTRABLE_KINDS)
     path = forms.CharField(
         required=False, max_length=1000, help_text="Local Hugging Face model directory (empty for n-gram)."
     )

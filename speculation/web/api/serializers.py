@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from ace.api import RejectUnknownFieldsMixin
-from speculation.models import DraftKind, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
+from speculation.models import REGISTRABLE_KINDS, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
 
 
 class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
@@ -71,7 +71,7 @@ class PolicyChangeSerializer(serializers.ModelSerializer):
 
 
 class DraftSerializer(serializers.ModelSerializer):
-    kind = serializers.ChoiceField(choices=DraftKind.choices)
+    kind = serializers.ChoiceField(choices=REGISTRABLE_KINDS)
 
     class Meta:
         model = DraftModel

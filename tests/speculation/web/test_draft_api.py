@@ -43,3 +43,17 @@ def test_a_duplicate_name_is_refused(api):
     response = api.post("/api/v1/drafts/", {"name": "ngram", "kind": "ngram"}, format="json")
     assert response.status_code == 400
     assert "already exists" in response.json()["name"][0]
+
+
+def test_the_hybrid_is_no_kind_of_draft_and_registering_one_says_what_to_do(api, tiny_model_dir):
+    from django.core.exceptions import ValidationError
+
+    from speculation.models import DraftModel
+    from speculation.services.drafts import register_draft
+
+    body = {"name": "h", "kind": "suffix_draft", "path": str(tiny_model_dir)}
+    response = api.post("/api/v1/drafts/", body, format="json")
+    assert response.status_code == 400 and "kind" in response.json()
+    with pytest.raises(ValidationError, match="a policy's mechanism, not a kind of draft"):
+        register_draft(name="h", kind="suffix_draft", path=str(tiny_model_dir))
+    assert not DraftModel.objects.filter(name="h").exists()
