@@ -93,6 +93,20 @@ def _records(endpoint, *, count: int, timeout_s: float = 90.0, **filters) -> lis
     raise AssertionError(f"expected {count} records {filters}, found {len(found)}")
 
 
+def _wait_stored(endpoint, count: int, timeout_s: float = 30.0) -> None:
+    """Until the endpoint's suffix store has taken this many answers (shadow stores after measuring)."""
+    import redis
+    from django.conf import settings
+
+    from speculation.worker import suffix_store
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + timeout_s
+    while int(client.get(suffix_store.COUNT_KEY.format(endpoint_id=endpoint.pk)) or 0) < count:
+        assert time.monotonic() < deadline, "shadow did not store the answer"
+        time.sleep(0.1)
+
+
 def test_off_mode_relays_the_endpoints_bytes_and_records_nothing(
     ace_server, token, vllm_server, endpoint, gateway_client
 ):
@@ -182,9 +196,6 @@ def test_prod_local_path_gives_the_same_tokens_as_off(endpoint, draft, demo_pair
 def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_tokens_as_off(
     endpoint, demo_pair, celery_worker, gateway_client
 ):
-    import redis
-    from django.conf import settings
-
     from speculation.worker import suffix_store
 
     # given: suffix decoding in shadow, its store empty; one request measured (the worker stores its answer)
@@ -193,11 +204,7 @@ def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_
     update_policy(endpoint=endpoint, mode="shadow", shadow_sample_rate=1.0, **common)
     off = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
     [shadowed] = _records(endpoint, count=1, mode="shadow")
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    deadline = time.monotonic() + 30
-    while int(client.get(suffix_store.COUNT_KEY.format(endpoint_id=endpoint.pk)) or 0) < 1:
-        assert time.monotonic() < deadline, "shadow did not store the answer"
-        time.sleep(0.1)
+    _wait_stored(endpoint, 1)
     # when: prod on the local path with suffix decoding, the same question again
     update_policy(endpoint=endpoint, mode="prod", **common)
     prod = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=True)
@@ -216,9 +223,6 @@ def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_
 def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_on_known_and_new_prompts(
     endpoint, draft, demo_pair, celery_worker, gateway_client, path
 ):
-    import redis
-    from django.conf import settings
-
     from speculation.worker import suffix_store
 
     # given: the hybrid in shadow, its store empty; one request measured (the worker stores its answer), and one
@@ -232,11 +236,7 @@ def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_
     off[PROMPTS[1]] = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
     [shadowed] = _records(endpoint, count=1, mode="shadow")
     assert "suffix decoding with the draft's fallback" in shadowed.reason, shadowed.reason
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    deadline = time.monotonic() + 30
-    while int(client.get(suffix_store.COUNT_KEY.format(endpoint_id=endpoint.pk)) or 0) < 1:
-        assert time.monotonic() < deadline, "shadow did not store the answer"
-        time.sleep(0.1)
+    _wait_stored(endpoint, 1)
     # when: prod with the hybrid, a question answered before and one never seen
     update_policy(endpoint=endpoint, mode="prod", **common)
     prod = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=True) for p in PROMPTS[1:]}
