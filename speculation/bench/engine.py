@@ -3,8 +3,8 @@
 One process, the same prompts (Spec-Bench questions vendored in speculation/bench/data and held-out stdlib code) and
 the demo pair: plain target decoding; ACE speculation with the draft model, with n-gram lookup and with suffix
 decoding (its store: the plain answers to the prompts run before, each prompt's own left out), each at K=5 and with
-dynamic K; suffix decoding with the draft model's fallback (``suffix_draft``: the draft at K=5 where the store gives
-fewer than 3 tokens); Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
+dynamic K; suffix decoding with the draft model's fallback (``suffix_draft``: the draft at K=5, and at K=2, where the
+store gives fewer than 3 tokens); Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
 constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and the demo target's EAGLE head as a
 chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built first when
 it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few minutes
@@ -71,6 +71,7 @@ class Mechanism:
     k: int | str | None  # eagle_tree: the tree shape's label (speculation/bench/trees.py)
 
 
+HYBRID_SMALL_K = 2  # the draft's best K behind suffix decoding in bench_autopairing on demo-v10 (docs/BENCHMARKS.md)
 MECHANISMS = [
     Mechanism("plain", None),
     Mechanism("draft_model", K),
@@ -79,7 +80,8 @@ MECHANISMS = [
     Mechanism("ngram", "dynamic"),
     Mechanism("suffix", K),
     Mechanism("suffix", "dynamic"),
-    Mechanism("suffix_draft", K),  # suffix decoding first, the draft model (K=5) where it finds fewer than 3 tokens
+    Mechanism("suffix_draft", K),  # suffix decoding first, the draft model (K) where it finds fewer than 3 tokens
+    Mechanism("suffix_draft", HYBRID_SMALL_K),
     Mechanism("hf_plain", None),
     Mechanism("hf_assisted", K),
 ]
@@ -178,7 +180,7 @@ def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Pr
         proposer = SuffixProposer(ANSWERS, exclude=answer_key(prompt))
     elif mech.name == "suffix_draft":  # the lookup drafts up to its own cap, the draft model K
         model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
-        proposer = HybridProposer(SuffixProposer(ANSWERS, exclude=answer_key(prompt)), model, model_k=K)
+        proposer = HybridProposer(SuffixProposer(ANSWERS, exclude=answer_key(prompt)), model, model_k=mech.k)
         config = replace(config, k=HYBRID_LOOKUP_K)
     else:
         proposer = NgramProposer()

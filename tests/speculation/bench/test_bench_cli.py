@@ -77,6 +77,7 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
         ("suffix", 5),
         ("suffix", "dynamic"),
         ("suffix_draft", 5),
+        ("suffix_draft", 2),
         ("hf_plain", None),
         ("hf_assisted", 5),
     }
