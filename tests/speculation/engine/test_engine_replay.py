@@ -63,6 +63,7 @@ def test_replay_counts_a_hand_worked_example():
     assert stats.counts() == {
         "drafts": 2,
         "drafted_tokens": 4,
+        "looked_up_tokens": 0,  # no hybrid: no draft came from a lookup
         "accepted_tokens": 3,
         "accepted_per_position": [2, 1, 0],
         "drafted_per_position": [2, 1, 1],

@@ -48,7 +48,7 @@ def test_it_prints_and_writes_the_per_category_table_and_seeds_auto_pairing(endp
     assert result["prompts"] == 13 and not result["errors"]
     assert len(result["categories"]) == 13
     for cells in result["categories"].values():
-        assert set(cells) == {"ngram", "suffix", "tiny-draft"}
+        assert set(cells) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft"}
         assert cells["ngram"]["requests"] == 1 and cells["ngram"]["projected_multiplier"] is not None
     printed = capsys.readouterr().out
     assert "translation" in printed and "tiny-draft" in printed
