@@ -65,6 +65,7 @@ _EXPORTS = {
     "replay_greedy": "replay",
     "replay_proposer": "replay",
     "replay_proposals": "replay",
+    "teacher_forced": "replay",
     "SamplingParams": "sampling",
     "probs_from_logits": "sampling",
     "SpecStats": "stats",

@@ -182,6 +182,18 @@ def replay_proposer(
     return generate(target, proposer, prompt, config, ends_after=ends_after, lookahead=lookahead).stats
 
 
+def teacher_forced(draft_next_tokens: Sequence[int]) -> KnownDrafts:
+    """A draft model's greedy drafts from its teacher-forced predictions (``draft_greedy_predictions``): its chain
+    after n committed tokens is accepted exactly as far as these predictions match, so a greedy replay with them is
+    exact. Padded past the known predictions (those positions are never counted)."""
+
+    def drafts(n: int, d: int) -> list[int]:
+        found = list(draft_next_tokens[n - 1 : n - 1 + d])
+        return found + [0] * (d - len(found))
+
+    return KnownDrafts(drafts)
+
+
 def replay_greedy(
     draft_next_tokens: Sequence[int],
     target_tokens: Sequence[int],
@@ -199,13 +211,8 @@ def replay_greedy(
     """
     if len(draft_next_tokens) < len(target_tokens) - 1:
         raise ValueError("need the draft's prediction at every position but the last")
-
-    def teacher_forced(n: int, d: int) -> list[int]:  # padded past the known predictions: never counted
-        drafts = list(draft_next_tokens[n - 1 : n - 1 + d])
-        return drafts + [0] * (d - len(drafts))
-
     return replay_proposer(
-        KnownDrafts(teacher_forced),
+        teacher_forced(draft_next_tokens),
         target_tokens,
         k,
         prompt_len=prompt_len,

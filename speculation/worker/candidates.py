@@ -46,7 +46,6 @@ from fleet.models import Endpoint
 from speculation.engine import (
     HYBRID_LOOKUP_K,
     HybridProposer,
-    KnownDrafts,
     NgramProposer,
     SamplingParams,
     SpecStats,
@@ -54,7 +53,13 @@ from speculation.engine import (
 )
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
 from speculation.engine.proposers import LookupProposer
-from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
+from speculation.engine.replay import (
+    draft_greedy_predictions,
+    replay_greedy,
+    replay_proposals,
+    replay_proposer,
+    teacher_forced,
+)
 from speculation.engine.tree import TreeShape
 from speculation.limits import tree_nodes_at
 from speculation.models import (
@@ -156,16 +161,9 @@ def replay_hybrid(
     """Suffix decoding with a draft model's fallback at each K (the draft's K; the lookup drafts up to its own cap,
     HYBRID_LOOKUP_K), as prod's HybridProposer runs it: exact for greedy, the draft's drafts from one
     teacher-forced pass (its chain is accepted exactly as far as its teacher-forced predictions match)."""
-    predictions = draft_greedy_predictions(resources.model(draft_path).model, sequence)
-
-    def teacher_forced(n: int, drafted: int) -> list[int]:  # padded past the known predictions: never counted
-        drafts = list(predictions[n - 1 : n - 1 + drafted])
-        return drafts + [0] * (drafted - len(drafts))
-
+    model = teacher_forced(draft_greedy_predictions(resources.model(draft_path).model, sequence))
     return {
-        k: replay_proposer(
-            HybridProposer(lookup, KnownDrafts(teacher_forced), model_k=k), sequence, max(k, HYBRID_LOOKUP_K), **common
-        )
+        k: replay_proposer(HybridProposer(lookup, model, model_k=k), sequence, max(k, HYBRID_LOOKUP_K), **common)
         for k in ks
     }
 

@@ -18,6 +18,7 @@ from speculation.engine import (
     draft_greedy_predictions,
     generate,
     replay_proposer,
+    teacher_forced,
 )
 from speculation.engine.projection import StepCosts
 
@@ -78,14 +79,9 @@ def test_the_shadow_replay_gives_the_same_stats_as_the_run(target_model, draft_m
         config = GenerationConfig(max_new_tokens=37, k=HYBRID_LOOKUP_K)
         live = generate(target, _hybrid(index, draft_model, target.vocab_size, model_k, min_lookup), prompt, config)
         sequence = prompt + live.tokens
-        predictions = draft_greedy_predictions(draft_model, sequence)
-
-        def teacher_forced(n: int, d: int, predictions=predictions) -> list[int]:
-            drafts = list(predictions[n - 1 : n - 1 + d])
-            return drafts + [0] * (d - len(drafts))
-
+        model = teacher_forced(draft_greedy_predictions(draft_model, sequence))
         replayed = replay_proposer(
-            HybridProposer(SuffixProposer(index), KnownDrafts(teacher_forced), model_k=model_k, min_lookup=min_lookup),
+            HybridProposer(SuffixProposer(index), model, model_k=model_k, min_lookup=min_lookup),
             sequence,
             HYBRID_LOOKUP_K,
             prompt_len=len(prompt),

@@ -15,13 +15,18 @@ from fleet.models import Endpoint, EndpointStatus
 from speculation.engine import (
     HYBRID_LOOKUP_K,
     HybridProposer,
-    KnownDrafts,
     NgramProposer,
     SuffixIndex,
     SuffixProposer,
 )
 from speculation.engine.projection import StepCosts
-from speculation.engine.replay import draft_greedy_predictions, replay_greedy, replay_proposals, replay_proposer
+from speculation.engine.replay import (
+    draft_greedy_predictions,
+    replay_greedy,
+    replay_proposals,
+    replay_proposer,
+    teacher_forced,
+)
 from speculation.models import CandidateMeasurement, SpeculationPolicy, StageRecord
 from speculation.services.drafts import register_draft
 from speculation.worker import candidates, suffix_store
@@ -110,12 +115,8 @@ def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, 
             for k in range(1, 9)
         ]
 
-    def teacher_forced(n: int, d: int) -> list[int]:
-        drafts = list(predictions[n - 1 : n - 1 + d])
-        return drafts + [0] * (d - len(drafts))
-
     def hybrid(k: int) -> HybridProposer:  # the store's drafts where 3 tokens are found, else the draft's K
-        return HybridProposer(suffix, KnownDrafts(teacher_forced), model_k=k)
+        return HybridProposer(suffix, teacher_forced(predictions), model_k=k)
 
     want = {
         "tiny-draft": [replay_greedy(predictions, sequence, k, prompt_len=len(PROMPT)) for k in range(1, 9)],
@@ -290,8 +291,7 @@ def test_a_mixed_stream_ends_with_a_different_winner_per_workload_matching_a_bru
                             draft_greedy_predictions(draft_model, seq), seq, k, prompt_len=len(prompt)
                         )
                     else:
-                        preds = draft_greedy_predictions(draft_model, seq)
-                        model = KnownDrafts(lambda n, d, p=preds: (list(p[n - 1 : n - 1 + d]) + [0] * d)[:d])
+                        model = teacher_forced(draft_greedy_predictions(draft_model, seq))
                         hybrid = HybridProposer(lookups["suffix"], model, model_k=k)
                         stats = replay_proposer(hybrid, seq, max(k, HYBRID_LOOKUP_K), prompt_len=len(prompt))
                     k_mean = stats.drafted_tokens / stats.target_passes
