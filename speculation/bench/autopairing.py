@@ -96,9 +96,12 @@ def candidate_costs(
     grows with the context it scans, so n-gram and suffix decoding are timed over the longest of them."""
     target = resources.model(target_dir).model
     verify = time_verify(LocalTarget(target), context, [1, 2, 3, 5, 9])
-    costs = {}
+    costs: dict[str, StepCosts] = {}
+    model_steps: dict[str, float] = {}  # per draft directory: a draft and its hybrid share one timing
     for candidate in candidates:
-        if candidate.kind == DraftKind.EAGLE_HEAD:  # its step: the head's layer + the target's LM head
+        if candidate.kind in DRAFT_MODEL_KINDS and candidate.draft.path in model_steps:
+            step = model_steps[candidate.draft.path]
+        elif candidate.kind == DraftKind.EAGLE_HEAD:  # its step: the head's layer + the target's LM head
             head = resources.eagle_head(candidate.draft.path, target_dir=target_dir)
             step = head_step_s(EagleProposer(head, target), context)
         else:
@@ -113,6 +116,8 @@ def candidate_costs(
                 proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
             lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
             step = time_draft_step(proposer, lookup_context or context)
+            if candidate.kind in DRAFT_MODEL_KINDS:
+                model_steps[candidate.draft.path] = step
         costs[candidate.name] = StepCosts(target_step_s=verify[1], draft_step_s=step, verify_s=verify)
     return costs
 
