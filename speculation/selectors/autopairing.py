@@ -118,7 +118,8 @@ def _cell(workload: str, candidate: str, acc: _Acc) -> Cell:
     return cell
 
 
-def _recommend(workload: str, cells: list[Cell]) -> Recommendation | None:
+def recommend(workload: str, cells: list[Cell]) -> Recommendation | None:
+    """The best of `cells` by projected multiplier (MIN_REQUESTS measured at least), or None."""
     ranked = sorted(
         (c for c in cells if c.multiplier is not None and c.requests >= MIN_REQUESTS),
         key=lambda c: (-c.multiplier, c.candidate),
@@ -174,7 +175,7 @@ def table_from_rows(rows: Iterable[dict]) -> dict:
     for (workload, candidate), acc in accs.items():
         grouped[workload].append(_cell(workload, candidate, acc))
     table = {
-        workload: {"cells": sorted(cells, key=lambda c: c.candidate), "recommendation": _recommend(workload, cells)}
+        workload: {"cells": sorted(cells, key=lambda c: c.candidate), "recommendation": recommend(workload, cells)}
         for workload, cells in grouped.items()
     }
     overall = table.pop(OVERALL, {"cells": [], "recommendation": None})

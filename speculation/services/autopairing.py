@@ -15,8 +15,8 @@ from django.core.exceptions import ValidationError
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
 from speculation.models import LOOKUP_KINDS, DraftModel, SpeculationPolicy, VerificationPath, candidate_name
-from speculation.selectors.autopairing import MIN_REQUESTS, Recommendation, pairing_table
-from speculation.services.policies import resolve_path, update_policy
+from speculation.selectors.autopairing import MIN_REQUESTS, OVERALL, Recommendation, pairing_table, recommend
+from speculation.services.policies import resolve_path, runnable_mechanisms, update_policy
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +60,28 @@ AUTO_MIN_REQUESTS = 20  # measured requests the winner needs before ACE switches
 AUTO_MARGIN = 0.05  # the winner's interval must clear the current choice's projection by this fraction
 
 
-def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommendation | None, str]:
-    """(the recommendation to apply, why) or (None, why not): the pooled winner must differ from the current
-    pairing, rest on AUTO_MIN_REQUESTS requests, and its interval's low end must beat the current pairing's
-    projected multiplier by AUTO_MARGIN (hysteresis: a noisy lead does not flip the policy back and forth)."""
+def auto_decision(
+    *, policy: SpeculationPolicy, table: dict, runnable: frozenset[str] | None = None
+) -> tuple[Recommendation | None, str]:
+    """(the recommendation to apply, why) or (None, why not): the pooled winner among the `runnable` mechanisms
+    (None: all) must differ from the current pairing, rest on AUTO_MIN_REQUESTS requests, and its interval's low
+    end must beat the current pairing's projected multiplier by AUTO_MARGIN (hysteresis: a noisy lead does not
+    flip the policy back and forth)."""
     recommendation = table["overall"]["recommendation"]
+    unrunnable = ""
+    if runnable is not None and recommendation is not None and recommendation.kind not in runnable:
+        unrunnable = (
+            f" ({recommendation.candidate} leads at {recommendation.multiplier:.2f}x but cannot run on this "
+            "endpoint's path)"
+        )
+        recommendation = recommend(OVERALL, [c for c in table["overall"]["cells"] if c.kind in runnable])
     if recommendation is None:
-        return None, "no recommendation yet"
+        return None, "no recommendation yet" + unrunnable
     current = candidate_name(policy.mechanism, policy.draft)
     if recommendation.candidate == current and recommendation.k == policy.k:
-        return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
+        return None, f"the current pairing ({current}, K = {policy.k}) is the winner{unrunnable}"
     if recommendation.requests < AUTO_MIN_REQUESTS:
-        return None, f"{recommendation.requests} measured requests; auto needs {AUTO_MIN_REQUESTS}"
+        return None, f"{recommendation.requests} measured requests; auto needs {AUTO_MIN_REQUESTS}{unrunnable}"
     cell = next((c for c in table["overall"]["cells"] if c.candidate == current), None)
     now = cell.per_k_multiplier[policy.k - 1] if cell and 0 < policy.k <= len(cell.per_k_multiplier) else None
     evidence = (
@@ -81,10 +91,11 @@ def auto_decision(*, policy: SpeculationPolicy, table: dict) -> tuple[Recommenda
     if now is not None:
         evidence += f" vs {current} at K = {policy.k} {now:.2f}x"
         if recommendation.ci_low is None or recommendation.ci_low <= now * (1 + AUTO_MARGIN):
-            return None, f"not clearly better: {evidence} (needs an interval above {now * (1 + AUTO_MARGIN):.2f}x)"
+            floor = now * (1 + AUTO_MARGIN)
+            return None, f"not clearly better: {evidence} (needs an interval above {floor:.2f}x){unrunnable}"
     elif not recommendation.confident:
-        return None, f"not yet significant: {evidence}"
-    return recommendation, evidence
+        return None, f"not yet significant: {evidence}{unrunnable}"
+    return recommendation, evidence + unrunnable
 
 
 def _scope(policy: SpeculationPolicy, endpoint: Endpoint) -> str:
@@ -104,7 +115,8 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     policy = SpeculationPolicy.objects.select_related("draft").filter(endpoint=endpoint).first()
     if policy is None or not policy.auto_pairing:
         return None
-    recommendation, why = auto_decision(policy=policy, table=pairing_table(endpoint_id=endpoint.pk))
+    runnable = runnable_mechanisms(policy=policy, endpoint=endpoint)
+    recommendation, why = auto_decision(policy=policy, table=pairing_table(endpoint_id=endpoint.pk), runnable=runnable)
     if recommendation is None:
         logger.info("auto-pairing of %s: no switch (%s)", endpoint.name, why)
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -162,13 +163,36 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
         ]
     if path == VerificationPath.LOCAL and not policy.target_path:
         return ["path local needs target_path: the target's model directory on the node class"]
-    if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
-        return ["an EAGLE head reads the target's hidden states: it needs path local"]
-    if policy.mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
-        return [SUFFIX_NOT_MANAGED]
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
-        return [SUFFIX_DRAFT_NOT_NATIVE]
-    return []
+    problem = _mechanism_problem(policy.mechanism, path, endpoint)
+    return [problem] if problem else []
+
+
+def _mechanism_problem(mechanism: str, path: str, endpoint: Endpoint) -> str | None:
+    """Why `mechanism` cannot run on `path` of this endpoint, or None."""
+    if mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
+        return "an EAGLE head reads the target's hidden states: it needs path local"
+    if mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
+        return SUFFIX_NOT_MANAGED
+    if mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
+        return SUFFIX_DRAFT_NOT_NATIVE
+    return None
+
+
+def runnable_mechanisms(*, policy: SpeculationPolicy, endpoint: Endpoint) -> frozenset[str]:
+    """The mechanisms this policy could switch to on this endpoint: those the path it would run on can run
+    (checked in every mode: what prod would run), e.g. on path native neither the hybrid nor an EAGLE head, on a
+    managed server no suffix. Whether the path itself fits the endpoint is validation's business, not the
+    candidate's: a mechanism with no path at all is left out only where another has one."""
+    runnable, pathless = set(), set()
+    for mechanism in Mechanism.values:
+        trial = copy.copy(policy)  # never saved
+        trial.mechanism = mechanism
+        path = _fresh_path(trial, endpoint)
+        if not path:
+            pathless.add(mechanism)
+        elif _mechanism_problem(mechanism, path, endpoint) is None:
+            runnable.add(mechanism)
+    return frozenset(runnable or pathless)
 
 
 SUFFIX_DRAFT_NOT_NATIVE = (

@@ -29,14 +29,17 @@ def draft():
     return DraftModel.objects.create(name="small", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint=FP)
 
 
-def measure(endpoint, draft, *, requests: int, ngram_at_5: float, small_at_3: float, spread: float = 0.02):
-    """`requests` shadowed requests, each with both candidates replayed (draws alternate +-spread)."""
+def measure(
+    endpoint, draft, *, requests: int, ngram_at_5: float, small_at_3: float, spread: float = 0.02, hybrid_at_2=None
+):
+    """`requests` shadowed requests, each with both candidates replayed (draws alternate +-spread), and the
+    hybrid of suffix decoding and `small` when `hybrid_at_2` is given."""
     for i in range(requests):
         jitter = spread if i % 2 else -spread
-        for name, kind, the_draft, peak_k, peak in (
-            ("ngram", "ngram", None, 5, ngram_at_5),
-            ("small", "draft_model", draft, 3, small_at_3),
-        ):
+        candidates = [("ngram", "ngram", None, 5, ngram_at_5), ("small", "draft_model", draft, 3, small_at_3)]
+        if hybrid_at_2 is not None:
+            candidates.append(("suffix+small", "suffix_draft", draft, 2, hybrid_at_2))
+        for name, kind, the_draft, peak_k, peak in candidates:
             CandidateMeasurement.objects.create(
                 endpoint=endpoint, request_id=f"r{i}", workload="code", candidate=name, kind=kind, draft=the_draft,
                 multiplier=[round(peak + jitter - 0.1 * abs(k - peak_k), 4) for k in range(1, 9)],
@@ -102,3 +105,30 @@ def test_on_aces_own_paths_the_switch_sets_the_fallback_for_workloads_without_ev
 
     evidence = PolicyChange.objects.get(policy=policy).changes["auto"][1]
     assert evidence.startswith("the endpoint's best overall (what prod runs where a workload's own evidence is short)")
+
+
+def test_on_the_native_path_auto_applies_the_best_candidate_the_server_can_run(endpoint, draft):
+    # given: a managed native endpoint where the hybrid (ACE's worker only) leads overall, the draft model next
+    from fleet.managed.models import ManagedServer
+
+    ManagedServer.objects.create(endpoint=endpoint, model_dir="/models/t", served_name="t")
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(path="native")
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6, hybrid_at_2=2.0)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    # then: the draft model, not a refused switch to the hybrid, and the history says why the leader was passed
+    assert policy is not None and (policy.mechanism, policy.draft.name, policy.k) == ("draft_model", "small", 3)
+    evidence = PolicyChange.objects.get(policy=policy).changes["auto"][1]
+    assert "small at K = 3 projects 1.60x" in evidence
+    assert "(suffix+small leads at 2.00x but cannot run on this endpoint's path)" in evidence
+
+
+def test_on_aces_own_paths_the_hybrid_leader_is_applied(endpoint, draft):
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(path="remote")
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6, hybrid_at_2=2.0)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    assert policy is not None and (policy.mechanism, policy.draft.name, policy.k) == ("suffix_draft", "small", 2)
+    assert "cannot run" not in PolicyChange.objects.get(policy=policy).changes["auto"][1]
