@@ -12,6 +12,12 @@ the same order as generate: a slot's draws do not depend on its neighbours), min
 tokens. Greedy slots are therefore token-identical to plain decoding of the request alone; sampled slots are
 distributed exactly as the target's processed distribution.
 
+Hybrid (a draft model and a lookup: suffix decoding with the draft's fallback, as proposers.HybridProposer): each
+slot asks the lookup first for up to ``lookup_k`` drafts; a draft of at least ``min_lookup`` tokens is verified as
+it is (one-hot, no draw), and the draft model drafts for the other slots (its batched forwards run over every row,
+so the looked-up rows' draft caches catch up; their model tokens are discarded and nothing is drawn for them). A
+slot's steps are therefore those HybridProposer gives the request alone, seed for seed.
+
 Lookahead: with a LoadAwareLookahead, greedy slots draft the K it chooses at the current batch size (K = 0 is
 plain batched decoding); their output does not depend on K. Greedy and sampled slots' acceptances are estimated
 apart, so each kind gets the K that pays for it. Sampled slots keep their request's K, so that the
@@ -41,7 +47,7 @@ from speculation.engine.decode import (
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.model import Transformer
 from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import LookupProposer
+from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.stats import SpecStats
 from speculation.engine.verify import verify_greedy, verify_sampled
@@ -59,6 +65,7 @@ class SlotUpdate:
     tokens: list[int]  # committed: the accepted drafts + the target's token, cut after a stop token
     drafted: int
     accepted: int  # accepted drafts that were emitted
+    looked_up: bool = False  # a hybrid's lookup drafted this step (no draft-model step)
     finish_reason: str | None = None  # "stop" | "length": the slot left the batch after this step
     stats: SpecStats | None = None  # the slot's whole run, with its last update
 
@@ -86,10 +93,12 @@ class _Proposals:
     qs: list[Tensor | None]  # per slot [k_b, V], None = one-hot drafts
     fed: int  # draft positions fed per row this step (0: the draft model did not run)
     catch_up: bool = False  # the first draft forward also fed tokens committed by plain steps
+    looked_up: list[bool] | None = None  # per slot: a hybrid's lookup drafted (None: no slot's)
 
 
 class BatchDecoder:
-    """Slots of one target (and one draft model, or n-gram lookup, or none: plain batched decoding)."""
+    """Slots of one target (and one draft model, or n-gram lookup, or both: the hybrid; or none: plain batched
+    decoding)."""
 
     def __init__(
         self,
@@ -101,14 +110,18 @@ class BatchDecoder:
         lookahead: LoadAwareLookahead | None = None,
         max_context: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        lookup_k: int = HYBRID_LOOKUP_K,
+        min_lookup: int = HYBRID_MIN_LOOKUP,
     ) -> None:
-        if draft is not None and ngram is not None:
-            raise ValueError("a batch drafts with a draft model or with a lookup (n-gram, suffix), not both")
+        if min(lookup_k, min_lookup) < 1:
+            raise ValueError("lookup_k and min_lookup must be >= 1")
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         self.target = BatchedModel(target, max_rows=slots, max_len=max_context)
         self.draft = BatchedModel(draft, max_rows=slots, max_len=max_context) if draft is not None else None
         self.ngram = ngram
+        self.hybrid = draft is not None and ngram is not None  # the lookup first, the draft model where it finds little
+        self.lookup_k, self.min_lookup = lookup_k, min_lookup
         self.lookahead = lookahead
         self.prefix_cache = prefix_cache
         self.slots = slots
@@ -183,7 +196,10 @@ class BatchDecoder:
             return updates
         batch_size = len(self._active)
         ks = self._lookaheads(batch_size)
-        self._reserve(max(ks))  # cache growth happens before the timed part (the lookahead's costs)
+        widest = max(ks)
+        if self.hybrid and widest:
+            widest = max(widest, self.lookup_k)
+        self._reserve(widest)  # cache growth happens before the timed part (the lookahead's costs)
         t0 = time.perf_counter()
         proposals = self._propose(ks)
         if self.lookahead is not None and self.device.type == "cuda":
@@ -194,13 +210,18 @@ class BatchDecoder:
         updates += self._commit(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1)
         if self.lookahead is not None:
             counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached]
-            for slot, row, d in zip(self._active, rows, proposals.drafts, strict=True):
+            looked_up = proposals.looked_up or [False] * batch_size
+            for slot, row, d, looked in zip(self._active, rows, proposals.drafts, looked_up, strict=True):
+                if looked:  # the controller sizes the model's drafts: a lookup's acceptance is not theirs
+                    continue
                 kind = counts[slot.params.greedy]
                 kind[0] += min(row[0], len(d))
                 kind[1] += min(row[0] + 1, len(d))
+            width = max(len(d) for d in proposals.drafts)
             self.lookahead.observe(
                 batch_size=batch_size,
-                drafted=max(len(d) for d in proposals.drafts),
+                drafted=proposals.fed if self.hybrid else width,
+                verified=width + 1,
                 accepted=counts[True][0],
                 reached=counts[True][1],
                 sampled_accepted=counts[False][0],
@@ -244,6 +265,8 @@ class BatchDecoder:
 
     def _propose(self, ks: list[int]) -> _Proposals:
         empty = torch.empty(0, dtype=torch.long, device=self.device)
+        if self.hybrid:
+            return self._hybrid_proposals(ks)
         if self.ngram is not None:
             drafts = [
                 torch.tensor(self.ngram.lookup(s.committed, k), dtype=torch.long, device=self.device) if k else empty
@@ -253,6 +276,28 @@ class BatchDecoder:
         if self.draft is None or max(ks) == 0:
             return _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
         return self._draft_model_proposals(self.draft, ks)
+
+    def _hybrid_proposals(self, ks: list[int]) -> _Proposals:
+        """The lookup's draft where it finds at least min_lookup tokens (up to lookup_k, within the request's
+        budget), the draft model's (its K) for the other slots; a slot whose K is 0 this step drafts nothing."""
+        looked: list[list[int] | None] = []
+        for slot, k in zip(self._active, ks, strict=True):
+            budget = step_lookahead(
+                self.lookup_k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context
+            )
+            found = self.ngram.lookup(slot.committed, budget) if k else []  # type: ignore[union-attr]
+            looked.append(found if len(found) >= self.min_lookup else None)
+        model_ks = [0 if found is not None else k for found, k in zip(looked, ks, strict=True)]
+        if max(model_ks):
+            proposals = self._draft_model_proposals(self.draft, model_ks)  # type: ignore[arg-type]
+        else:  # every drafting slot looked up: no model step (the draft rows catch up on their next one)
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            proposals = _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
+        for b, found in enumerate(looked):
+            if found is not None:
+                proposals.drafts[b] = torch.tensor(found, dtype=torch.long, device=self.device)
+        proposals.looked_up = [found is not None for found in looked]
+        return proposals
 
     def _draft_model_proposals(self, draft: BatchedModel, ks: list[int]) -> _Proposals:
         """K = max(ks) draft forwards over all rows: the first feeds each row's unseen committed tokens, the
@@ -309,17 +354,19 @@ class BatchDecoder:
 
     def _commit(self, rows: list[list[int]], proposals: _Proposals, *, draft_s: float, verify_s: float):
         updates = []
-        for slot, row, drafts in zip(self._active, rows, proposals.drafts, strict=True):
+        looked_up = proposals.looked_up or [False] * len(rows)
+        for slot, row, drafts, looked in zip(self._active, rows, proposals.drafts, looked_up, strict=True):
             drafted = int(drafts.shape[0])
             accepted, new = row[0], row[1 : row[0] + 2]
             new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, slot.stop_ids)
             before = len(slot.committed)
             slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
             if proposals.fed:  # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid
-                slot.draft_len = before + min(accepted, proposals.fed - 1)
+                # (a looked-up slot's row was fed the model's tokens, not its drafts: the committed ones only)
+                slot.draft_len = before + (0 if looked else min(accepted, proposals.fed - 1))
             slot.committed.extend(new)
             slot.produced += len(new)
-            slot.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached)
+            slot.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached, looked_up=looked)
             slot.stats.draft_s += draft_s
             slot.stats.verify_s += verify_s
             finish = None
@@ -336,6 +383,7 @@ class BatchDecoder:
                     tokens=new,
                     drafted=drafted,
                     accepted=accepted_counted,
+                    looked_up=looked,
                     finish_reason=finish,
                     stats=slot.stats if finish else None,
                 )

@@ -363,15 +363,17 @@ class LoadAwareLookahead:
         catch_up: bool = False,
         sampled_accepted: int = 0,
         sampled_reached: int = 0,
+        verified: int = 0,
     ) -> None:
         """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
         the greedy slots, sampled_accepted / sampled_reached over the sampled ones; draft_s / verify_s the step's
         wall time. catch_up: the drafting also fed the draft the tokens that plain steps committed, so draft_s is
-        not a draft step's cost (the last estimate stands)."""
+        not a draft step's cost (the last estimate stands). verified: the verify width when it is not drafted + 1
+        (a hybrid's step: its lookups draft wider than the model's steps)."""
         costs = self._costs(batch_size)
         if catch_up and costs.draft_step_s is not None:
             draft_s = costs.draft_step_s * drafted
-        costs.observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s)
+        costs.observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s, verified=verified)
         self.accepted = DECAY * self.accepted + accepted
         self.reached = DECAY * self.reached + reached
         self.sampled_accepted = DECAY * self.sampled_accepted + sampled_accepted

@@ -43,9 +43,9 @@ class Admission:
 
 def single_stream(*, path: str, mechanism: str) -> bool:
     """Whether the worker runs this job alone rather than in its batch (speculation.worker.batching.serves: the
-    batch serves the local path with a draft model, n-gram lookup or suffix decoding; not an EAGLE head, nor the
-    hybrid of suffix decoding with a draft's fallback)."""
-    return path != VerificationPath.LOCAL or mechanism in (DraftKind.EAGLE_HEAD, DraftKind.SUFFIX_DRAFT)
+    batch serves the local path with a draft model, n-gram lookup, suffix decoding or the hybrid of suffix decoding
+    with a draft's fallback; not an EAGLE head)."""
+    return path != VerificationPath.LOCAL or mechanism == DraftKind.EAGLE_HEAD
 
 
 async def _admit(workers: str, inflight: str, request_id: str, hold_s: float) -> tuple[int, int, int]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from django.conf import settings
 
-from speculation.engine import DraftModelProposer, GenerationConfig, NgramProposer, SuffixProposer
+from speculation.engine import DraftModelProposer, GenerationConfig, HybridProposer, NgramProposer, SuffixProposer
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
@@ -116,9 +116,22 @@ def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None
 
 
 def serves(prepared: Any) -> bool:
-    """The batch serves the local path with a draft model, n-gram lookup or suffix decoding (not EAGLE heads:
-    single-stream)."""
-    return enabled() and prepared.target is not None and type(prepared.proposer) in BATCHED_PROPOSERS
+    """The batch serves the local path with a draft model, n-gram lookup or suffix decoding, and the hybrid of a
+    lookup with a draft model's fallback (not EAGLE heads: single-stream)."""
+    if not enabled() or prepared.target is None:
+        return False
+    proposer = prepared.proposer
+    if isinstance(proposer, HybridProposer):
+        return isinstance(proposer.fallback, DraftModelProposer) and isinstance(proposer.lookup, LookupProposer)
+    return type(proposer) in BATCHED_PROPOSERS
+
+
+def _drafters(proposer: Any) -> tuple[Any, LookupProposer | None]:
+    """(the draft model, the lookup) a decoder drafts with: both for the hybrid."""
+    if isinstance(proposer, HybridProposer):
+        return proposer.fallback.model, proposer.lookup
+    draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
+    return draft, (proposer if isinstance(proposer, LookupProposer) else None)
 
 
 def speculate(
@@ -129,12 +142,11 @@ def speculate(
     emit: Callable[[CommittedBatch], bool | None],
 ) -> None:
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
-    proposer = prepared.proposer
-    draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
+    draft, lookup = _drafters(prepared.proposer)
     handle = _loop().submit(
         target=prepared.target.model,
         draft=draft,
-        lookup=proposer if isinstance(proposer, LookupProposer) else None,
+        lookup=lookup,
         prompt_ids=prompt_ids,
         config=config,
         costs=prepared.costs,
@@ -146,6 +158,7 @@ def speculate(
                 drafted=update.drafted,
                 accepted=update.accepted,
                 finished=update.finish_reason == "stop",
+                looked_up=update.looked_up,
             )
             if emit(batch):  # a stop string matched: the request is done
                 return
@@ -214,9 +227,9 @@ class BatchLoop:
         config: Any,
         costs: Any = None,
     ) -> _Handle:
-        """Join the batch of (target, draft model or lookup: requests whose lookups have the same batch_key share
-        one, the first one's proposer drafting for all); the handle gets its steps. costs: the stored calibration
-        of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
+        """Join the batch of (target, draft model, lookup: requests whose lookups have the same batch_key share
+        one, the first one's proposer drafting for all; both: the hybrid); the handle gets its steps. costs: the
+        stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
         handle = _Handle(loop=self, key=next(self._ids))
         pair = (target, draft, lookup.batch_key if lookup is not None else None)
         self._commands.put(("join", pair, handle, prompt_ids, config, costs, lookup))

@@ -317,11 +317,13 @@ def _batch_step_costs(
 
 def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     """Whether prod runs this policy in the worker's batch loop (speculation.worker.batching.serves): the local
-    path with a draft model or n-gram lookup while batching is on. Its costs are then timed on the batch engine."""
+    path with a draft model, a lookup or the hybrid of both while batching is on. Its costs are then timed on the
+    batch engine (the hybrid's: its draft model's steps; its lookups cost next to nothing)."""
     from speculation.worker import batching
 
     local = path == VerificationPath.LOCAL and bool(policy.target_path)
-    return local and batching.enabled() and policy.mechanism in (Mechanism.DRAFT_MODEL, *LOOKUP_KINDS)
+    kinds = (Mechanism.DRAFT_MODEL, Mechanism.SUFFIX_DRAFT, *LOOKUP_KINDS)
+    return local and batching.enabled() and policy.mechanism in kinds
 
 
 def _draft_proposer(policy: SpeculationPolicy) -> Any:

@@ -214,7 +214,8 @@ def speculate(
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
-    if k > 0 and isinstance(prepared.proposer, HybridProposer):  # K is the draft model's; the lookup has its own cap
+    if k > 0 and not batch and isinstance(prepared.proposer, HybridProposer):
+        # K is the draft model's; the lookup has its own cap (the batch loop's decoder applies both itself)
         prepared.proposer.model_k, k = k, max(k, HYBRID_LOOKUP_K)
     config = GenerationConfig(
         max_new_tokens=max_tokens,
@@ -285,7 +286,7 @@ def _batched(prepared: Prepared, config: GenerationConfig, prompt_ids: list[int]
 
     def emit(step: CommittedBatch) -> bool:
         new, accepted, reached, stopped = truncate_at_stop(step.ids, step.accepted, step.drafted, is_stop)
-        stats.record_step(drafted=step.drafted, accepted=accepted, reached=reached)
+        stats.record_step(drafted=step.drafted, accepted=accepted, reached=reached, looked_up=step.looked_up)
         stats.output_tokens += len(new)
         if on_tokens is not None:
             on_tokens(new)

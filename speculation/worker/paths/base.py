@@ -14,3 +14,4 @@ class CommittedBatch:
     drafted: int
     accepted: int
     finished: bool  # an end-of-sequence token was committed
+    looked_up: bool = False  # a hybrid's lookup drafted (no draft-model step)

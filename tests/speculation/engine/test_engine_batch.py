@@ -10,14 +10,17 @@ exact enumeration, rejected at p < 1e-3, and the same check rejects a wrong samp
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import replace
 
 import pytest
 import torch
 
 from speculation.engine import (
+    HYBRID_LOOKUP_K,
     DraftModelProposer,
     EmptyPromptError,
     GenerationConfig,
+    HybridProposer,
     LoadAwareLookahead,
     LocalTarget,
     NgramProposer,
@@ -66,11 +69,11 @@ def decoder_for(kind: str, target_model, draft_model, *, slots: int = 3, lookahe
     return BatchDecoder(
         target_model,
         slots=slots,
-        draft=draft_model if kind == "draft" else None,
+        draft=draft_model if kind in ("draft", "hybrid") else None,
         ngram=NgramProposer()
         if kind == "ngram"
         else SuffixProposer(_earlier_answers(target_model))
-        if kind == "suffix"
+        if kind in ("suffix", "hybrid")
         else None,
         lookahead=lookahead,
         max_context=target_model.max_len,
@@ -78,7 +81,7 @@ def decoder_for(kind: str, target_model, draft_model, *, slots: int = 3, lookahe
 
 
 @pytest.mark.parametrize("load_aware", [False, True])
-@pytest.mark.parametrize("kind", ["draft", "ngram", "suffix", "plain"])
+@pytest.mark.parametrize("kind", ["draft", "ngram", "suffix", "hybrid", "plain"])
 def test_greedy_slots_joining_at_different_steps_equal_plain_decoding_of_each_request_alone(
     target_model, draft_model, kind, load_aware
 ):
@@ -91,6 +94,62 @@ def test_greedy_slots_joining_at_different_steps_equal_plain_decoding_of_each_re
     for i, (prompt, config) in enumerate(requests):
         assert out[i] == generate_plain(LocalTarget(target_model), prompt, config).tokens, i
     assert largest == 3
+
+
+def test_a_hybrid_slot_takes_the_steps_its_request_alone_takes_greedy_and_sampled(target_model, draft_model):
+    # given greedy and seeded sampled requests, batched 3 at a time behind suffix decoding with the draft's fallback
+    # (the store: the target's answers with one token in 4 changed, so lookups are partly rejected)
+    requests = [(p, GenerationConfig(max_new_tokens=24 + 3 * i, k=1 + i % 3)) for i, p in enumerate(PROMPTS[:4])]
+    requests += [(p, replace(sampled(11 + j), k=1 + j)) for j, p in enumerate((PROMPTS[4], PROMPTS[5], PROMPTS[0]))]
+    decoder = decoder_for("hybrid", target_model, draft_model)
+    stats = {}
+    out: dict[Hashable, list[int]] = {i: [] for i in range(len(requests))}
+    waiting = list(range(len(requests)))
+    while waiting or len(decoder):
+        while waiting and decoder.free:
+            key = waiting.pop(0)
+            decoder.add(key, *requests[key])
+        for update in decoder.step():
+            out[update.key] += update.tokens
+            if update.finish_reason:
+                stats[update.key] = update.stats
+    # then: each slot's tokens and its step counts (drafts, acceptances, what the lookup served) are those of
+    # HybridProposer on the request alone, with the request's K as the draft's and the lookup's own cap
+    index = _earlier_answers(target_model)
+    for i, (prompt, config) in enumerate(requests):
+        draft = DraftModelProposer(draft_model, target_vocab_size=target_model.vocab_size)
+        alone = generate(
+            LocalTarget(target_model),
+            HybridProposer(SuffixProposer(index), draft, model_k=config.k),
+            prompt,
+            replace(config, k=max(config.k, HYBRID_LOOKUP_K)),
+        )
+        assert out[i] == alone.tokens, i
+        assert stats[i].counts() == alone.stats.counts(), i
+    looked = sum(s.looked_up_tokens for s in stats.values())
+    assert 0 < looked < sum(s.drafted_tokens for s in stats.values())  # both drafters drafted
+
+
+def test_a_hybrid_step_where_every_slot_looked_up_runs_no_draft_model_step(target_model, draft_model):
+    # given two requests whose prompts and answers the store holds (the lookup finds long drafts at once)
+    index = SuffixIndex()
+    for i in (0, 1):
+        answer = generate_plain(LocalTarget(target_model), PROMPTS[i], GenerationConfig(max_new_tokens=30)).tokens
+        index.add(f"r{i}", PROMPTS[i] + answer)
+    decoder = BatchDecoder(
+        target_model, slots=2, draft=draft_model, ngram=SuffixProposer(index), max_context=target_model.max_len
+    )
+    proposals = []
+    original = decoder._draft_model_proposals
+    decoder._draft_model_proposals = lambda draft, ks: proposals.append(ks) or original(draft, ks)
+    decoder.add("a", PROMPTS[0], GenerationConfig(max_new_tokens=30, k=2))
+    decoder.add("b", PROMPTS[1], GenerationConfig(max_new_tokens=30, k=2))
+    # when the first step runs
+    updates = decoder.step()
+    # then both drafted from the lookup (past the request's K, up to the lookup's own cap), every draft accepted
+    # (the store holds the target's answers), and the draft model did not run
+    assert proposals == [] and len(updates) == 2
+    assert all(2 < u.drafted <= HYBRID_LOOKUP_K and u.accepted == u.drafted for u in updates)
 
 
 def test_stop_tokens_min_tokens_and_context_ends_are_per_slot(target_model, draft_model):

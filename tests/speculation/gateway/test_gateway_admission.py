@@ -34,7 +34,7 @@ def test_which_jobs_run_alone():
     assert not admission.single_stream(path="local", mechanism="draft_model")
     assert not admission.single_stream(path="local", mechanism="ngram")
     assert not admission.single_stream(path="local", mechanism="suffix")
-    assert admission.single_stream(path="local", mechanism="suffix_draft")  # the worker's batch does not serve it
+    assert not admission.single_stream(path="local", mechanism="suffix_draft")  # the batch serves the hybrid too
 
 
 def test_single_stream_jobs_are_counted_apart_and_leave_the_batch_slots_free(client, redis_server):

@@ -107,6 +107,20 @@ def _wait_stored(endpoint, count: int, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def _wait_background(endpoint, shadowed, timeout_s: float = 300.0) -> None:
+    """Until the worker's background work on the shadowed request is done: its cost calibration (the record gets
+    its projection) and the candidates' replays. A prod job waits behind a running background task (the worker
+    runs one task at a time), and the gateway serves it plain after 5 s: right for a user, not what a test of the
+    speculative path wants to see."""
+    from speculation.models import CandidateMeasurement
+
+    _records(endpoint, count=1, timeout_s=timeout_s, mode="shadow", multiplier__gt=0)
+    deadline = time.monotonic() + timeout_s
+    while not CandidateMeasurement.objects.filter(endpoint=endpoint, request_id=shadowed.request_id).exists():
+        assert time.monotonic() < deadline, "the candidates of the shadowed request were not replayed"
+        time.sleep(0.3)  # the rows are written together, as the replay ends
+
+
 def test_off_mode_relays_the_endpoints_bytes_and_records_nothing(
     ace_server, token, vllm_server, endpoint, gateway_client
 ):
@@ -237,6 +251,7 @@ def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_
     [shadowed] = _records(endpoint, count=1, mode="shadow")
     assert "suffix decoding with the draft's fallback" in shadowed.reason, shadowed.reason
     _wait_stored(endpoint, 1)
+    _wait_background(endpoint, shadowed)
     # when: prod with the hybrid, a question answered before and one never seen
     update_policy(endpoint=endpoint, mode="prod", **common)
     prod = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=True) for p in PROMPTS[1:]}

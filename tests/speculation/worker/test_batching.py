@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer, SuffixProposer
+from speculation.engine import DraftModelProposer, HybridProposer, LocalTarget, NgramProposer, SuffixProposer
 from speculation.engine.batch import BatchDecoder
 from speculation.jobs.admission import inflight_key
 from speculation.jobs.channel import key as channel_key
@@ -188,6 +188,65 @@ def test_suffix_decoding_drafts_a_later_request_from_an_earlier_answer_through_r
     assert stats[2]["target_passes"] * 2 <= stats[0]["target_passes"]
 
 
+def test_the_hybrid_serves_concurrent_jobs_in_the_batch_exactly_and_drafts_from_earlier_answers(
+    local_endpoint, client, batch_loop, settings, monkeypatch
+):
+    from speculation.models import SpeculationPolicy
+    from speculation.worker import suffix_store
+    from speculation.worker.generation import run_prod_generation
+    from speculation.worker.tasks import prod_generate_task
+
+    # given: suffix decoding with the draft's fallback (the draft's K 2), its store empty; 8 jobs (2 sampled)
+    SpeculationPolicy.objects.filter(endpoint=local_endpoint).update(mechanism="suffix_draft", k=2)
+    suffix_store.forget(local_endpoint.pk, redis_too=True)
+
+    def wave(tag: str) -> list[dict]:
+        jobs = _jobs(local_endpoint, client)[12:20]
+        for job in jobs:
+            job.update(request_id=f"{job['request_id']}-{tag}", k=2)
+            client.zadd(inflight_key("cpu"), {job["request_id"]: time.time() + 120})
+        return jobs
+
+    # and each job's tokens with batching off (single-stream HybridProposer), the store then forgotten again
+    settings.PROD_BATCH_SLOTS = 0
+    alone = {}
+    for job in wave("alone"):
+        run_prod_generation(job)
+        alone[len(job["prompt_ids"])] = _answer(client, job["request_id"])[0]
+    suffix_store.forget(local_endpoint.pk, redis_too=True)
+    settings.PROD_BATCH_SLOTS = SLOTS
+    sizes: list[int] = []
+    step = BatchDecoder.step
+
+    def counting_step(self):
+        sizes.append(len(self))
+        return step(self)
+
+    monkeypatch.setattr(BatchDecoder, "step", counting_step)
+    # when: the 8 jobs reach the process at once, twice (the second wave finds the first's answers in the store)
+    answers = {}
+    for tag in ("first", "second"):
+        jobs = wave(tag)
+        for job in jobs:
+            prod_generate_task(job)
+        answers[tag] = [(job, *_answer(client, job["request_id"])) for job in jobs]
+    # then: every job done with max_tokens tokens, the greedy ones those of batching off, served together
+    for tag, answered in answers.items():
+        for job, ids, last in answered:
+            assert last["type"] == "done", (tag, last)
+            assert len(ids) == job["max_tokens"]
+            if job["sampling"] is None:
+                assert ids == alone[len(job["prompt_ids"])], (tag, job["request_id"])
+    assert max(sizes) >= 4, sizes
+    # the second wave's greedy jobs drafted from the store: steps wider than the draft's K 2 (only a lookup
+    # drafts more), and most of their drafts accepted
+    second = [last["stats"] for job, _, last in answers["second"] if job["sampling"] is None]
+    assert all(len(stats["per_position_acceptance"]) > 2 for stats in second)
+    assert sum(st["accepted_tokens"] for st in second) >= 0.7 * sum(st["drafted_tokens"] for st in second) > 0
+    greedy_tokens = sum(len(ids) for job, ids, _ in answers["second"] if job["sampling"] is None)
+    assert sum(st["target_passes"] for st in second) * 2 <= greedy_tokens
+
+
 def override_slots(slots: int):
     from django.test import override_settings
 
@@ -301,7 +360,7 @@ def test_each_decoder_gets_a_prefix_cache_of_the_configured_size(settings):
     assert batching.prefix_cache() is None
 
 
-def test_the_batch_serves_draft_models_and_lookups_on_the_local_path_only(settings):
+def test_the_batch_serves_draft_models_lookups_and_the_hybrid_on_the_local_path_only(settings):
     settings.PROD_BATCH_SLOTS = 4
     target = tiny_model(seed=0)
     local = LocalTarget(target)
@@ -309,7 +368,10 @@ def test_the_batch_serves_draft_models_and_lookups_on_the_local_path_only(settin
     assert batching.serves(Prepared(proposer=SuffixProposer(), tokenizer=None, eos_ids=frozenset(), target=local))
     draft = DraftModelProposer(draft_of(target), target_vocab_size=target.vocab_size)
     assert batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset(), target=local))
+    hybrid = HybridProposer(SuffixProposer(), draft, model_k=2)  # suffix decoding with the draft's fallback
+    assert batching.serves(Prepared(proposer=hybrid, tokenizer=None, eos_ids=frozenset(), target=local))
     assert not batching.serves(Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset()))  # remote path
+    assert not batching.serves(Prepared(proposer=hybrid, tokenizer=None, eos_ids=frozenset()))
     assert not batching.serves(Prepared(proposer=object(), tokenizer=None, eos_ids=frozenset(), target=local))
 
 
