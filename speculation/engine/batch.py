@@ -16,7 +16,9 @@ Hybrid (a draft model and a lookup: suffix decoding with the draft's fallback, a
 slot asks the lookup first for up to ``lookup_k`` drafts; a draft of at least ``min_lookup`` tokens is verified as
 it is (one-hot, no draw), and the draft model drafts for the other slots (its batched forwards run over every row,
 so the looked-up rows' draft caches catch up; their model tokens are discarded and nothing is drawn for them). A
-slot's steps are therefore those HybridProposer gives the request alone, seed for seed.
+slot's steps are therefore those HybridProposer gives the request alone, seed for seed. With a LoadAwareLookahead
+the lookups' length follows it too (``choose_lookup``: their own acceptance, no draft step, the measured verify
+costs), as the draft's K does, for the slots that follow the controller.
 
 Lookahead: with a LoadAwareLookahead, greedy slots draft the K it chooses at the current batch size (K = 0 is
 plain batched decoding); their output does not depend on K. Greedy and sampled slots' acceptances are estimated
@@ -196,12 +198,10 @@ class BatchDecoder:
             return updates
         batch_size = len(self._active)
         ks = self._lookaheads(batch_size)
-        widest = max(ks)
-        if self.hybrid and widest:
-            widest = max(widest, self.lookup_k)
-        self._reserve(widest)  # cache growth happens before the timed part (the lookahead's costs)
+        caps = self._lookup_caps(batch_size) if self.hybrid else []
+        self._reserve(max(ks + caps))  # cache growth happens before the timed part (the lookahead's costs)
         t0 = time.perf_counter()
-        proposals = self._propose(ks)
+        proposals = self._hybrid_proposals(ks, caps) if self.hybrid else self._propose(ks)
         if self.lookahead is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # time the draft apart from the verification (measured costs)
         t1 = time.perf_counter()
@@ -209,16 +209,16 @@ class BatchDecoder:
         t2 = time.perf_counter()
         updates += self._commit(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1)
         if self.lookahead is not None:
-            counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached]
+            counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached] (the model's drafts)
+            lookups = {True: [0, 0], False: [0, 0]}  # the same for a hybrid's lookups: their own estimates
             looked_up = proposals.looked_up or [False] * batch_size
             for slot, row, d, looked in zip(self._active, rows, proposals.drafts, looked_up, strict=True):
-                if looked:  # the controller sizes the model's drafts: a lookup's acceptance is not theirs
-                    continue
-                kind = counts[slot.params.greedy]
+                kind = (lookups if looked else counts)[slot.params.greedy]
                 kind[0] += min(row[0], len(d))
                 kind[1] += min(row[0] + 1, len(d))
             width = max(len(d) for d in proposals.drafts)
             self.lookahead.observe(
+                lookup=(*lookups[True], *lookups[False]),
                 batch_size=batch_size,
                 drafted=proposals.fed if self.hybrid else width,
                 verified=width + 1,
@@ -263,10 +263,23 @@ class BatchDecoder:
             )
         return ks
 
+    def _lookup_caps(self, batch_size: int) -> list[int]:
+        """Each slot's lookup length this step for a hybrid: lookup_k, or what the controller chooses for the
+        lookups at this load for the slots that follow it (greedy ones; sampled ones without a seed)."""
+        chosen: dict[bool, int] = {}
+        caps = []
+        for slot in self._active:
+            greedy = slot.params.greedy
+            if self.lookahead is None or not (greedy or not slot.config.fixed_k):
+                caps.append(self.lookup_k)
+                continue
+            if greedy not in chosen:
+                chosen[greedy] = self.lookahead.choose_lookup(batch_size, k_max=self.lookup_k, sampled=not greedy)
+            caps.append(chosen[greedy])
+        return caps
+
     def _propose(self, ks: list[int]) -> _Proposals:
         empty = torch.empty(0, dtype=torch.long, device=self.device)
-        if self.hybrid:
-            return self._hybrid_proposals(ks)
         if self.ngram is not None:
             drafts = [
                 torch.tensor(self.ngram.lookup(s.committed, k), dtype=torch.long, device=self.device) if k else empty
@@ -277,15 +290,15 @@ class BatchDecoder:
             return _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
         return self._draft_model_proposals(self.draft, ks)
 
-    def _hybrid_proposals(self, ks: list[int]) -> _Proposals:
-        """The lookup's draft where it finds at least min_lookup tokens (up to lookup_k, within the request's
-        budget), the draft model's (its K) for the other slots; a slot whose K is 0 this step drafts nothing."""
+    def _hybrid_proposals(self, ks: list[int], caps: list[int]) -> _Proposals:
+        """The lookup's draft where it finds at least min_lookup tokens (up to the slot's cap, within the request's
+        budget), the draft model's (its K) for the other slots; a slot whose K is 0 drafts nothing from the model."""
         looked: list[list[int] | None] = []
-        for slot, k in zip(self._active, ks, strict=True):
+        for slot, cap in zip(self._active, caps, strict=True):
             budget = step_lookahead(
-                self.lookup_k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context
+                cap, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context
             )
-            found = self.ngram.lookup(slot.committed, budget) if k else []  # type: ignore[union-attr]
+            found = self.ngram.lookup(slot.committed, budget) if budget >= self.min_lookup else []  # type: ignore[union-attr]
             looked.append(found if len(found) >= self.min_lookup else None)
         model_ks = [0 if found is not None else k for found, k in zip(looked, ks, strict=True)]
         if max(model_ks):

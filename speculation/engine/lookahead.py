@@ -302,6 +302,10 @@ class LoadAwareLookahead:
     is kept with probability sum min(p, q) of the processed distributions, not when it is the argmax, and the two
     differ (on the demo pair demo-v10 at temperature 0.7 sampled speculation at one stream ran below K = 0 while the
     shared estimate, mostly greedy, chose K = 2-5). ``choose(..., sampled=True)`` sizes the sampled slots' K.
+
+    A hybrid's lookups (suffix decoding with a draft model's fallback) have acceptance estimates of their own and
+    cost no draft step: ``choose_lookup`` sizes them over the same measured verify costs (a lookup draft of 8 is
+    verified at 9 tokens per row: cheap at one slot, as dear as 9 plain steps once the batch is compute-bound).
     """
 
     k_start: int = DEFAULT_K
@@ -309,6 +313,10 @@ class LoadAwareLookahead:
     reached: float = PRIOR_WEIGHT
     sampled_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     sampled_reached: float = PRIOR_WEIGHT
+    lookup_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    lookup_reached: float = PRIOR_WEIGHT
+    sampled_lookup_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    sampled_lookup_reached: float = PRIOR_WEIGHT
     by_load: dict[int, DynamicLookahead] = field(default_factory=dict)  # load bucket -> its measured costs
     steps: dict[int, int] = field(default_factory=dict)  # load bucket -> steps chosen there
 
@@ -338,6 +346,24 @@ class LoadAwareLookahead:
         )
         return True
 
+    def choose_lookup(self, batch_size: int, *, k_max: int, sampled: bool = False) -> int:
+        """How far a hybrid's lookup may draft this step: the K in 0..k_max with the most tokens per second of
+        verification at the lookups' own acceptance (no draft step), over this load's measured verify costs; k_max
+        until two sizes are measured, and on the steps that re-measure k_start."""
+        bucket = load_bucket(batch_size)
+        costs = self._costs(batch_size)
+        warm = [n for n in costs.verify_s if costs.warm(n)]
+        if len(warm) < 2 or self.steps.get(bucket, 0) % REMEASURE_EVERY == 0:
+            return k_max
+        accepted, reached = (
+            (self.sampled_lookup_accepted, self.sampled_lookup_reached)
+            if sampled
+            else (self.lookup_accepted, self.lookup_reached)
+        )
+        alpha = min(accepted / reached if reached > 0 else PRIOR_ALPHA, 0.999)
+        rates = [expected_tokens(alpha=alpha, k=k) / costs.verify_cost(k + 1) for k in range(k_max + 1)]
+        return max(range(k_max + 1), key=lambda k: (rates[k], -k))
+
     def choose(self, batch_size: int, *, k_max: int, sampled: bool = False, count: bool = True) -> int:
         """The K for this step's greedy slots (sampled: its sampled slots, by their own acceptance). count: this call
         counts the step (once per step: a second call for the other kind passes False)."""
@@ -364,12 +390,14 @@ class LoadAwareLookahead:
         sampled_accepted: int = 0,
         sampled_reached: int = 0,
         verified: int = 0,
+        lookup: tuple[int, int, int, int] = (0, 0, 0, 0),
     ) -> None:
         """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
         the greedy slots, sampled_accepted / sampled_reached over the sampled ones; draft_s / verify_s the step's
         wall time. catch_up: the drafting also fed the draft the tokens that plain steps committed, so draft_s is
         not a draft step's cost (the last estimate stands). verified: the verify width when it is not drafted + 1
-        (a hybrid's step: its lookups draft wider than the model's steps)."""
+        (a hybrid's step: its lookups draft wider than the model's steps). lookup: a hybrid's looked-up slots'
+        (accepted, reached) greedy then sampled; the others count the model's drafts only."""
         costs = self._costs(batch_size)
         if catch_up and costs.draft_step_s is not None:
             draft_s = costs.draft_step_s * drafted
@@ -378,3 +406,8 @@ class LoadAwareLookahead:
         self.reached = DECAY * self.reached + reached
         self.sampled_accepted = DECAY * self.sampled_accepted + sampled_accepted
         self.sampled_reached = DECAY * self.sampled_reached + sampled_reached
+        if any(lookup):
+            self.lookup_accepted = DECAY * self.lookup_accepted + lookup[0]
+            self.lookup_reached = DECAY * self.lookup_reached + lookup[1]
+            self.sampled_lookup_accepted = DECAY * self.sampled_lookup_accepted + lookup[2]
+            self.sampled_lookup_reached = DECAY * self.sampled_lookup_reached + lookup[3]

@@ -152,6 +152,38 @@ def test_a_hybrid_step_where_every_slot_looked_up_runs_no_draft_model_step(targe
     assert all(2 < u.drafted <= HYBRID_LOOKUP_K and u.accepted == u.drafted for u in updates)
 
 
+def test_a_hybrids_lookups_follow_the_controller_for_greedy_slots_and_keep_their_cap_for_seeded_ones(
+    target_model, draft_model
+):
+    class NoLookupsAtThisLoad(LoadAwareLookahead):
+        def choose(self, batch_size: int, *, k_max: int, **_) -> int:
+            return 2
+
+        def choose_lookup(self, batch_size: int, *, k_max: int, sampled: bool = False) -> int:
+            return 0
+
+    # given: a store holding each prompt with its answer, so a lookup always finds a long draft
+    index = SuffixIndex()
+    for i in (0, 1):
+        answer = generate_plain(LocalTarget(target_model), PROMPTS[i], GenerationConfig(max_new_tokens=30)).tokens
+        index.add(f"r{i}", PROMPTS[i] + answer)
+    decoder = BatchDecoder(
+        target_model,
+        slots=2,
+        draft=draft_model,
+        ngram=SuffixProposer(index),
+        lookahead=NoLookupsAtThisLoad(),
+        max_context=target_model.max_len,
+    )
+    decoder.add("greedy", PROMPTS[0], GenerationConfig(max_new_tokens=20, k=4))
+    decoder.add("seeded", PROMPTS[1], replace(sampled(5), k=4))
+    # when
+    updates = {u.key: u for u in decoder.step()}
+    # then: the greedy slot drafted the model's K of the controller; the seeded one looked up as it would alone
+    assert (updates["greedy"].looked_up, updates["greedy"].drafted) == (False, 2)
+    assert updates["seeded"].looked_up and updates["seeded"].drafted > 4
+
+
 def test_stop_tokens_min_tokens_and_context_ends_are_per_slot(target_model, draft_model):
     # given: the first tokens plain decoding gives each prompt, to stop on
     first = [generate_plain(LocalTarget(target_model), p, GenerationConfig(max_new_tokens=12)).tokens for p in PROMPTS]

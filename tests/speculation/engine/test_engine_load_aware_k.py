@@ -117,3 +117,24 @@ def test_a_bucket_seeded_from_a_calibration_chooses_from_its_first_step():
     lookahead.observe(batch_size=1, drafted=3, accepted=3, reached=3, draft_s=0.03, verify_s=2.0)
     assert not lookahead.seed(1, verify_s={1: 9.0}, draft_step_s=9.0)
     assert lookahead.by_load[1].verify_s[4] == pytest.approx(1.5)  # the seed counted as one measurement
+
+
+def test_a_hybrids_lookups_are_sized_by_their_own_acceptance_over_the_same_verify_costs():
+    # given: lookups accepted at 0.9, the model's drafts at 0.5; one slot memory-bound, 32 slots compute-bound
+    lookahead = measured(alpha=0.5, costs={1: ({1: 1.0, 9: 1.1}, 0.05), 32: ({1: 1.0, 3: 2.0, 9: 6.0}, 0.05)})
+    for step in range(1, 3):  # past the step that re-measures k_start
+        lookahead.steps[load_bucket(1)] = lookahead.steps[load_bucket(32)] = step
+    lookahead.observe(
+        batch_size=1, drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=1.0, lookup=(900, 1000, 0, 0)
+    )
+    for bucket in (1, 32):
+        lookahead._costs(bucket).seen.clear()  # the tables above count as measured
+    # when / then: at one slot the whole lookup pays; at 32 slots verifying 9 costs 6 plain steps and a lookup of
+    # 8 at 0.9 gives 6.1 tokens, one of 2 gives 2.7 for 2 steps: shorter ones pay better; the model's drafts at 0.5
+    # do not pay there at all
+    assert lookahead.choose_lookup(1, k_max=8) == 8
+    at_load = lookahead.choose_lookup(32, k_max=8)
+    assert 0 < at_load < 8
+    assert lookahead.choose(32, k_max=8) == 0
+    # sampled lookups keep their own estimate (the prior, 0.6 here): no longer than the greedy ones
+    assert lookahead.choose_lookup(32, k_max=8, sampled=True) <= at_load
