@@ -132,6 +132,7 @@ class BatchDecoder:
         self.device = self.target.device
         self._active: list[_Slot] = []
         self._done: list[SlotUpdate] = []  # requests that had nothing to generate
+        self._chosen: dict[bool, int] = {}  # this step's controller K by kind (greedy?)
 
     def __len__(self) -> int:
         return len(self._active)
@@ -254,6 +255,7 @@ class BatchDecoder:
             kinds = {s.params.greedy for s in self._active if s.params.greedy or not s.config.fixed_k}
             for greedy in sorted(kinds, reverse=True):  # greedy first; the step counts once
                 chosen[greedy] = self.lookahead.choose(batch_size, k_max=k_max, sampled=not greedy, count=not chosen)
+        self._chosen = chosen  # a hybrid's lookups are sized beside it (_lookup_caps)
         ks = []
         for slot in self._active:
             follows = self.lookahead is not None and (slot.params.greedy or not slot.config.fixed_k)
@@ -274,7 +276,10 @@ class BatchDecoder:
                 caps.append(self.lookup_k)
                 continue
             if greedy not in chosen:
-                chosen[greedy] = self.lookahead.choose_lookup(batch_size, k_max=self.lookup_k, sampled=not greedy)
+                model_k = self._chosen.get(greedy, 0)
+                chosen[greedy] = self.lookahead.choose_lookup(
+                    batch_size, k_max=self.lookup_k, sampled=not greedy, model_k=model_k
+                )
             caps.append(chosen[greedy])
         return caps
 

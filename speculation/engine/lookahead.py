@@ -346,15 +346,19 @@ class LoadAwareLookahead:
         )
         return True
 
-    def choose_lookup(self, batch_size: int, *, k_max: int, sampled: bool = False) -> int:
+    def choose_lookup(self, batch_size: int, *, k_max: int, sampled: bool = False, model_k: int = 0) -> int:
         """How far a hybrid's lookup may draft this step: the K in 0..k_max with the most tokens per second of
-        verification at the lookups' own acceptance (no draft step), over this load's measured verify costs; k_max
-        until two sizes are measured, and on the steps that re-measure k_start."""
+        verification at the lookups' own acceptance (no draft step), over this load's measured verify costs, and
+        never below model_k (the model's K this step: its rows verify that wide anyway, so a lookup as long costs
+        nothing more). model_k until two sizes are measured (a wider lookup would make every step as wide, and the
+        model's K would never get its sizes measured); k_max on the steps that re-measure k_start."""
         bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)
-        warm = [n for n in costs.verify_s if costs.warm(n)]
-        if len(warm) < 2 or self.steps.get(bucket, 0) % REMEASURE_EVERY == 0:
+        if self.steps.get(bucket, 0) % REMEASURE_EVERY == 0:
             return k_max
+        warm = [n for n in costs.verify_s if costs.warm(n)]
+        if len(warm) < 2:
+            return min(model_k, k_max)
         accepted, reached = (
             (self.sampled_lookup_accepted, self.sampled_lookup_reached)
             if sampled
@@ -362,7 +366,7 @@ class LoadAwareLookahead:
         )
         alpha = min(accepted / reached if reached > 0 else PRIOR_ALPHA, 0.999)
         rates = [expected_tokens(alpha=alpha, k=k) / costs.verify_cost(k + 1) for k in range(k_max + 1)]
-        return max(range(k_max + 1), key=lambda k: (rates[k], -k))
+        return max(min(model_k, k_max), max(range(k_max + 1), key=lambda k: (rates[k], -k)))
 
     def choose(self, batch_size: int, *, k_max: int, sampled: bool = False, count: bool = True) -> int:
         """The K for this step's greedy slots (sampled: its sampled slots, by their own acceptance). count: this call

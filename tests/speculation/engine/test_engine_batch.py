@@ -159,7 +159,7 @@ def test_a_hybrids_lookups_follow_the_controller_for_greedy_slots_and_keep_their
         def choose(self, batch_size: int, *, k_max: int, **_) -> int:
             return 2
 
-        def choose_lookup(self, batch_size: int, *, k_max: int, sampled: bool = False) -> int:
+        def choose_lookup(self, batch_size: int, *, k_max: int, **_) -> int:
             return 0
 
     # given: a store holding each prompt with its answer, so a lookup always finds a long draft

@@ -138,3 +138,16 @@ def test_a_hybrids_lookups_are_sized_by_their_own_acceptance_over_the_same_verif
     assert lookahead.choose(32, k_max=8) == 0
     # sampled lookups keep their own estimate (the prior, 0.6 here): no longer than the greedy ones
     assert lookahead.choose_lookup(32, k_max=8, sampled=True) <= at_load
+
+
+def test_a_hybrids_lookups_are_never_shorter_than_the_models_k_and_no_wider_while_costs_are_unknown():
+    lookahead = measured(alpha=0.5, costs={32: ({1: 1.0, 3: 2.0, 9: 6.0}, 0.05)})
+    lookahead.steps[load_bucket(32)] = lookahead.steps[load_bucket(8)] = 1  # not a re-measuring step
+    lookahead._costs(32).seen.clear()
+    lookahead.lookup_accepted, lookahead.lookup_reached = 900.0, 1000.0
+    # the model's rows verify K + 1 = 5 wide this step: a lookup as long costs nothing more
+    assert lookahead.choose_lookup(32, k_max=8, model_k=4) == 4
+    assert lookahead.choose_lookup(32, k_max=8, model_k=1) == 2  # the costs' own choice (as above)
+    # at a load with no costs measured yet, no wider than the model's K (whose sizes are being measured)
+    assert lookahead.choose_lookup(8, k_max=8, model_k=3) == 3
+    assert lookahead.choose_lookup(8, k_max=8, model_k=0) == 0
