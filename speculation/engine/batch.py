@@ -96,6 +96,7 @@ class _Proposals:
     fed: int  # draft positions fed per row this step (0: the draft model did not run)
     catch_up: bool = False  # the first draft forward also fed tokens committed by plain steps
     looked_up: list[bool] | None = None  # per slot: a hybrid's lookup drafted (None: no slot's)
+    fed_rows: frozenset[int] | None = None  # the rows the draft model was fed (None: every row, when fed)
 
 
 class BatchDecoder:
@@ -306,8 +307,8 @@ class BatchDecoder:
             found = self.ngram.lookup(slot.committed, budget) if budget >= self.min_lookup else []  # type: ignore[union-attr]
             looked.append(found if len(found) >= self.min_lookup else None)
         model_ks = [0 if found is not None else k for found, k in zip(looked, ks, strict=True)]
-        if max(model_ks):
-            proposals = self._draft_model_proposals(self.draft, model_ks)  # type: ignore[arg-type]
+        if max(model_ks):  # the draft model's forwards over the slots it drafts for only
+            proposals = self._draft_model_proposals(self.draft, model_ks, only_drafting=True)  # type: ignore[arg-type]
         else:  # every drafting slot looked up: no model step (the draft rows catch up on their next one)
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             proposals = _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
@@ -317,14 +318,20 @@ class BatchDecoder:
         proposals.looked_up = [found is not None for found in looked]
         return proposals
 
-    def _draft_model_proposals(self, draft: BatchedModel, ks: list[int]) -> _Proposals:
+    def _draft_model_proposals(self, draft: BatchedModel, ks: list[int], *, only_drafting: bool = False) -> _Proposals:
         """K = max(ks) draft forwards over all rows: the first feeds each row's unseen committed tokens, the
-        next ones the previous draft token. A slot samples (or takes the argmax of) its first k_b only."""
-        slots, k_max = self._active, max(ks)
+        next ones the previous draft token. A slot samples (or takes the argmax of) its first k_b only.
+        only_drafting: over the rows whose k_b > 0 only (a hybrid: the slots its lookup served are not fed, and
+        catch up on their next model step)."""
+        every = self._active
+        rows = [b for b, k in enumerate(ks) if k > 0] if only_drafting else list(range(len(every)))
+        slots, sub_ks = [every[b] for b in rows], [ks[b] for b in rows]
+        k_max = max(sub_ks)
+        subset = rows if only_drafting else None
         feeds = [torch.tensor(s.committed[s.draft_len :], device=self.device) for s in slots]
         starts = [s.draft_len for s in slots]
         last = [len(s.committed) - s.draft_len - 1 for s in slots]
-        logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last)  # [B, V]
+        logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last, rows=subset)  # [B, V]
         positions = [len(s.committed) for s in slots]  # where each row's next fed token goes
         zeros = [0] * len(slots)
         columns: list[Tensor] = []
@@ -332,20 +339,26 @@ class BatchDecoder:
         for j in range(k_max):
             token = logits.argmax(-1)  # [B]
             for b, slot in enumerate(slots):
-                if not slot.params.greedy and j < ks[b]:
+                if not slot.params.greedy and j < sub_ks[b]:
                     q = probs_from_logits(logits[b], slot.params)  # [V]
                     token[b] = sample(q, slot.generator)
                     qs[b].append(q)
             columns.append(token)
             if j + 1 < k_max:  # the last draft token is never fed (as DraftModelProposer)
-                logits = draft.forward(token[:, None], positions, last=zeros)
+                logits = draft.forward(token[:, None], positions, last=zeros, rows=subset)
                 positions = [p + 1 for p in positions]
         drafted = torch.stack(columns, dim=1)  # [B, K]
+        empty = torch.empty(0, dtype=torch.long, device=self.device)
+        drafts, row_qs = [empty] * len(every), [None] * len(every)
+        for b, row in enumerate(rows):
+            drafts[row] = drafted[b, : sub_ks[b]]
+            row_qs[row] = torch.stack(qs[b]) if qs[b] else None
         return _Proposals(
-            drafts=[drafted[b, :k] for b, k in enumerate(ks)],
-            qs=[torch.stack(q) if q else None for q in qs],
+            drafts=drafts,
+            qs=row_qs,
             fed=k_max,
             catch_up=max(last) > 1,  # more than [d_K, bonus] of the last step: plain steps ran in between
+            fed_rows=frozenset(rows) if only_drafting else None,
         )
 
     def _verify(self, proposals: _Proposals) -> list[list[int]]:
@@ -373,14 +386,17 @@ class BatchDecoder:
     def _commit(self, rows: list[list[int]], proposals: _Proposals, *, draft_s: float, verify_s: float):
         updates = []
         looked_up = proposals.looked_up or [False] * len(rows)
-        for slot, row, drafts, looked in zip(self._active, rows, proposals.drafts, looked_up, strict=True):
+        for b, (slot, row, drafts, looked) in enumerate(
+            zip(self._active, rows, proposals.drafts, looked_up, strict=True)
+        ):
             drafted = int(drafts.shape[0])
             accepted, new = row[0], row[1 : row[0] + 2]
             new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, slot.stop_ids)
             before = len(slot.committed)
             slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
-            if proposals.fed:  # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid
-                # (a looked-up slot's row was fed the model's tokens, not its drafts: the committed ones only)
+            if proposals.fed and (proposals.fed_rows is None or b in proposals.fed_rows):
+                # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid (a row fed though its slot
+                # looked up got the model's tokens, not its drafts: the committed ones only)
                 slot.draft_len = before + (0 if looked else min(accepted, proposals.fed - 1))
             slot.committed.extend(new)
             slot.produced += len(new)

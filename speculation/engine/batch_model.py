@@ -87,17 +87,33 @@ class BatchedModel:
 
     @torch.inference_mode()
     def forward(
-        self, tokens: Tensor, starts: list[int], *, first_row: int = 0, last: list[int] | None = None
+        self,
+        tokens: Tensor,
+        starts: list[int],
+        *,
+        first_row: int = 0,
+        last: list[int] | None = None,
+        rows: list[int] | None = None,
     ) -> Tensor:
         """tokens [B, T] at positions starts[b] + t of rows first_row.. -> logits [B, T, V] float32.
 
         ``last`` (each row's last real token, host ints like starts): only those positions' logits, [B, V].
+        ``rows``: the cache rows of the B inputs when they are not first_row..first_row + B - 1 (ascending, B of
+        them): a forward over some slots only (a hybrid's draft steps for the slots its lookup did not serve).
 
         One row (one request in flight, and every draft step of it) takes a shorter way with the same result: its
         cache write is a slice, and a single new token needs no mask (it sees every cached key up to itself).
         """
         bsz, t = tokens.shape
         model = self.model
+        index: Tensor | None = None
+        if rows is not None:
+            if len(rows) != bsz:
+                raise ValueError(f"{len(rows)} rows for {bsz} inputs")
+            if rows == list(range(rows[0], rows[0] + bsz)):
+                first_row = rows[0]  # contiguous: the slice path
+            else:
+                index = torch.tensor(rows, device=self.device)
         length = max(starts) + t  # keys 0..length-1 are read
         if bsz == 1:
             s = starts[0]
@@ -114,7 +130,7 @@ class BatchedModel:
             mask = torch.arange(length, device=self.device) <= pos[:, None, :, None]  # [B, 1, T, L]
         x = model.tok_embeddings(tokens)  # [B, T, D]
         for i, layer in enumerate(model.layers):
-            h = x + self._attention(layer, i, layer.attention_norm(x), first_row, where, cos, sin, mask, length)
+            h = x + self._attention(layer, i, layer.attention_norm(x), first_row, where, cos, sin, mask, length, index)
             x = h + layer.feed_forward(layer.ffn_norm(h))
         if last is not None:
             x = x[torch.arange(bsz, device=self.device), torch.tensor(last, device=self.device)][:, None]  # [B, 1, D]
@@ -132,8 +148,10 @@ class BatchedModel:
         sin: Tensor,
         mask: Tensor | None,
         length: int,
+        index: Tensor | None = None,
     ) -> Tensor:
-        """where: the one row's first position (int), or every row's positions [B, T]."""
+        """where: the one row's first position (int), or every row's positions [B, T]. index: the cache rows of
+        the B inputs (None: first_row..first_row + B - 1)."""
         a, attn = self.model.args, layer.attention
         bsz, t, _ = x.shape
         heads, kv_heads = a.n_heads, a.n_kv_heads
@@ -141,16 +159,23 @@ class BatchedModel:
         qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k at once, [B, T, H + Hkv, D]
         q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
-        rows = slice(first_row, first_row + bsz)
-        cache_k, cache_v = self.k[i][rows], self.v[i][rows]  # views of this batch's rows
-        if isinstance(where, int):
-            cache_k[:, :, where : where + t] = k
-            cache_v[:, :, where : where + t] = v
+        if index is not None:  # rows scattered over the cache: write in place, read a copy of theirs
+            full_k, full_v = self.k[i], self.v[i]
+            pos = where if isinstance(where, Tensor) else torch.arange(where, where + t, device=self.device)[None]
+            full_k[index[:, None], :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D] at (row b, position pos[b, t])
+            full_v[index[:, None], :, pos] = v.transpose(1, 2)
+            keys, values = full_k[index, :, :length], full_v[index, :, :length]  # [B, Hkv, L, D]
         else:
-            index = where[:, None, :, None].expand(bsz, kv_heads, t, a.head_dim)
-            cache_k.scatter_(2, index, k)
-            cache_v.scatter_(2, index, v)
-        keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [B, Hkv, L, D]
+            rows = slice(first_row, first_row + bsz)
+            cache_k, cache_v = self.k[i][rows], self.v[i][rows]  # views of this batch's rows
+            if isinstance(where, int):
+                cache_k[:, :, where : where + t] = k
+                cache_v[:, :, where : where + t] = v
+            else:
+                scatter = where[:, None, :, None].expand(bsz, kv_heads, t, a.head_dim)
+                cache_k.scatter_(2, scatter, k)
+                cache_v.scatter_(2, scatter, v)
+            keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [B, Hkv, L, D]
         if kv_heads != heads:
             keys = keys.repeat_interleave(heads // kv_heads, dim=1)
             values = values.repeat_interleave(heads // kv_heads, dim=1)

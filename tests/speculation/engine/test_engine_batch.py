@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from speculation.engine import (
     HYBRID_LOOKUP_K,
@@ -341,3 +342,33 @@ def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, ma
     monkeypatch.setattr(batch_module, "verify_sampled", wrong_verify_sampled)
     stat, dof = chi2_statistic(counts(), exact)
     assert stat >= chi2_critical(dof), f"the wrong sampler passed: chi2 {stat:.1f} (dof {dof})"
+
+
+def test_a_forward_over_some_rows_only_equals_theirs_in_a_forward_over_all_and_leaves_the_others(target_model):
+    from speculation.engine.batch_model import BatchedModel
+
+    # given two caches with the same three rows (prompts of different lengths)
+    prompts = [PROMPTS[1], PROMPTS[3][:9], PROMPTS[0]]
+    models = [BatchedModel(target_model, max_rows=3, max_len=target_model.max_len) for _ in range(2)]
+    for model in models:
+        model.reserve(3, 32)
+        feed = pad_sequence([torch.tensor(p[:-1]) for p in prompts], batch_first=True)
+        model.forward(feed, [0, 0, 0], last=[len(p) - 2 for p in prompts])
+    untouched = models[1].read_row(1, len(prompts[1]) - 1)
+    # when: rows 0 and 2 take their next tokens, in a forward over all rows and in one over those two only
+    nxt = torch.tensor([[p[-1], 5] for p in prompts])
+    starts = [len(p) - 1 for p in prompts]
+    everyone = models[0].forward(nxt, starts)
+    some = models[1].forward(nxt[[0, 2]], [starts[0], starts[2]], rows=[0, 2])
+    # then: the same logits and the same cached rows, and row 1 as it was
+    torch.testing.assert_close(some, everyone[[0, 2]])
+    for row in (0, 2):
+        for (k0, v0), (k1, v1) in zip(
+            models[0].read_row(row, starts[row] + 2), models[1].read_row(row, starts[row] + 2), strict=True
+        ):
+            torch.testing.assert_close(k1, k0)
+            torch.testing.assert_close(v1, v0)
+    for (k0, v0), (k1, v1) in zip(untouched, models[1].read_row(1, len(prompts[1]) - 1), strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    with pytest.raises(ValueError, match="2 rows for 3 inputs"):
+        models[1].forward(nxt, starts, rows=[0, 2])
