@@ -109,11 +109,20 @@ class DynamicLookahead:
         more tokens never costs less: a size that looks dearer than a larger one is noise)."""
         return verify_cost(non_decreasing(self.verify_s), n_tokens)
 
+    def _cold(self) -> list[int]:
+        """Sizes measured once (their warm-up) that a K within k_max can measure again (a hybrid's lookups verify
+        wider than its draft's K: those sizes are data, never a reason to draft wider)."""
+        return [n for n in self.verify_s if not self.warm(n) and n <= self.k_max + 1]
+
+    def exploring(self) -> bool:
+        """Whether choose() is measuring costs rather than deciding on them (a step's width must then be its K + 1)."""
+        return self.draft_step_s is None or len(self.verify_s) < 2 or 1 not in self.verify_s or bool(self._cold())
+
     def choose(self) -> int:
         k_start = min(self.k_start, self.k_max)
         if self.draft_step_s is None or not self.verify_s:
             return k_start
-        cold = [n for n in self.verify_s if not self.warm(n)]
+        cold = self._cold()
         if cold:  # a size measured once, its warm-up: measure it again before deciding on it
             return min(min(cold) - 1, self.k_max)
         if len(self.verify_s) < 2:  # one step size seen: try another to learn how verify cost grows with K
@@ -350,14 +359,13 @@ class LoadAwareLookahead:
         """How far a hybrid's lookup may draft this step: the K in 0..k_max with the most tokens per second of
         verification at the lookups' own acceptance (no draft step), over this load's measured verify costs, and
         never below model_k (the model's K this step: its rows verify that wide anyway, so a lookup as long costs
-        nothing more). model_k until two sizes are measured (a wider lookup would make every step as wide, and the
-        model's K would never get its sizes measured); k_max on the steps that re-measure k_start."""
+        nothing more). model_k while the model's controller measures its sizes at this load (a wider lookup would
+        widen the step it measures); k_max on the steps that re-measure k_start."""
         bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)
         if self.steps.get(bucket, 0) % REMEASURE_EVERY == 0:
             return k_max
-        warm = [n for n in costs.verify_s if costs.warm(n)]
-        if len(warm) < 2:
+        if costs.exploring():
             return min(model_k, k_max)
         accepted, reached = (
             (self.sampled_lookup_accepted, self.sampled_lookup_reached)
