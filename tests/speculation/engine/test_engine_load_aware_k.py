@@ -151,3 +151,20 @@ def test_a_hybrids_lookups_are_never_shorter_than_the_models_k_and_no_wider_whil
     # at a load with no costs measured yet, no wider than the model's K (whose sizes are being measured)
     assert lookahead.choose_lookup(8, k_max=8, model_k=3) == 3
     assert lookahead.choose_lookup(8, k_max=8, model_k=0) == 0
+
+
+def test_a_size_wider_than_the_models_k_is_data_not_a_size_to_measure_again():
+    # given: a load whose table holds a lookup's width 9, measured once (cold), beside warm plain and K = 2 sizes
+    lookahead = measured(alpha=0.3, costs={8: ({1: 1.0, 3: 2.9, 9: 8.0}, 0.3)})
+    table = lookahead._costs(8)
+    table.seen.clear()
+    table.seen[("verify", 9)] = 0  # measured once: its warm-up
+    lookahead.steps[load_bucket(8)] = 1
+    # when / then: the model's K (at most 3) is chosen from the costs (plain at this acceptance), not held at 3 to
+    # re-measure a width it cannot reach; and the table counts as settled for the lookups
+    assert lookahead.choose(8, k_max=3) == 0
+    assert not table.exploring()
+    # while a size within reach is cold, the controller measures it, and the lookups stay within its K
+    table.seen[("verify", 3)] = 0
+    assert table.exploring() and lookahead.choose(8, k_max=3) == 2
+    assert lookahead.choose_lookup(8, k_max=8, model_k=2) == 2
