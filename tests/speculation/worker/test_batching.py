@@ -68,6 +68,16 @@ def batch_loop(settings, monkeypatch):
 
 
 @pytest.fixture
+def fixed_k_loop(settings, monkeypatch):
+    """Batching on, a fresh loop drafting each request's K (ACE_BATCH_LOAD_AWARE_K off)."""
+    settings.PROD_BATCH_SLOTS = SLOTS
+    loop = batching.BatchLoop(slots=SLOTS, load_aware_k=False)
+    monkeypatch.setattr(batching, "_the_loop", loop)
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture
 def local_endpoint(transactional_db, client, model_dirs):
     target_dir, draft_dir = model_dirs
     endpoint, _ = local_prod_endpoint(client, name="batched", target_dir=target_dir, draft_dir=draft_dir)
@@ -112,6 +122,19 @@ def _answer(client, request_id: str, timeout_s: float = 300.0) -> tuple[list[int
         time.sleep(0.05)
 
 
+def _step_sizes(monkeypatch) -> list[int]:
+    """The number of slots each batch step serves, from now on (BatchDecoder.step wrapped)."""
+    sizes: list[int] = []
+    step = BatchDecoder.step
+
+    def counting_step(self):
+        sizes.append(len(self))
+        return step(self)
+
+    monkeypatch.setattr(BatchDecoder, "step", counting_step)
+    return sizes
+
+
 def test_32_concurrent_prod_jobs_are_all_answered_and_equal_to_batching_off(
     local_endpoint, client, batch_loop, settings, monkeypatch
 ):
@@ -126,14 +149,7 @@ def test_32_concurrent_prod_jobs_are_all_answered_and_equal_to_batching_off(
         alone[job["prompt_ids"][0], len(job["prompt_ids"])] = _answer(client, job["request_id"])[0]
     settings.PROD_BATCH_SLOTS = SLOTS
     # and a batch loop that records how many slots each step served
-    sizes: list[int] = []
-    step = BatchDecoder.step
-
-    def counting_step(self):
-        sizes.append(len(self))
-        return step(self)
-
-    monkeypatch.setattr(BatchDecoder, "step", counting_step)
+    sizes = _step_sizes(monkeypatch)
     # when: 32 jobs reach the process at once (the Celery task body hands each to the batch loop and returns)
     jobs = _jobs(local_endpoint, client)
     for job in jobs:
@@ -189,14 +205,16 @@ def test_suffix_decoding_drafts_a_later_request_from_an_earlier_answer_through_r
 
 
 def test_the_hybrid_serves_concurrent_jobs_in_the_batch_exactly_and_drafts_from_earlier_answers(
-    local_endpoint, client, batch_loop, settings, monkeypatch
+    local_endpoint, client, fixed_k_loop, settings, monkeypatch
 ):
     from speculation.models import SpeculationPolicy
     from speculation.worker import suffix_store
     from speculation.worker.generation import run_prod_generation
     from speculation.worker.tasks import prod_generate_task
 
-    # given: suffix decoding with the draft's fallback (the draft's K 2), its store empty; 8 jobs (2 sampled)
+    # given (fixed_k_loop): a batch loop drafting the policy's K (the load-aware controller's choices are tested in
+    # the engine; here the draft's K 2 and the lookup's 8, as the single-stream loop drafts them)
+    # and suffix decoding with the draft's fallback (the draft's K 2), its store empty; 8 jobs (2 sampled)
     SpeculationPolicy.objects.filter(endpoint=local_endpoint).update(mechanism="suffix_draft", k=2)
     suffix_store.forget(local_endpoint.pk, redis_too=True)
 
@@ -215,14 +233,7 @@ def test_the_hybrid_serves_concurrent_jobs_in_the_batch_exactly_and_drafts_from_
         alone[len(job["prompt_ids"])] = _answer(client, job["request_id"])[0]
     suffix_store.forget(local_endpoint.pk, redis_too=True)
     settings.PROD_BATCH_SLOTS = SLOTS
-    sizes: list[int] = []
-    step = BatchDecoder.step
-
-    def counting_step(self):
-        sizes.append(len(self))
-        return step(self)
-
-    monkeypatch.setattr(BatchDecoder, "step", counting_step)
+    sizes = _step_sizes(monkeypatch)
     # when: the 8 jobs reach the process at once, twice (the second wave finds the first's answers in the store)
     answers = {}
     for tag in ("first", "second"):
