@@ -14,9 +14,10 @@ distributed exactly as the target's processed distribution.
 
 Hybrid (a draft model and a lookup: suffix decoding with the draft's fallback, as proposers.HybridProposer): each
 slot asks the lookup first for up to ``lookup_k`` drafts; a draft of at least ``min_lookup`` tokens is verified as
-it is (one-hot, no draw), and the draft model drafts for the other slots (its batched forwards run over every row,
-so the looked-up rows' draft caches catch up; their model tokens are discarded and nothing is drawn for them). A
-slot's steps are therefore those HybridProposer gives the request alone, seed for seed. With a LoadAwareLookahead
+it is (one-hot, no draw), and the draft model drafts for the other slots, its batched forwards over their rows
+only (BatchedModel.forward(rows=...)); a slot the lookup served is not fed, and its draft row catches up on its
+next model step, as HybridProposer's draft does. A slot's steps are therefore those HybridProposer gives the
+request alone, seed for seed. With a LoadAwareLookahead
 the lookups' length follows it too (``choose_lookup``: their own acceptance, no draft step, the measured verify
 costs), as the draft's K does, for the slots that follow the controller.
 
@@ -395,9 +396,9 @@ class BatchDecoder:
             before = len(slot.committed)
             slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
             if proposals.fed and (proposals.fed_rows is None or b in proposals.fed_rows):
-                # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid (a row fed though its slot
-                # looked up got the model's tokens, not its drafts: the committed ones only)
-                slot.draft_len = before + (0 if looked else min(accepted, proposals.fed - 1))
+                # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid (a hybrid's row is fed
+                # only when its slot drafted with the model)
+                slot.draft_len = before + min(accepted, proposals.fed - 1)
             slot.committed.extend(new)
             slot.produced += len(new)
             slot.stats.record_step(drafted=drafted, accepted=accepted_counted, reached=reached, looked_up=looked)
