@@ -107,6 +107,15 @@ def _wait_stored(endpoint, count: int, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def _gateway_sees_it() -> None:
+    """Until a policy change has reached the gateway process: it hears of it by a Redis push, and reads the
+    counter itself at least every freshness.RECHECK_S (a request sent at once may still find the old route, which
+    a user meets too, for at most that long; in CI a shadow request was once served as off)."""
+    from speculation.gateway import freshness
+
+    time.sleep(freshness.RECHECK_S + 0.5)
+
+
 def _wait_background(endpoint, shadowed, timeout_s: float = 300.0) -> None:
     """Until the worker's background work on the shadowed request is done: its cost calibration (the record gets
     its projection) and the candidates' replays. A prod job waits behind a running background task (the worker
@@ -247,6 +256,7 @@ def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_
     update_policy(endpoint=endpoint, mode="off", **common)
     off = {PROMPTS[2]: _chat_tokens(gateway_client, endpoint.name, PROMPTS[2], stream=False)}
     update_policy(endpoint=endpoint, mode="shadow", shadow_sample_rate=1.0)
+    _gateway_sees_it()
     off[PROMPTS[1]] = _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
     [shadowed] = _records(endpoint, count=1, mode="shadow")
     assert "suffix decoding with the draft's fallback" in shadowed.reason, shadowed.reason
@@ -254,6 +264,7 @@ def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_
     _wait_background(endpoint, shadowed)
     # when: prod with the hybrid, a question answered before and one never seen
     update_policy(endpoint=endpoint, mode="prod", **common)
+    _gateway_sees_it()
     prod = {p: _chat_tokens(gateway_client, endpoint.name, p, stream=True) for p in PROMPTS[1:]}
     # then: the tokens of off, both times
     assert prod == off
