@@ -57,24 +57,24 @@ def model_dirs(tiny_model_dir, tmp_path_factory) -> tuple[str, str]:
     return str(target), str(draft)
 
 
-@pytest.fixture
-def batch_loop(settings, monkeypatch):
-    """Batching on, with a fresh loop for this test."""
+def _fresh_loop(settings, monkeypatch, *, load_aware_k: bool):
     settings.PROD_BATCH_SLOTS = SLOTS
-    loop = batching.BatchLoop(slots=SLOTS, load_aware_k=True)
+    loop = batching.BatchLoop(slots=SLOTS, load_aware_k=load_aware_k)
     monkeypatch.setattr(batching, "_the_loop", loop)
     yield loop
     loop.stop()
+
+
+@pytest.fixture
+def batch_loop(settings, monkeypatch):
+    """Batching on, with a fresh loop for this test."""
+    yield from _fresh_loop(settings, monkeypatch, load_aware_k=True)
 
 
 @pytest.fixture
 def fixed_k_loop(settings, monkeypatch):
     """Batching on, a fresh loop drafting each request's K (ACE_BATCH_LOAD_AWARE_K off)."""
-    settings.PROD_BATCH_SLOTS = SLOTS
-    loop = batching.BatchLoop(slots=SLOTS, load_aware_k=False)
-    monkeypatch.setattr(batching, "_the_loop", loop)
-    yield loop
-    loop.stop()
+    yield from _fresh_loop(settings, monkeypatch, load_aware_k=False)
 
 
 @pytest.fixture
