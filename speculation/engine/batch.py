@@ -134,7 +134,6 @@ class BatchDecoder:
         self.device = self.target.device
         self._active: list[_Slot] = []
         self._done: list[SlotUpdate] = []  # requests that had nothing to generate
-        self._chosen: dict[bool, int] = {}  # this step's controller K by kind (greedy?)
 
     def __len__(self) -> int:
         return len(self._active)
@@ -200,8 +199,8 @@ class BatchDecoder:
         if not self._active:
             return updates
         batch_size = len(self._active)
-        ks = self._lookaheads(batch_size)
-        caps = self._lookup_caps(batch_size) if self.hybrid else []
+        ks, chosen = self._lookaheads(batch_size)
+        caps = self._lookup_caps(batch_size, chosen) if self.hybrid else []
         self._reserve(max(ks + caps))  # cache growth happens before the timed part (the lookahead's costs)
         t0 = time.perf_counter()
         proposals = self._hybrid_proposals(ks, caps) if self.hybrid else self._propose(ks)
@@ -247,17 +246,16 @@ class BatchDecoder:
         if self.draft is not None and k_max:
             self.draft.reserve(rows, longest + k_max)
 
-    def _lookaheads(self, batch_size: int) -> list[int]:
-        """Each slot's draft length this step (0 when nothing drafts)."""
+    def _lookaheads(self, batch_size: int) -> tuple[list[int], dict[bool, int]]:
+        """Each slot's draft length this step (0 when nothing drafts), and the controller's K by kind (greedy?)."""
         if self.draft is None and self.ngram is None:
-            return [0] * batch_size
+            return [0] * batch_size, {}
         chosen: dict[bool, int] = {}  # greedy? -> the controller's K for the slots that follow it
         if self.lookahead is not None:
             k_max = max(s.config.k for s in self._active)
             kinds = {s.params.greedy for s in self._active if s.params.greedy or not s.config.fixed_k}
             for greedy in sorted(kinds, reverse=True):  # greedy first; the step counts once
                 chosen[greedy] = self.lookahead.choose(batch_size, k_max=k_max, sampled=not greedy, count=not chosen)
-        self._chosen = chosen  # a hybrid's lookups are sized beside it (_lookup_caps)
         ks = []
         for slot in self._active:
             follows = self.lookahead is not None and (slot.params.greedy or not slot.config.fixed_k)
@@ -265,11 +263,12 @@ class BatchDecoder:
             ks.append(
                 step_lookahead(k, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context)
             )
-        return ks
+        return ks, chosen
 
-    def _lookup_caps(self, batch_size: int) -> list[int]:
+    def _lookup_caps(self, batch_size: int, model_ks: dict[bool, int]) -> list[int]:
         """Each slot's lookup length this step for a hybrid: lookup_k, or what the controller chooses for the
-        lookups at this load for the slots that follow it (greedy ones; sampled ones without a seed)."""
+        lookups at this load for the slots that follow it (greedy ones; sampled ones without a seed), beside the
+        model's K it chose for their kind (model_ks)."""
         chosen: dict[bool, int] = {}
         caps = []
         for slot in self._active:
@@ -278,9 +277,8 @@ class BatchDecoder:
                 caps.append(self.lookup_k)
                 continue
             if greedy not in chosen:
-                model_k = self._chosen.get(greedy, 0)
                 chosen[greedy] = self.lookahead.choose_lookup(
-                    batch_size, k_max=self.lookup_k, sampled=not greedy, model_k=model_k
+                    batch_size, k_max=self.lookup_k, sampled=not greedy, model_k=model_ks.get(greedy, 0)
                 )
             caps.append(chosen[greedy])
         return caps

@@ -23,7 +23,7 @@ from speculation.jobs.admission import (
     single_workers_key,
     workers_key,
 )
-from speculation.models import DraftKind, VerificationPath
+from speculation.models import BATCHED_KINDS, VerificationPath
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def single_stream(*, path: str, mechanism: str) -> bool:
     """Whether the worker runs this job alone rather than in its batch (speculation.worker.batching.serves: the
     batch serves the local path with a draft model, n-gram lookup, suffix decoding or the hybrid of suffix decoding
     with a draft's fallback; not an EAGLE head)."""
-    return path != VerificationPath.LOCAL or mechanism == DraftKind.EAGLE_HEAD
+    return path != VerificationPath.LOCAL or mechanism not in BATCHED_KINDS
 
 
 async def _admit(workers: str, inflight: str, request_id: str, hold_s: float) -> tuple[int, int, int]:

@@ -68,20 +68,28 @@ def auto_decision(
     end must beat the current pairing's projected multiplier by AUTO_MARGIN (hysteresis: a noisy lead does not
     flip the policy back and forth)."""
     recommendation = table["overall"]["recommendation"]
-    unrunnable = ""
-    if runnable is not None and recommendation is not None and recommendation.kind not in runnable:
-        unrunnable = (
-            f" ({recommendation.candidate} leads at {recommendation.multiplier:.2f}x but cannot run on this "
-            "endpoint's path)"
-        )
-        recommendation = recommend(OVERALL, [c for c in table["overall"]["cells"] if c.kind in runnable])
+    if runnable is None or recommendation is None or recommendation.kind in runnable:
+        return _decide(policy, table, recommendation)
+    passed_over = (
+        f" ({recommendation.candidate} leads at {recommendation.multiplier:.2f}x but cannot run on this endpoint's "
+        "path)"
+    )
+    chosen, why = _decide(
+        policy, table, recommend(OVERALL, [c for c in table["overall"]["cells"] if c.kind in runnable])
+    )
+    return chosen, why + passed_over
+
+
+def _decide(
+    policy: SpeculationPolicy, table: dict, recommendation: Recommendation | None
+) -> tuple[Recommendation | None, str]:
     if recommendation is None:
-        return None, "no recommendation yet" + unrunnable
+        return None, "no recommendation yet"
     current = candidate_name(policy.mechanism, policy.draft)
     if recommendation.candidate == current and recommendation.k == policy.k:
-        return None, f"the current pairing ({current}, K = {policy.k}) is the winner{unrunnable}"
+        return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
     if recommendation.requests < AUTO_MIN_REQUESTS:
-        return None, f"{recommendation.requests} measured requests; auto needs {AUTO_MIN_REQUESTS}{unrunnable}"
+        return None, f"{recommendation.requests} measured requests; auto needs {AUTO_MIN_REQUESTS}"
     cell = next((c for c in table["overall"]["cells"] if c.candidate == current), None)
     now = cell.per_k_multiplier[policy.k - 1] if cell and 0 < policy.k <= len(cell.per_k_multiplier) else None
     evidence = (
@@ -91,11 +99,10 @@ def auto_decision(
     if now is not None:
         evidence += f" vs {current} at K = {policy.k} {now:.2f}x"
         if recommendation.ci_low is None or recommendation.ci_low <= now * (1 + AUTO_MARGIN):
-            floor = now * (1 + AUTO_MARGIN)
-            return None, f"not clearly better: {evidence} (needs an interval above {floor:.2f}x){unrunnable}"
+            return None, f"not clearly better: {evidence} (needs an interval above {now * (1 + AUTO_MARGIN):.2f}x)"
     elif not recommendation.confident:
-        return None, f"not yet significant: {evidence}{unrunnable}"
-    return recommendation, evidence + unrunnable
+        return None, f"not yet significant: {evidence}"
+    return recommendation, evidence
 
 
 def _scope(policy: SpeculationPolicy, endpoint: Endpoint) -> str:

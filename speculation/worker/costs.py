@@ -52,6 +52,7 @@ from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
 from speculation.engine.costs import REPEATS, non_decreasing, time_draft_step, time_verify
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.models import (
+    BATCHED_KINDS,
     LOOKUP_KINDS,
     CostCalibration,
     DraftModel,
@@ -322,8 +323,7 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     from speculation.worker import batching
 
     local = path == VerificationPath.LOCAL and bool(policy.target_path)
-    kinds = (Mechanism.DRAFT_MODEL, Mechanism.SUFFIX_DRAFT, *LOOKUP_KINDS)
-    return local and batching.enabled() and policy.mechanism in kinds
+    return local and batching.enabled() and policy.mechanism in BATCHED_KINDS
 
 
 def _draft_proposer(policy: SpeculationPolicy) -> Any:
