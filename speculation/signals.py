@@ -26,6 +26,14 @@ def _m2m_changed(action: str = "", **kwargs: object) -> None:
         _bump(**kwargs)
 
 
+def _endpoint_named(instance: object, **_: object) -> None:
+    """This process's metrics label for the endpoint's id is read again (a rename; SQLite reuses a deleted newest
+    row's id, which would otherwise count a new endpoint's requests under the old one's name)."""
+    from speculation.services.records import forget_name
+
+    forget_name(instance.pk)
+
+
 def connect() -> None:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
@@ -34,6 +42,8 @@ def connect() -> None:
     from fleet.models import Endpoint, GatewayTokenScope
     from speculation.models import DraftModel, SpeculationPolicy
 
+    post_save.connect(_endpoint_named, sender=Endpoint, dispatch_uid="ace-metrics-label-save")
+    post_delete.connect(_endpoint_named, sender=Endpoint, dispatch_uid="ace-metrics-label-delete")
     for model in (Endpoint, SpeculationPolicy, DraftModel, Token, GatewayTokenScope, Group):
         post_save.connect(_bump, sender=model, dispatch_uid=f"ace-routing-{model.__name__}-save")
         post_delete.connect(_bump, sender=model, dispatch_uid=f"ace-routing-{model.__name__}-delete")

@@ -24,9 +24,13 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 # Endpoint names for the metrics' `endpoint` label, per process; a renamed endpoint shows its new name within
-# NAME_TTL_S.
+# NAME_TTL_S (at once in the process that saved it: speculation.signals).
 NAME_TTL_S = 300.0
 _names: dict[int, tuple[str, float]] = {}
+
+
+def forget_name(endpoint_id: int | None) -> None:
+    _names.pop(endpoint_id, None)
 
 
 def _cached_name(endpoint_id: int) -> str | None:

@@ -178,3 +178,24 @@ def test_the_metrics_view_reads_the_multiprocess_directory_when_set(client, tmp_
     text = client.get("/metrics").content.decode()
     assert value(text, "ace_requests_total", endpoint="e", mode="off", action="passthrough") == 1
     assert value(text, "ace_redis_up") == 1
+
+
+@pytest.mark.django_db
+def test_a_renamed_endpoint_counts_under_its_new_name_at_once(client, off_endpoint, redis_server):
+    from speculation.services.records import record_stage
+
+    def counted(name: str, before: str) -> float:
+        after = client.get("/metrics").content.decode()
+        return delta(before, after, "ace_requests_total", endpoint=name, mode="shadow", action="would_speculate")
+
+    # given: a record counted under the endpoint's name (the name is now cached in this process)
+    before = client.get("/metrics").content.decode()
+    record_stage(endpoint_id=off_endpoint.pk, request_id="r-1", mode="shadow", action="would_speculate")
+    assert counted("metered", before) == 1
+    # when it is renamed (or, on SQLite, deleted and its id given to a new endpoint)
+    off_endpoint.name = "renamed"
+    off_endpoint.save()
+    before = client.get("/metrics").content.decode()
+    record_stage(endpoint_id=off_endpoint.pk, request_id="r-2", mode="shadow", action="would_speculate")
+    # then the next record counts under the new name, not the cached one
+    assert counted("renamed", before) == 1 and counted("metered", before) == 0
