@@ -12,7 +12,7 @@ Entry points:
   ``generate_plain(target, prompt_ids, config)`` for baselines.
 - shadow replay, through the same loop on a ``ReplayTarget`` (a known output): ``replay_proposer(proposer, ...)``,
   ``replay_greedy`` (a draft's teacher-forced predictions), ``draft_greedy_predictions``,
-  ``expected_acceptance``.
+  ``expected_acceptance``; ``expected_hybrid`` (a hybrid or draft on a sampled request: expected counts).
 
 Names are exported lazily (PEP 562), so importing a torch-free submodule such as
 ``speculation.engine.projection`` (the web process does) does not import torch.
@@ -51,6 +51,7 @@ _EXPORTS = {
     "init_weights": "model",
     "DraftModelProposer": "proposers",
     "HYBRID_LOOKUP_K": "proposers",
+    "HYBRID_MIN_LOOKUP": "proposers",
     "HybridProposer": "proposers",
     "LookupProposer": "proposers",
     "NgramProposer": "proposers",
@@ -62,6 +63,7 @@ _EXPORTS = {
     "ReplayTarget": "replay",
     "draft_greedy_predictions": "replay",
     "expected_acceptance": "replay",
+    "expected_hybrid": "replay",
     "replay_greedy": "replay",
     "replay_proposer": "replay",
     "replay_proposals": "replay",

@@ -14,17 +14,26 @@ exactly (``replay_greedy``). Proposers that are a function of the context (n-gra
 An EAGLE head replays as itself too, fed the target's true features of the known sequence (``hidden``): a chain
 as any proposer, a draft tree (EAGLE-2) through ``ReplayTarget.replay_tree_step``, which verifies the tree
 against the known output (``tree.replay_tree_greedy``) where prod's tree step would run the target.
+
+Sampled requests. A one-hot draft token d (a lookup's: n-gram, suffix decoding, a hybrid's looked-up steps) passes
+with probability p(d), and on a rejection the token is drawn from p with d removed: the step's token equals d exactly
+when d passed. Given the output the server sampled (a sample of p, as speculative decoding's output is), every
+lookup step is therefore known: the same replay as greedy's, against the sampled output, is exact. A draft model's
+sampled draft passes with a probability, not a certainty: ``expected_hybrid`` carries the probability of each
+position being a step's start through the request (the model's drafts passing position by position with the
+draft's acceptance there, sum_x min(p, q); the lookup's steps known) and gives the expected counts.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 
 import torch
 from torch import Tensor
 
-from speculation.engine.decode import GenerationConfig, generate
+from speculation.engine.decode import GenerationConfig, generate, step_lookahead
 from speculation.engine.errors import EmptyPromptError
 from speculation.engine.lookahead import DynamicLookahead, check_k
 from speculation.engine.model import Transformer
@@ -275,3 +284,86 @@ def expected_acceptance(target_logprobs: Sequence[dict[int, float]], draft_probs
         p = torch.tensor([math.exp(v) for v in dist.values()])
         total += torch.minimum(p, q[i, ids]).sum().item()
     return total / len(target_logprobs)
+
+
+def expected_hybrid(
+    lookup: Callable[[int, int], list[int]],
+    alphas: Sequence[float],
+    target_tokens: Sequence[int],
+    model_k: int,
+    *,
+    prompt_len: int,
+    lookup_k: int,
+    min_lookup: int,
+    max_new_tokens: int | None = None,
+) -> SpecStats:
+    """The expected stats of a hybrid (``HybridProposer``) on a finished sampled request; the counts are
+    expectations (floats). lookup(n, d): the lookup's drafts (at most d) after the first n tokens of target_tokens;
+    alphas[i]: the probability that the draft model's draft for output position i passes (sum_x min(p, q) there,
+    processed as the request asked). A step starting at output position i asks the lookup for up to
+    step_lookahead(lookup_k, ...) tokens: at least min_lookup of them are verified as they are (passing exactly as
+    far as they equal the sampled output), fewer and the model drafts min(that, model_k), its j-th draft passing
+    with probability alphas[i + j] once the earlier ones passed. min_lookup > lookup_k: the draft model alone."""
+    check_k(model_k)
+    if prompt_len < 1:
+        raise EmptyPromptError("the prompt has no tokens")
+    n = len(target_tokens) - prompt_len
+    if len(alphas) < n:
+        raise ValueError("need the draft's acceptance at every output position")
+    budget = n if max_new_tokens is None else max_new_tokens
+    stats = SpecStats(output_tokens=max(n, 0))
+    for name in ("accepted_per_position", "drafted_per_position", "reached_per_position"):
+        setattr(stats, name, [0.0] * max(lookup_k, model_k))
+    stats.accepted_length_histogram = [0.0] * (max(lookup_k, model_k) + 1)
+    for f in fields(SpecStats):
+        if isinstance(getattr(stats, f.name), int) and f.name != "output_tokens":
+            setattr(stats, f.name, 0.0)
+    start = [0.0] * (n + 1)  # start[i]: the probability that a step starts at output position i
+    if n > 0:
+        start[0] = 1.0
+    outputs = target_tokens[prompt_len:]
+    for i in range(n):
+        mass = start[i]
+        if mass <= 0.0:
+            continue
+        d = step_lookahead(lookup_k, i, prompt_len + i, budget, UNBOUNDED)
+        stats.target_passes += mass
+        if d == 0:  # a plain step
+            start[i + 1] += mass
+            continue
+        drafts = list(lookup(prompt_len + i, d))[:d]
+        if len(drafts) >= min_lookup:
+            accepted = 0
+            while accepted < len(drafts) and i + accepted < n and drafts[accepted] == outputs[i + accepted]:
+                accepted += 1
+            _expect(stats, mass, len(drafts), accepted, looked_up=True)
+            start[min(n, i + accepted + 1)] += mass
+            continue
+        drafted = min(d, model_k)
+        reach = mass
+        for j in range(drafted + 1):  # j drafts passed, then a rejection (or all passed: the bonus token)
+            passes = alphas[i + j] if j < drafted and i + j < n else 0.0
+            ends = reach * (1.0 - passes) if j < drafted else reach
+            if ends > 0.0:
+                _expect(stats, ends, drafted, j, looked_up=False)
+                start[min(n, i + j + 1)] += ends
+            reach *= passes
+            if reach <= 0.0:
+                break
+    return stats
+
+
+def _expect(stats: SpecStats, mass: float, drafted: int, accepted: int, *, looked_up: bool) -> None:
+    """SpecStats.record_step weighted by the probability of the step (the pass itself is counted by the caller)."""
+    if looked_up:
+        stats.looked_up_tokens += mass * drafted
+    stats.drafts += mass
+    stats.drafted_tokens += mass * drafted
+    stats.accepted_tokens += mass * accepted
+    for i in range(drafted):
+        stats.drafted_per_position[i] += mass
+    for i in range(min(accepted + 1, drafted)):
+        stats.reached_per_position[i] += mass
+    for i in range(accepted):
+        stats.accepted_per_position[i] += mass
+    stats.accepted_length_histogram[accepted] += mass

@@ -17,11 +17,17 @@ draft tree prod's local path would draft (depth min(depth, K), verified against 
 tree.replay_tree_greedy), and its projection counts the verification of every node: S = E[N] / (v(nodes) + depth c).
 - Greedy requests: the engine's exact replay (speculation.engine.replay; one teacher-forced pass per draft model or
   target serves all K).
-- Sampled requests (temperature > 0): draft models only (no hybrid), with the expected acceptance sum_x min(p, q) of
-  both distributions processed as the request asked (speculation.worker.sampled: exact where the worker holds the
-  target, else a lower bound from the server's top-N, read once for all candidates); per K the i.i.d. mean accepted
-  length and expected counts. n-gram lookup and suffix decoding have no draft distribution and an EAGLE head's
-  would need its own sampled drafting pass: none of them is replayed on sampled requests.
+- Sampled requests (temperature > 0):
+  - n-gram lookup and suffix decoding: the same replay against the sampled output, exact (a one-hot draft token is
+    the step's token exactly when it passed: speculation.engine.replay);
+  - a draft model: the expected acceptance sum_x min(p, q) of both distributions processed as the request asked
+    (speculation.worker.sampled: exact where the worker holds the target, else a lower bound from the server's
+    top-N, read once for all candidates); per K the i.i.d. mean accepted length and expected counts;
+  - the hybrid: its lookup's steps replayed as above, its draft's steps passing position by position with the
+    draft's probability of passing given each sampled token (speculation.worker.sampled.draft_pass_probabilities;
+    the average sum_x min(p, q) where a server's top-N cannot give p(o) exactly): the expected counts of
+    speculation.engine.replay.expected_hybrid, exact in expectation;
+  - an EAGLE head is not replayed (its sampled chain would need its own drafting pass).
 
 Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
 shadow measurement (never inside it). Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE
@@ -35,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -45,6 +51,7 @@ from django.conf import settings
 from fleet.models import Endpoint
 from speculation.engine import (
     HYBRID_LOOKUP_K,
+    HYBRID_MIN_LOOKUP,
     HybridProposer,
     NgramProposer,
     SamplingParams,
@@ -55,6 +62,7 @@ from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_t
 from speculation.engine.proposers import LookupProposer
 from speculation.engine.replay import (
     draft_greedy_predictions,
+    expected_hybrid,
     replay_greedy,
     replay_proposals,
     replay_proposer,
@@ -92,18 +100,17 @@ class Candidate:
 
 
 def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled: bool = False) -> list[Candidate]:
-    """n-gram lookup and suffix decoding, then every draft model sharing the endpoint's tokenizer fingerprint, then
-    (with the target in the worker) every EAGLE head trained for that target (by name). Sampled: the draft models
-    only."""
-    found = [] if sampled else [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
+    """n-gram lookup and suffix decoding, then every draft model sharing the endpoint's tokenizer fingerprint, each
+    of those behind suffix decoding (the hybrid), then (with the target in the worker, greedy only) every EAGLE head
+    trained for that target (by name)."""
+    found = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
     if not fingerprint:
         return found
     same = DraftModel.objects.filter(tokenizer_fingerprint=fingerprint).order_by("name")
     models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
     found += [Candidate(d.name, d.kind, d) for d in models]
-    if not sampled:  # each draft model behind suffix decoding (the hybrid; greedy replays only, as suffix's)
-        found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
+    found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
     if target_path and not sampled:
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
@@ -246,7 +253,8 @@ def measured_fields(
             if costs
             else None
         )
-        counts.append([stats.drafted_tokens, stats.accepted_tokens, stats.target_passes])
+        # expected counts (a sampled hybrid's) are floats
+        counts.append([round(x, 2) for x in (stats.drafted_tokens, stats.accepted_tokens, stats.target_passes)])
         positions.append([round(a, 4) for a in stats.alpha_per_position])
     return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
 
@@ -285,6 +293,7 @@ class Replayed:
     params: SamplingParams | None = None  # None: greedy
     request_id: str = ""
     view: Any = None  # speculation.worker.sampled.TargetView, read once for every candidate of a sampled request
+    passes: dict[str, str] = field(default_factory=dict)  # a sampled hybrid's: how its draft's passes were known
 
 
 def measure_candidates(
@@ -347,16 +356,29 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
         tree = _tree(request, candidate)
         fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
         how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
+    elif isinstance(replayed, dict):  # a lookup or the hybrid: replayed against the sampled output
+        fields, how = measured_fields(replayed, costs), f"{sampled_how(request.params)}: {SAMPLED_LOOKUP}"
+        if candidate.kind == DraftKind.SUFFIX_DRAFT:
+            how += f"; the draft's steps expected from its probability of passing {request.passes[candidate.name]}"
     else:
         fields = expected_fields(replayed.alpha, output_tokens=len(request.output_ids), costs=costs)
         how = (
-            f"sampled (temperature {request.params.temperature:g}, top_k {request.params.top_k}, top_p "
-            f"{request.params.top_p:g}): expected acceptance {replayed.alpha:.4f} {replayed.source}; i.i.d. mean "
+            f"{sampled_how(request.params)}: expected acceptance {replayed.alpha:.4f} {replayed.source}; i.i.d. mean "
             "accepted length and expected counts"
         )
     for name, value in fields.items():
         setattr(row, name, value)
     row.reason = f"{how}; c={costs.c:.3f}" if costs is not None else f"{how}; {row.reason}"
+
+
+SAMPLED_LOOKUP = (
+    "the lookup's steps replayed against the sampled output (exact: a one-hot draft token is the step's token "
+    "exactly when it passed)"
+)
+
+
+def sampled_how(params: SamplingParams) -> str:
+    return f"sampled (temperature {params.temperature:g}, top_k {params.top_k}, top_p {params.top_p:g})"
 
 
 def _tree(request: Replayed, candidate: Candidate) -> TreeShape | None:
@@ -372,10 +394,11 @@ def _lookup_kind(candidate: Candidate) -> str:
 
 
 def _replayed(request: Replayed, candidate: Candidate) -> Any:
-    """Greedy: the candidate's replay at every K. Sampled: its expected acceptance (speculation.worker.sampled)."""
-    if request.params is None:
-        kind = _lookup_kind(candidate)
-        lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
+    """Greedy, and a lookup on a sampled request: the candidate's replay at every K. Sampled: the hybrid's expected
+    replay at every K, a draft model's expected acceptance (speculation.worker.sampled)."""
+    kind = _lookup_kind(candidate)
+    lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
+    if request.params is None or candidate.kind in LOOKUP_KINDS:
         return replay(
             candidate,
             prompt_ids=request.prompt_ids,
@@ -385,7 +408,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             tree=_tree(request, candidate),
             lookup=lookup,
         )
-    from speculation.worker.sampled import draft_acceptance, target_view
+    from speculation.worker.sampled import draft_acceptance, draft_pass_probabilities, target_view
 
     if request.view is None:  # the target's side once for every candidate (one scoring call at most)
         request.view = target_view(
@@ -395,7 +418,40 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             output_ids=request.output_ids,
             params=request.params,
         )
+    if candidate.kind == DraftKind.SUFFIX_DRAFT:
+        passes = draft_pass_probabilities(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
+        request.passes[candidate.name] = passes.source
+        return expected_hybrid_replays(
+            lookup, passes.per_position.tolist(), request.prompt_ids + request.output_ids, K_RANGE,
+            prompt_len=len(request.prompt_ids), max_new_tokens=request.max_tokens,
+        )  # fmt: skip
     return draft_acceptance(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
+
+
+def expected_hybrid_replays(
+    lookup: LookupProposer,
+    passes: list[float],
+    sequence: list[int],
+    ks: tuple[int, ...],
+    *,
+    prompt_len: int,
+    max_new_tokens: int | None,
+) -> dict[int, SpecStats]:
+    """The hybrid on a sampled request at each K (the draft's K): speculation.engine.replay.expected_hybrid with
+    the lookup over the endpoint's earlier answers and the draft's probability of passing at each position."""
+    return {
+        k: expected_hybrid(
+            lambda n, d: lookup.lookup(sequence[:n], d),
+            passes,
+            sequence,
+            k,
+            prompt_len=prompt_len,
+            lookup_k=max(k, HYBRID_LOOKUP_K),
+            min_lookup=HYBRID_MIN_LOOKUP,
+            max_new_tokens=max_new_tokens,
+        )
+        for k in ks
+    }
 
 
 AUTO_CHECK_KEY = "ace:auto-pairing-checked:{endpoint_id}"

@@ -84,6 +84,44 @@ def draft_acceptance(view: TargetView, draft_path: str, prompt_ids: list[int], o
     return acceptance(view, teacher_forced_logits(draft, prompt_ids, output_ids))
 
 
+def draft_pass_probabilities(
+    view: TargetView, draft_path: str, prompt_ids: list[int], output_ids: list[int]
+) -> Acceptance:
+    """Per output position, the probability that the draft's sampled draft passed there given the token the
+    server sampled, o: q(o) min(1, p(o) / q(o)) / p(o) = min(1, q(o) / p(o)) (a rejected draft's residual never
+    gives o back where q(o) >= p(o)). Averaged over o ~ p it is sum_x min(p, q); kept per sampled token it carries
+    what that average loses (the positions where the draft passed are those whose tokens it favoured), so a replay
+    over the sampled output with these is exact in expectation (speculation.engine.replay.expected_hybrid). Needs
+    p(o) exactly: from the target in the worker, or a server's top-N under 0 < top_k < N; otherwise sum_x min(p, q)
+    per position (a lower bound, as ``acceptance``)."""
+    from speculation.engine.acceptance import target_from_top_logprobs
+
+    draft_logits = teacher_forced_logits(resources.model(draft_path).model, prompt_ids, output_ids)
+    q = probs_from_logits(draft_logits, view.params)  # [n, V]
+    if view.p is not None:
+        p = view.p
+    else:
+        bounds = [target_from_top_logprobs(dist, view.params, q.shape[-1]) for dist in view.top]
+        if not bounds or not all(b.exact for b in bounds):
+            return acceptance(view, draft_logits)
+        p = torch.stack([b.p for b in bounds])
+    rows = torch.arange(len(output_ids))
+    tokens = torch.tensor(output_ids, dtype=torch.long)
+    inside = tokens < q.shape[-1]  # a token beyond the draft's vocabulary: the draft never drafts it
+    tokens = torch.where(inside, tokens, 0)
+    p_o, q_o = p[rows, tokens].float(), torch.where(inside, q[rows, tokens].float(), 0.0)
+    average = torch.minimum(p.float(), q.float()).sum(-1)
+    # p(o) = 0: the server's processing differs from ours at the edge (a top-p cut): that position's average
+    per_token = torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average)
+    if view.p is not None:
+        source = "exact, from the target's logits in the worker"
+    else:
+        source = (
+            f"exact, from the server's top-{view.top_n} log-probabilities (top_k {view.params.top_k} < {view.top_n})"
+        )
+    return Acceptance(per_token, None, f"{source}, given each sampled token")
+
+
 def server_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list[Any], int]:
     """The server's top-N raw log-probabilities at every output position (one scoring call through the server
     kind's wire format), and N. fleet.adapters.Unsupported when the server kind cannot score token ids."""

@@ -4,9 +4,12 @@ Greedy traffic: the engine's one decode loop replays the request on a ReplayTarg
 one teacher-forced draft pass over prompt + produced tokens gives the draft's proposal at every position, and
 the loop's verification steps with lookahead K give exactly what prod would have accepted (the same stats, the
 same record fields: speculation.worker.stats).
-Sampled traffic: the expected acceptance sum_x min(p, q) per position with p and q processed as the request asked
-(speculation.worker.sampled: exact where the worker holds the target, else a lower bound from the server's top-N
-log-probabilities, recorded with the mass it could not see).
+Sampled traffic: n-gram lookup and suffix decoding replay as greedy's, against the sampled output (exact: a one-hot
+draft token is the step's token exactly when it passed); a draft model: the expected acceptance sum_x min(p, q) per
+position with p and q processed as the request asked (speculation.worker.sampled: exact where the worker holds the
+target, else a lower bound from the server's top-N log-probabilities, recorded with the mass it could not see); the
+hybrid: its lookup's steps as a lookup's, its draft's expected from the draft's probability of passing given each
+sampled token (speculation.engine.replay.expected_hybrid; counts rounded to whole tokens on the record).
 The projected multiplier S = E[N] / (v(K) + K c) uses the costs a worker measured on the endpoint's node class
 (speculation.worker.costs: the server's decode step, the draft step, a verification of K + 1 tokens on prod's path),
 the lookahead controller's cost model. The measurement stays cheap: calibrations and the other candidates' replays
@@ -57,6 +60,7 @@ class Shadowed:
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
     server_step_ms: float | None = None  # the stored server step the last projection was over
+    sampled: bool = False  # prod's controller keeps sampled slots' acceptance apart from greedy ones' (_pair)
     _costs: Any = None  # shadow_costs' (calibration or None, note), read once by controller()
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
@@ -134,7 +138,7 @@ class Shadowed:
         )
 
     def _pair(self) -> tuple:
-        return self.endpoint.pk, self.policy.mechanism, self.policy.draft_id, self.policy.k
+        return self.endpoint.pk, self.policy.mechanism, self.policy.draft_id, self.policy.k, self.sampled
 
 
 # acceptance counts of the replays' controllers per (endpoint, mechanism, draft, K) in this worker process
@@ -202,22 +206,35 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     if policy.mechanism == Mechanism.SUFFIX_DRAFT:
         _measure_hybrid(shadowed, sequence, common)
         return
-    controller = shadowed.controller()
     if policy.mechanism in LOOKUP_KINDS:
-        # suffix decoding: the endpoint's earlier answers, this one's own left out
-        proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
-        stats = replay_proposer(proposer, sequence, k, lookahead=controller, **common)
-    else:
-        predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
-        stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
+        _measure_lookup(shadowed, sequence, common, how="greedy replay (exact)")
+        return
+    controller = shadowed.controller()
+    predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
+    stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
+    _record_replay(shadowed, stats, controller, how="greedy replay (exact)")
+
+
+def _measure_lookup(shadowed: Shadowed, sequence: list[int], common: dict[str, Any], *, how: str) -> None:
+    """n-gram lookup or suffix decoding (the endpoint's earlier answers, this one's own left out) replayed against
+    the output, greedy or sampled (exact either way), K chosen as prod's controller would where it chooses it."""
+    policy = shadowed.policy
+    controller = shadowed.controller()
+    proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
+    stats = replay_proposer(proposer, sequence, policy.k, lookahead=controller, **common)
+    _record_replay(shadowed, stats, controller, how=how)
+
+
+def _record_replay(shadowed: Shadowed, stats: Any, controller: ModeledLookahead | None, *, how: str) -> None:
+    k = shadowed.policy.k
     if controller is not None:
         projected, basis = shadowed.project_modeled(controller, stats)
-        shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
+        shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
         return
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     # per target pass, steps that drafted nothing included (stats.tokens_per_pass)
     projected, basis = shadowed.project(tokens_per_step=stats.tokens_per_pass, k=k_mean)
-    shadowed.record(reason=f"greedy replay (exact); {basis}", multiplier=projected, **stage_fields(stats, k=k))
+    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
 
 
 def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
@@ -229,13 +246,22 @@ def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, A
     policy, k = shadowed.policy, shadowed.policy.k
     lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
     stats = replay_hybrid(policy.draft.path, sequence, (k,), lookup=lookup, common=common)[k]
+    how = f"greedy replay (exact) of suffix decoding with the draft's fallback ({stats.looked_up_tokens} of " \
+          f"{stats.drafted_tokens} drafts looked up)"  # fmt: skip
+    _record_hybrid(shadowed, stats, how=how)
+
+
+def _record_hybrid(shadowed: Shadowed, stats: Any, *, how: str) -> None:
+    """Projected with the draft model's costs charged for the steps it drafted only."""
+    k = shadowed.policy.k
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     projected, basis = shadowed.project(
         tokens_per_step=stats.tokens_per_pass, k=k_mean, draft_steps=stats.model_steps_per_pass
     )
-    how = f"greedy replay (exact) of suffix decoding with the draft's fallback ({stats.looked_up_tokens} of " \
-          f"{stats.drafted_tokens} drafts looked up)"  # fmt: skip
-    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **stage_fields(stats, k=k))
+    fields = stage_fields(stats, k=k)
+    for name in ("target_passes", "drafted_tokens", "accepted_tokens"):  # expected counts (sampled) are floats
+        fields[name] = round(fields[name])
+    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **fields)
 
 
 def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
@@ -264,22 +290,24 @@ def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, An
 
 
 def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
-    """Expected acceptance sum_x min(p(x), q(x)) per output position, p and q processed as the request asked
-    (speculation.worker.sampled); the mean accepted length from the i.i.d. formula at the policy's K."""
-    from speculation.worker.sampled import draft_acceptance, target_view
+    """A lookup: its replay against the sampled output (exact). A draft model: the expected acceptance
+    sum_x min(p(x), q(x)) per output position, p and q processed as the request asked (speculation.worker.sampled),
+    the mean accepted length from the i.i.d. formula at the policy's K. The hybrid: its expected replay."""
+    from speculation.worker.candidates import SAMPLED_LOOKUP, expected_hybrid_replays, sampled_how
+    from speculation.worker.sampled import draft_acceptance, draft_pass_probabilities, target_view
 
     policy, k = shadowed.policy, shadowed.policy.k
-    if policy.mechanism in LOOKUP_KINDS or policy.draft is None:
-        shadowed.record(reason=f"sampled traffic with {policy.mechanism} drafts: no draft distribution to compare")
+    shadowed.sampled = True
+    sequence = shadowed.prompt_ids + shadowed.output_ids
+    common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
+    if policy.mechanism in LOOKUP_KINDS:
+        _measure_lookup(shadowed, sequence, common, how=f"{sampled_how(params)}: {SAMPLED_LOOKUP}")
+        return
+    if policy.draft is None:
+        shadowed.record(reason=f"sampled traffic with {policy.mechanism}: no draft to compare")
         return
     if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
         shadowed.record(reason="sampled traffic with an EAGLE head: not replayed (its drafts need their own pass)")
-        return
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
-        shadowed.record(
-            reason="sampled traffic with suffix decoding and a draft's fallback: not replayed (the lookup's steps have "
-            "no draft distribution; the draft model's own figure is its candidate row)"
-        )
         return
     view = target_view(
         endpoint=shadowed.endpoint,
@@ -288,6 +316,20 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
         output_ids=shadowed.output_ids,
         params=params,
     )
+    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
+        passes = draft_pass_probabilities(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
+        lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
+        stats = expected_hybrid_replays(
+            lookup, passes.per_position.tolist(), sequence, (k,), prompt_len=len(shadowed.prompt_ids),
+            max_new_tokens=shadowed.budget,
+        )[k]  # fmt: skip
+        how = (
+            f"{sampled_how(params)}: suffix decoding with the draft's fallback ({stats.looked_up_tokens:.1f} of "
+            f"{stats.drafted_tokens:.1f} drafts looked up, expected); {SAMPLED_LOOKUP}; the draft's steps expected "
+            f"from its probability of passing {passes.source}"
+        )
+        _record_hybrid(shadowed, stats, how=how)
+        return
     measured = draft_acceptance(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
     alpha = measured.alpha
     tau = expected_tokens(alpha=min(1.0, max(0.0, alpha)), k=k)

@@ -90,7 +90,13 @@ def test_compatible_candidates_are_the_lookups_and_the_drafts_with_the_endpoints
     assert hybrid.kind == "suffix_draft" and hybrid.draft.name == "tiny-draft"
     other = Endpoint.objects.get(name="other")
     assert [c.name for c in candidates.compatible_candidates(other)] == ["ngram", "suffix"]
-    assert [c.name for c in candidates.compatible_candidates(endpoint, sampled=True)] == ["tiny-draft"]
+    # sampled: the same (an EAGLE head, greedy only, would be left out)
+    assert [c.name for c in candidates.compatible_candidates(endpoint, sampled=True)] == [
+        "ngram",
+        "suffix",
+        "tiny-draft",
+        "suffix+tiny-draft",
+    ]
 
 
 def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, tiny_model_dir):
@@ -368,10 +374,12 @@ def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_o
     assert job["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     # when
     replay_candidates_task.apply(kwargs=job)
-    # then: one row, the draft model's (n-gram lookup has no draft distribution), at shadow's own alpha for every K
+    # then: the draft model's row at shadow's own alpha for every K (the i.i.d. formula)
     alpha = StageRecord.objects.get(request_id="req-sampled").alpha
     assert 0.05 < alpha < 0.95
-    [row] = CandidateMeasurement.objects.filter(request_id="req-sampled")
+    rows = {r.candidate: r for r in CandidateMeasurement.objects.filter(request_id="req-sampled")}
+    assert set(rows) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft"}
+    row = rows["tiny-draft"]
     assert row.candidate == "tiny-draft" and row.status == "measured" and "exact" in row.reason
     taus = [expected_tokens(alpha=alpha, k=k) for k in range(1, 9)]
     assert row.mean_accepted_len == [round(t, 4) for t in taus]
@@ -382,3 +390,61 @@ def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_o
     assert steps == pytest.approx(len(OUTPUT) / taus[2], abs=0.01) and accepted / drafted == pytest.approx(
         (taus[2] - 1) / 3, abs=0.01
     )
+
+
+def test_sampled_requests_replay_the_lookups_and_the_hybrid_against_the_sampled_output(
+    endpoint, tiny_model_dir, other_model_dir, monkeypatch
+):
+    from speculation.engine import HYBRID_MIN_LOOKUP, SamplingParams, expected_hybrid
+    from speculation.engine.sampling import probs_from_logits
+    from speculation.worker.tasks import replay_candidates_task
+
+    # given: an earlier answer in the endpoint's store (the hybrid's lookup finds 2 tokens at the first step: the
+    # draft model drafts; then the request's own context serves 3 or more)
+    suffix_store.remember(endpoint.pk, "old-1", [9, 10, 11, 8, 5])
+    # and shadow on a sampled request with the target in the worker
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(other_model_dir))
+    job = _shadowed(endpoint, "req-s2", monkeypatch, temperature=0.7, top_p=0.9, workload="chat")
+    # when
+    replay_candidates_task.apply(kwargs=job)
+    rows = {r.candidate: r for r in CandidateMeasurement.objects.filter(request_id="req-s2")}
+    sequence = PROMPT + OUTPUT
+    index = SuffixIndex()
+    index.add("old-1", [9, 10, 11, 8, 5])
+    # then: n-gram lookup and suffix decoding: the greedy replay against the sampled output (exact)
+    for name, lookup in (("ngram", NgramProposer()), ("suffix", SuffixProposer(index))):
+        want = [
+            replay_proposals(lambda n, d, lk=lookup: lk.lookup(sequence[:n], d), sequence, k, prompt_len=len(PROMPT))
+            for k in range(1, 9)
+        ]
+        assert rows[name].status == "measured" and "sampled (temperature 0.7" in rows[name].reason
+        assert "replayed against the sampled output (exact" in rows[name].reason
+        assert rows[name].counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
+    # and the hybrid: expected_hybrid with the draft's probability of passing given each sampled token
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    ids = torch.tensor(sequence[:-1])
+    target, draft = resources.model(str(other_model_dir)).model, resources.model(str(tiny_model_dir)).model
+    p = probs_from_logits(target(ids, 0).logits[len(PROMPT) - 1 :].float(), params)
+    q = probs_from_logits(draft(ids, 0).logits[len(PROMPT) - 1 :].float(), params)
+    out = torch.tensor(OUTPUT)
+    passes = torch.clamp(q[torch.arange(len(OUTPUT)), out] / p[torch.arange(len(OUTPUT)), out], max=1.0).tolist()
+    assert 0.0 < sum(passes) < len(passes)  # neither certain nor impossible: the expectation says something
+    want = [
+        expected_hybrid(
+            lambda n, d: SuffixProposer(index).lookup(sequence[:n], d),
+            passes,
+            sequence,
+            k,
+            prompt_len=len(PROMPT),
+            lookup_k=max(k, HYBRID_LOOKUP_K),
+            min_lookup=HYBRID_MIN_LOOKUP,
+            max_new_tokens=len(OUTPUT),
+        )
+        for k in range(1, 9)
+    ]
+    hybrid = rows["suffix+tiny-draft"]
+    assert hybrid.status == "measured" and "given each sampled token" in hybrid.reason, hybrid.reason
+    got = [[pytest.approx(x, abs=0.01) for x in c] for c in hybrid.counts]
+    assert got == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
+    assert any(s.looked_up_tokens > 0 for s in want) and any(s.looked_up_tokens < s.drafted_tokens for s in want)
+    assert hybrid.mean_accepted_len == [round(s.mean_accepted_len, 4) for s in want]

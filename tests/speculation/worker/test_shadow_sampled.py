@@ -81,3 +81,105 @@ def test_sampled_shadow_with_the_target_in_the_worker_records_the_exact_acceptan
     assert 0.05 < expected < 0.95  # a case where the value is informative (neither agreement nor disjoint)
     assert record.unseen_mass is None and "exact" in record.reason
     assert record.mean_accepted_len == pytest.approx((1 - expected**4) / (1 - expected), abs=1e-3)
+
+
+def _policy(mechanism: str, draft_dir, target_dir):
+    from fleet.models import Endpoint
+    from speculation.models import DraftModel, SpeculationPolicy
+
+    endpoint = Endpoint.objects.create(name=f"tiny-{mechanism}", base_url="http://127.0.0.1:9", node_class="cpu")
+    draft = DraftModel.objects.create(name="tiny-draft", kind="draft_model", path=str(draft_dir))
+    SpeculationPolicy.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={"mode": "shadow", "mechanism": mechanism, "draft": draft, "k": 3, "target_path": str(target_dir)},
+    )
+    return endpoint
+
+
+def _shadow(endpoint, request_id: str, prompt: list[int], output: list[int]) -> None:
+    measure_shadow(
+        endpoint_id=endpoint.pk,
+        request_id=request_id,
+        prompt_ids=prompt,
+        output_ids=output,
+        finish_reason="length",
+        max_tokens=len(output),
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        top_k=0,
+        latency_ms=100.0,
+    )
+
+
+PROMPT, OUTPUT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 11], [8, 5, 6, 7, 9, 10, 11, 8, 5, 6, 7, 12, 13]
+
+
+@pytest.mark.django_db
+def test_sampled_shadow_of_suffix_decoding_replays_it_against_the_sampled_output(
+    redis_server, tiny_model_dir, other_model_dir
+):
+    from speculation.engine import SuffixIndex, SuffixProposer
+    from speculation.engine.replay import replay_proposals
+    from speculation.models import StageRecord
+    from speculation.worker import suffix_store
+
+    # given: suffix decoding in shadow, one earlier answer in the endpoint's store
+    endpoint = _policy("suffix", tiny_model_dir, other_model_dir)
+    suffix_store.forget(endpoint.pk, redis_too=True)
+    suffix_store.remember(endpoint.pk, "old-1", [9, 10, 11, 8, 5])
+    # when a sampled request is measured
+    _shadow(endpoint, "r-suffix", PROMPT, OUTPUT)
+    # then: its record has the replay's counts (a one-hot draft passes exactly where the sampled token equals it)
+    index = SuffixIndex()
+    index.add("old-1", [9, 10, 11, 8, 5])
+    sequence = PROMPT + OUTPUT
+    want = replay_proposals(
+        lambda n, d: SuffixProposer(index).lookup(sequence[:n], d), sequence, 3, prompt_len=len(PROMPT)
+    )
+    record = StageRecord.objects.get(request_id="r-suffix")
+    assert record.action == "would_speculate" and "replayed against the sampled output (exact" in record.reason
+    assert (record.drafted_tokens, record.accepted_tokens, record.target_passes) == (
+        want.drafted_tokens,
+        want.accepted_tokens,
+        want.target_passes,
+    )
+    assert want.accepted_tokens > 0
+
+
+@pytest.mark.django_db
+def test_sampled_shadow_of_the_hybrid_records_its_expected_counts(redis_server, tiny_model_dir, other_model_dir):
+    from speculation.engine import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, SuffixIndex, SuffixProposer, expected_hybrid
+    from speculation.models import StageRecord
+    from speculation.worker import suffix_store
+
+    # given: the hybrid in shadow; the store's answer leaves the first step to the draft model
+    endpoint = _policy("suffix_draft", tiny_model_dir, other_model_dir)
+    suffix_store.forget(endpoint.pk, redis_too=True)
+    suffix_store.remember(endpoint.pk, "old-1", [9, 10, 11, 8, 5])
+    # when
+    _shadow(endpoint, "r-hybrid", PROMPT, OUTPUT)
+    # then: the expected counts, the draft passing at each position with min(1, q(o) / p(o)) for the sampled o
+    # (p, q from transformers' own Llama, processed by hand)
+    tokens, positions = PROMPT + OUTPUT[:-1], slice(len(PROMPT) - 1, None)
+    p = _processed(_logits(other_model_dir, tokens)[positions])
+    q = _processed(_logits(tiny_model_dir, tokens)[positions])
+    rows, out = torch.arange(len(OUTPUT)), torch.tensor(OUTPUT)
+    passes = torch.clamp(q[rows, out] / p[rows, out], max=1.0).tolist()
+    index = SuffixIndex()
+    index.add("old-1", [9, 10, 11, 8, 5])
+    sequence = PROMPT + OUTPUT
+    want = expected_hybrid(
+        lambda n, d: SuffixProposer(index).lookup(sequence[:n], d),
+        passes,
+        sequence,
+        3,
+        prompt_len=len(PROMPT),
+        lookup_k=HYBRID_LOOKUP_K,
+        min_lookup=HYBRID_MIN_LOOKUP,
+        max_new_tokens=len(OUTPUT),
+    )
+    record = StageRecord.objects.get(request_id="r-hybrid")
+    assert "given each sampled token" in record.reason, record.reason
+    assert record.target_passes == round(want.target_passes) and record.drafted_tokens == round(want.drafted_tokens)
+    assert record.mean_accepted_len == pytest.approx(want.mean_accepted_len, abs=1e-3)
+    assert 0 < want.looked_up_tokens < want.drafted_tokens  # both drafters' steps were in the expectation

@@ -1,0 +1,175 @@
+"""``python -m speculation.bench.sampled_replay``: does shadow predict prod on sampled traffic?
+
+Sampled requests (temperature 0.7, top_p 0.9, a seed each) on the demo pair, through the engine's single-stream loop
+as prod's local path runs them, with each mechanism: n-gram lookup and suffix decoding (K = 5), the draft model
+(K = 3) and the hybrid (suffix decoding with the draft's fallback at the draft's K = 2). Suffix decoding's store
+holds the target's answers to other Spec-Bench questions (speculation.bench.batching.warm_store). On each run's
+own output the shadow replay predicts the run's target passes:
+
+- a lookup: the replay against the sampled output (exact run by run);
+- the hybrid and the draft model: ``expected_hybrid`` with the draft's probability of passing given each sampled
+  token, min(1, q(o) / p(o)) (exact in expectation);
+- the draft model also by the i.i.d. formula over the mean sum_x min(p, q) (what shadow records for a draft model
+  alone), to compare.
+
+Per mechanism: tokens per target pass measured and predicted, their ratio over all requests (1.0: no bias), and the
+mean absolute error per request. Prints a table and writes JSON (``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from speculation.bench.batching import warm_store
+from speculation.bench.engine import DEFAULT_QUESTIONS, load_prompts
+from speculation.engine import (
+    HYBRID_LOOKUP_K,
+    HYBRID_MIN_LOOKUP,
+    DraftModelProposer,
+    GenerationConfig,
+    HybridProposer,
+    LocalTarget,
+    NgramProposer,
+    SuffixProposer,
+    expected_hybrid,
+    generate,
+    load_causal_lm,
+    replay_proposer,
+)
+from speculation.engine.projection import expected_tokens
+from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.offline.demo import ensure_demo_pair
+
+SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
+LOOKUP_K, DRAFT_K, HYBRID_K = 5, 3, 2
+MECHANISMS = ("ngram", "suffix", "draft", "hybrid")
+
+
+@torch.inference_mode()
+def probabilities(target, draft, sequence: list[int], prompt_len: int) -> tuple[list[float], list[float]]:
+    """Per output position: the draft's probability of passing given the sampled token, min(1, q(o) / p(o)), and
+    the average over tokens, sum_x min(p, q)."""
+    ids = torch.tensor(sequence[:-1])
+    p = probs_from_logits(target(ids, 0).logits[prompt_len - 1 :].float(), SAMPLING)
+    q = probs_from_logits(draft(ids, 0).logits[prompt_len - 1 :].float(), SAMPLING)
+    rows, tokens = torch.arange(p.shape[0]), torch.tensor(sequence[prompt_len:])
+    p_o, q_o = p[rows, tokens], q[rows, tokens]
+    average = torch.minimum(p, q).sum(-1)
+    per_token = torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average)
+    return per_token.tolist(), average.tolist()
+
+
+def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new: int) -> dict:
+    local = LocalTarget(target)
+    measured, predicted, iid, errors, tokens = 0.0, 0.0, 0.0, [], 0
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        lookup = NgramProposer() if mechanism == "ngram" else SuffixProposer(store)
+        if mechanism in ("ngram", "suffix"):
+            proposer, k = lookup, LOOKUP_K
+        else:
+            model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
+            model_k = HYBRID_K if mechanism == "hybrid" else DRAFT_K
+            min_lookup = HYBRID_MIN_LOOKUP if mechanism == "hybrid" else HYBRID_LOOKUP_K + 1  # never: the draft alone
+            if mechanism == "hybrid":
+                proposer, k = HybridProposer(lookup, model, model_k=model_k, min_lookup=min_lookup), HYBRID_LOOKUP_K
+            else:
+                proposer, k = model, DRAFT_K
+        config = GenerationConfig(max_new_tokens=max_new, k=k, temperature=0.7, top_p=0.9, seed=i)
+        result = generate(local, proposer, prompt, config)
+        sequence, n = prompt + result.tokens, len(result.tokens)
+        common = {"prompt_len": len(prompt), "max_new_tokens": max_new}
+        if mechanism in ("ngram", "suffix"):
+            passes = replay_proposer(lookup, sequence, k, **common).target_passes
+        else:
+            per_token, average = probabilities(target, draft, sequence, len(prompt))
+            passes = expected_hybrid(
+                lambda m, d, s=sequence, lk=lookup: lk.lookup(s[:m], d),
+                per_token,
+                sequence,
+                model_k,
+                lookup_k=k,
+                min_lookup=min_lookup,
+                **common,
+            ).target_passes
+            alpha = sum(average) / len(average) if average else 0.0
+            iid += n / expected_tokens(alpha=alpha, k=model_k)
+        measured += result.stats.target_passes
+        predicted += passes
+        errors.append(abs(passes - result.stats.target_passes) / max(result.stats.target_passes, 1))
+        tokens += n
+    row = {
+        "requests": len(prompts),
+        "tokens": tokens,
+        "seconds": round(time.perf_counter() - started, 1),
+        "measured_tokens_per_pass": round(tokens / measured, 4),
+        "predicted_tokens_per_pass": round(tokens / predicted, 4),
+        "predicted_over_measured": round(measured / predicted, 4),  # tokens/pass predicted / measured
+        "mean_abs_error_per_request": round(sum(errors) / len(errors), 4),
+    }
+    if iid:
+        row["iid_tokens_per_pass"] = round(tokens / iid, 4)
+        row["iid_over_measured"] = round(measured / iid, 4)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m speculation.bench.sampled_replay", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: best on a shared CPU)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default 96)")
+    parser.add_argument("--per-category", type=int, default=3, help="Spec-Bench questions per category (default 3)")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 1 or args.per_category < 1:
+        parser.error("--max-new-tokens and --per-category must be >= 1")
+    torch.set_num_threads(args.threads)
+    from tokenizers import Tokenizer
+
+    pair = ensure_demo_pair()
+    tokenizer = Tokenizer.from_file(str(pair.target_dir / "tokenizer.json"))
+    prompts = [
+        p.ids for p in load_prompts(tokenizer, DEFAULT_QUESTIONS, per_category=args.per_category, code_prompts=6)
+    ]
+    target = load_causal_lm(pair.target_dir, max_len=1024)
+    draft = load_causal_lm(pair.draft_dir, max_len=1024)
+    store = warm_store(target, tokenizer, DEFAULT_QUESTIONS, skip=args.per_category, max_new=args.max_new_tokens)
+    results = {}
+    heads = ("tokens/pass measured", "predicted", "ratio", "|error|/req", "i.i.d.")
+    print(f"{'mechanism':<10} {heads[0]:>21} {heads[1]:>10} {heads[2]:>6} {heads[3]:>11} {heads[4]:>7}")
+    for mechanism in MECHANISMS:
+        row = results[mechanism] = run(target, draft, store, prompts, mechanism, args.max_new_tokens)
+        iid = f"{row['iid_tokens_per_pass']:7.3f}" if "iid_tokens_per_pass" in row else f"{'':>7}"
+        print(
+            f"{mechanism:<10} {row['measured_tokens_per_pass']:>21.3f} {row['predicted_tokens_per_pass']:>10.3f} "
+            f"{row['predicted_over_measured']:>6.3f} {row['mean_abs_error_per_request']:>11.3f} {iid}",
+            flush=True,
+        )
+    report = {
+        "command": "python -m speculation.bench.sampled_replay " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {args.threads}",
+        "demo": pair.target_dir.parent.name,
+        "sampling": {"temperature": SAMPLING.temperature, "top_p": SAMPLING.top_p},
+        "k": {"lookups": LOOKUP_K, "draft": DRAFT_K, "hybrid_draft": HYBRID_K},
+        "max_new_tokens": args.max_new_tokens,
+        "store_answers": len(store),
+        "mechanisms": results,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
