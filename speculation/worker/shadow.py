@@ -60,7 +60,7 @@ class Shadowed:
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
     server_step_ms: float | None = None  # the stored server step the last projection was over
-    sampled: bool = False  # prod's controller keeps sampled slots' acceptance apart from greedy ones' (_pair)
+    sampled: bool = False
     _costs: Any = None  # shadow_costs' (calibration or None, note), read once by controller()
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
@@ -138,7 +138,7 @@ class Shadowed:
         )
 
     def _pair(self) -> tuple:
-        return self.endpoint.pk, self.policy.mechanism, self.policy.draft_id, self.policy.k, self.sampled
+        return self.endpoint.pk, self.policy.mechanism, self.policy.draft_id, self.policy.k
 
 
 # acceptance counts of the replays' controllers per (endpoint, mechanism, draft, K) in this worker process
@@ -217,9 +217,11 @@ def _measure_greedy(shadowed: Shadowed) -> None:
 
 def _measure_lookup(shadowed: Shadowed, sequence: list[int], common: dict[str, Any], *, how: str) -> None:
     """n-gram lookup or suffix decoding (the endpoint's earlier answers, this one's own left out) replayed against
-    the output, greedy or sampled (exact either way), K chosen as prod's controller would where it chooses it."""
+    the output, greedy or sampled (exact either way); greedy with K chosen as prod's controller would where it
+    chooses it, sampled at the policy's K (as a draft model's sampled traffic: a request's seed, which keeps K in
+    prod, is not known here)."""
     policy = shadowed.policy
-    controller = shadowed.controller()
+    controller = None if shadowed.sampled else shadowed.controller()
     proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
     stats = replay_proposer(proposer, sequence, policy.k, lookahead=controller, **common)
     _record_replay(shadowed, stats, controller, how=how)
