@@ -114,6 +114,13 @@ def _start_model_server(demo_pair, artifacts_dir: Path, **kwargs) -> Iterator[Mo
         model_dir=demo_pair.target_dir, served_model_name=DEMO_MODEL_NAME, log_dir=artifacts_dir, **kwargs
     )
     try:
+        # A fresh machine's first generation is slow (the CPU kernels' first run at each shape: 10 s and more, once
+        # per server): made here, so that the tests' probes (10 s) see the server's usual speed.
+        httpx.post(
+            proc.url + "/v1/completions",
+            json={"model": DEMO_MODEL_NAME, "prompt": "Warm up.", "max_tokens": 8},
+            timeout=180,
+        )
         yield ModelServer(base_url=proc.url, model=DEMO_MODEL_NAME, process=proc)
     finally:
         proc.stop()

@@ -287,7 +287,7 @@ def expected_acceptance(target_logprobs: Sequence[dict[int, float]], draft_probs
 
 
 def expected_hybrid(
-    lookup: Callable[[int, int], list[int]],
+    lookup: Callable[[int, int], list[int]] | None,
     alphas: Sequence[float],
     target_tokens: Sequence[int],
     model_k: int,
@@ -303,7 +303,8 @@ def expected_hybrid(
     processed as the request asked). A step starting at output position i asks the lookup for up to
     step_lookahead(lookup_k, ...) tokens: at least min_lookup of them are verified as they are (passing exactly as
     far as they equal the sampled output), fewer and the model drafts min(that, model_k), its j-th draft passing
-    with probability alphas[i + j] once the earlier ones passed. min_lookup > lookup_k: the draft model alone."""
+    with probability alphas[i + j] once the earlier ones passed. lookup None: the draft model alone, drafting
+    min(lookup_k, model_k) (pass lookup_k = model_k)."""
     check_k(model_k)
     if prompt_len < 1:
         raise EmptyPromptError("the prompt has no tokens")
@@ -331,8 +332,8 @@ def expected_hybrid(
         if d == 0:  # a plain step
             start[i + 1] += mass
             continue
-        drafts = list(lookup(prompt_len + i, d))[:d]
-        if len(drafts) >= min_lookup:
+        drafts = list(lookup(prompt_len + i, d))[:d] if lookup is not None else []
+        if drafts and len(drafts) >= min_lookup:
             accepted = 0
             while accepted < len(drafts) and i + accepted < n and drafts[accepted] == outputs[i + accepted]:
                 accepted += 1

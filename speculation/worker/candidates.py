@@ -20,13 +20,13 @@ tree.replay_tree_greedy), and its projection counts the verification of every no
 - Sampled requests (temperature > 0):
   - n-gram lookup and suffix decoding: the same replay against the sampled output, exact (a one-hot draft token is
     the step's token exactly when it passed: speculation.engine.replay);
-  - a draft model: the expected acceptance sum_x min(p, q) of both distributions processed as the request asked
-    (speculation.worker.sampled: exact where the worker holds the target, else a lower bound from the server's
-    top-N, read once for all candidates); per K the i.i.d. mean accepted length and expected counts;
-  - the hybrid: its lookup's steps replayed as above, its draft's steps passing position by position with the
-    draft's probability of passing given each sampled token (speculation.worker.sampled.draft_pass_probabilities;
-    the average sum_x min(p, q) where a server's top-N cannot give p(o) exactly): the expected counts of
-    speculation.engine.replay.expected_hybrid, exact in expectation;
+  - a draft model, and the hybrid: the lookup's steps replayed as above, the draft's steps passing position by
+    position with the draft's probability of passing given each sampled token, min(1, q(o) / p(o)) with both
+    distributions processed as the request asked (speculation.worker.sampled.draft_pass_probabilities: exact where
+    the worker holds the target or a server's top-N gives p(o) exactly, else the average sum_x min(p, q), a lower
+    bound; the target's side read once for all candidates): the expected counts of
+    speculation.engine.replay.expected_hybrid, exact in expectation (the i.i.d. formula over the mean acceptance
+    overstated the draft model's tokens per step by 3 % on the demo pair: docs/BENCHMARKS.md);
   - an EAGLE head is not replayed (its sampled chain would need its own drafting pass).
 
 Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
@@ -58,7 +58,7 @@ from speculation.engine import (
     SpecStats,
     SuffixProposer,
 )
-from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, expected_tokens
+from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.engine.proposers import LookupProposer
 from speculation.engine.replay import (
     draft_greedy_predictions,
@@ -259,22 +259,6 @@ def measured_fields(
     return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
 
 
-def expected_fields(alpha: float, *, output_tokens: int, costs: StepCosts | None) -> dict[str, Any]:
-    """A sampled request's per-K lists from its expected per-position acceptance alpha (i.i.d. positions):
-    E[N] = (1 - alpha^(K+1)) / (1 - alpha) tokens per step, and the expected counts over the output (drafted,
-    accepted, verification steps; not integers)."""
-    alpha = min(1.0, max(0.0, alpha))
-    mal, mult, counts, positions = [], [], [], []
-    for k in K_RANGE:
-        tau = expected_tokens(alpha=alpha, k=k)
-        steps = output_tokens / tau
-        mal.append(round(tau, 4))
-        mult.append(round(costs.multiplier(tokens_per_step=tau, k=k), 4) if costs is not None else None)
-        counts.append([round(k * steps, 2), round((tau - 1.0) * steps, 2), round(steps, 2)])
-        positions.append([round(alpha ** (j + 1), 4) for j in range(k)])
-    return _with_best({"mean_accepted_len": mal, "multiplier": mult, "counts": counts, "per_position": positions})
-
-
 def _with_best(fields: dict[str, Any]) -> dict[str, Any]:
     known = [(m, k) for k, m in zip(K_RANGE, fields["multiplier"], strict=True) if m is not None]
     best = max(known, key=lambda t: (t[0], -t[1])) if known else None  # the smallest K on a tie
@@ -356,15 +340,15 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
         tree = _tree(request, candidate)
         fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
         how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
-    elif isinstance(replayed, dict):  # a lookup or the hybrid: replayed against the sampled output
-        fields, how = measured_fields(replayed, costs), f"{sampled_how(request.params)}: {SAMPLED_LOOKUP}"
-        if candidate.kind == DraftKind.SUFFIX_DRAFT:
-            how += f"; the draft's steps expected from its probability of passing {request.passes[candidate.name]}"
-    else:
-        fields = expected_fields(replayed.alpha, output_tokens=len(request.output_ids), costs=costs)
+    else:  # replayed against the sampled output: a lookup's steps exactly, a draft's in expectation
+        fields, passes = measured_fields(replayed, costs), request.passes.get(candidate.name)
         how = (
-            f"{sampled_how(request.params)}: expected acceptance {replayed.alpha:.4f} {replayed.source}; i.i.d. mean "
-            "accepted length and expected counts"
+            sampled_how(request.params)
+            + ": "
+            + "; ".join(
+                ([SAMPLED_LOOKUP] if candidate.kind != DraftKind.DRAFT_MODEL else [])
+                + ([f"the draft's steps expected from its probability of passing {passes}"] if passes else [])
+            )
         )
     for name, value in fields.items():
         setattr(row, name, value)
@@ -394,8 +378,8 @@ def _lookup_kind(candidate: Candidate) -> str:
 
 
 def _replayed(request: Replayed, candidate: Candidate) -> Any:
-    """Greedy, and a lookup on a sampled request: the candidate's replay at every K. Sampled: the hybrid's expected
-    replay at every K, a draft model's expected acceptance (speculation.worker.sampled)."""
+    """Greedy, and a lookup on a sampled request: the candidate's replay at every K. Sampled: a draft model's and
+    the hybrid's expected replay at every K (speculation.worker.sampled.draft_pass_probabilities)."""
     kind = _lookup_kind(candidate)
     lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
     if request.params is None or candidate.kind in LOOKUP_KINDS:
@@ -408,7 +392,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             tree=_tree(request, candidate),
             lookup=lookup,
         )
-    from speculation.worker.sampled import draft_acceptance, draft_pass_probabilities, target_view
+    from speculation.worker.sampled import draft_pass_probabilities, target_view
 
     if request.view is None:  # the target's side once for every candidate (one scoring call at most)
         request.view = target_view(
@@ -418,18 +402,16 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             output_ids=request.output_ids,
             params=request.params,
         )
-    if candidate.kind == DraftKind.SUFFIX_DRAFT:
-        passes = draft_pass_probabilities(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
-        request.passes[candidate.name] = passes.source
-        return expected_hybrid_replays(
-            lookup, passes.per_position.tolist(), request.prompt_ids + request.output_ids, K_RANGE,
-            prompt_len=len(request.prompt_ids), max_new_tokens=request.max_tokens,
-        )  # fmt: skip
-    return draft_acceptance(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
+    passes = draft_pass_probabilities(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
+    request.passes[candidate.name] = passes.source
+    return expected_hybrid_replays(
+        lookup, passes.per_position.tolist(), request.prompt_ids + request.output_ids, K_RANGE,
+        prompt_len=len(request.prompt_ids), max_new_tokens=request.max_tokens,
+    )  # fmt: skip
 
 
 def expected_hybrid_replays(
-    lookup: LookupProposer,
+    lookup: LookupProposer | None,
     passes: list[float],
     sequence: list[int],
     ks: tuple[int, ...],
@@ -437,16 +419,18 @@ def expected_hybrid_replays(
     prompt_len: int,
     max_new_tokens: int | None,
 ) -> dict[int, SpecStats]:
-    """The hybrid on a sampled request at each K (the draft's K): speculation.engine.replay.expected_hybrid with
-    the lookup over the endpoint's earlier answers and the draft's probability of passing at each position."""
+    """The hybrid (lookup None: the draft model alone) on a sampled request at each K (the draft's K):
+    speculation.engine.replay.expected_hybrid with the lookup over the endpoint's earlier answers and the draft's
+    probability of passing at each position."""
+    looked = (lambda n, d: lookup.lookup(sequence[:n], d)) if lookup is not None else None
     return {
         k: expected_hybrid(
-            lambda n, d: lookup.lookup(sequence[:n], d),
+            looked,
             passes,
             sequence,
             k,
             prompt_len=prompt_len,
-            lookup_k=max(k, HYBRID_LOOKUP_K),
+            lookup_k=max(k, HYBRID_LOOKUP_K) if lookup is not None else k,
             min_lookup=HYBRID_MIN_LOOKUP,
             max_new_tokens=max_new_tokens,
         )

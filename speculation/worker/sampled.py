@@ -37,10 +37,13 @@ class Acceptance:
     per_position: torch.Tensor  # [n]
     unseen_mass: float | None  # None when exact
     source: str  # for the record's reason
+    average: torch.Tensor | None = None  # [n] sum_x min(p, q), where per_position is given each sampled token
 
     @property
     def alpha(self) -> float:
-        return float(self.per_position.mean()) if self.per_position.numel() else 0.0
+        """The mean expected acceptance sum_x min(p, q) over the output positions."""
+        values = self.per_position if self.average is None else self.average
+        return float(values.mean()) if values.numel() else 0.0
 
 
 def target_view(
@@ -119,7 +122,7 @@ def draft_pass_probabilities(
         source = (
             f"exact, from the server's top-{view.top_n} log-probabilities (top_k {view.params.top_k} < {view.top_n})"
         )
-    return Acceptance(per_token, None, f"{source}, given each sampled token")
+    return Acceptance(per_token, None, f"{source}, given each sampled token", average=average)
 
 
 def server_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: list[int]) -> tuple[list[Any], int]:

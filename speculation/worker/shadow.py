@@ -5,11 +5,12 @@ one teacher-forced draft pass over prompt + produced tokens gives the draft's pr
 the loop's verification steps with lookahead K give exactly what prod would have accepted (the same stats, the
 same record fields: speculation.worker.stats).
 Sampled traffic: n-gram lookup and suffix decoding replay as greedy's, against the sampled output (exact: a one-hot
-draft token is the step's token exactly when it passed); a draft model: the expected acceptance sum_x min(p, q) per
-position with p and q processed as the request asked (speculation.worker.sampled: exact where the worker holds the
-target, else a lower bound from the server's top-N log-probabilities, recorded with the mass it could not see); the
-hybrid: its lookup's steps as a lookup's, its draft's expected from the draft's probability of passing given each
-sampled token (speculation.engine.replay.expected_hybrid; counts rounded to whole tokens on the record).
+draft token is the step's token exactly when it passed); a draft model, and the hybrid (its lookup's steps as a
+lookup's): the draft's steps expected from its probability of passing given each sampled token o, min(1, q(o)/p(o))
+with p and q processed as the request asked (speculation.engine.replay.expected_hybrid, exact in expectation;
+speculation.worker.sampled: p exact where the worker holds the target, else from the server's top-N
+log-probabilities, a lower bound recorded with the mass it could not see; counts rounded to whole tokens on the
+record, alpha the mean sum_x min(p, q)).
 The projected multiplier S = E[N] / (v(K) + K c) uses the costs a worker measured on the endpoint's node class
 (speculation.worker.costs: the server's decode step, the draft step, a verification of K + 1 tokens on prod's path),
 the lookahead controller's cost model. The measurement stays cheap: calibrations and the other candidates' replays
@@ -32,7 +33,6 @@ from speculation.engine import (
     replay_proposer,
 )
 from speculation.engine.lookahead import PRIOR_ALPHA, PRIOR_WEIGHT, ModeledLookahead
-from speculation.engine.projection import expected_tokens
 from speculation.models import LOOKUP_KINDS, Action, Mechanism, Mode, SpeculationPolicy
 from speculation.selectors.costs import projection_basis
 from speculation.services.costs import TREE_REPLAY
@@ -253,8 +253,9 @@ def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, A
     _record_hybrid(shadowed, stats, how=how)
 
 
-def _record_hybrid(shadowed: Shadowed, stats: Any, *, how: str) -> None:
-    """Projected with the draft model's costs charged for the steps it drafted only."""
+def _record_hybrid(shadowed: Shadowed, stats: Any, *, how: str, **extra: Any) -> None:
+    """Projected with the draft model's costs charged for the steps it drafted only (a draft model alone: every
+    step's). extra: fields that replace the replay's (a sampled request's alpha is sum_x min(p, q))."""
     k = shadowed.policy.k
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     projected, basis = shadowed.project(
@@ -263,7 +264,7 @@ def _record_hybrid(shadowed: Shadowed, stats: Any, *, how: str) -> None:
     fields = stage_fields(stats, k=k)
     for name in ("target_passes", "drafted_tokens", "accepted_tokens"):  # expected counts (sampled) are floats
         fields[name] = round(fields[name])
-    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **fields)
+    shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **{**fields, **extra})
 
 
 def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
@@ -292,11 +293,12 @@ def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, An
 
 
 def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
-    """A lookup: its replay against the sampled output (exact). A draft model: the expected acceptance
-    sum_x min(p(x), q(x)) per output position, p and q processed as the request asked (speculation.worker.sampled),
-    the mean accepted length from the i.i.d. formula at the policy's K. The hybrid: its expected replay."""
+    """A lookup: its replay against the sampled output (exact). A draft model and the hybrid: their expected replay
+    (speculation.engine.replay.expected_hybrid) with the draft's probability of passing given each sampled token,
+    p and q processed as the request asked (speculation.worker.sampled); the record's alpha is the mean expected
+    acceptance sum_x min(p, q)."""
     from speculation.worker.candidates import SAMPLED_LOOKUP, expected_hybrid_replays, sampled_how
-    from speculation.worker.sampled import draft_acceptance, draft_pass_probabilities, target_view
+    from speculation.worker.sampled import draft_pass_probabilities, target_view
 
     policy, k = shadowed.policy, shadowed.policy.k
     shadowed.sampled = True
@@ -318,32 +320,22 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
         output_ids=shadowed.output_ids,
         params=params,
     )
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
-        passes = draft_pass_probabilities(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
-        lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
-        stats = expected_hybrid_replays(
-            lookup, passes.per_position.tolist(), sequence, (k,), prompt_len=len(shadowed.prompt_ids),
-            max_new_tokens=shadowed.budget,
-        )[k]  # fmt: skip
-        how = (
-            f"{sampled_how(params)}: suffix decoding with the draft's fallback ({stats.looked_up_tokens:.1f} of "
-            f"{stats.drafted_tokens:.1f} drafts looked up, expected); {SAMPLED_LOOKUP}; the draft's steps expected "
-            f"from its probability of passing {passes.source}"
-        )
-        _record_hybrid(shadowed, stats, how=how)
-        return
-    measured = draft_acceptance(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
-    alpha = measured.alpha
-    tau = expected_tokens(alpha=min(1.0, max(0.0, alpha)), k=k)
-    projected, basis = shadowed.project(tokens_per_step=tau, k=k)
-    shadowed.record(
-        reason=f"sampled traffic (temperature {params.temperature:g}, top_k {params.top_k}, top_p "
-        f"{params.top_p:g}): expected acceptance sum_x min(p, q) {measured.source}; mean accepted length from the "
-        f"i.i.d. formula; {basis}",
-        multiplier=projected,
-        alpha=alpha,
-        unseen_mass=measured.unseen_mass,
-        acceptance_rate=(tau - 1.0) / k if k else None,
-        per_position_acceptance=[alpha ** (j + 1) for j in range(k)],
-        mean_accepted_len=tau,
+    passes = draft_pass_probabilities(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
+    hybrid = policy.mechanism == Mechanism.SUFFIX_DRAFT
+    lookup = (
+        suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
+        if hybrid
+        else None
     )
+    stats = expected_hybrid_replays(
+        lookup, passes.per_position.tolist(), sequence, (k,), prompt_len=len(shadowed.prompt_ids),
+        max_new_tokens=shadowed.budget,
+    )[k]  # fmt: skip
+    how = f"{sampled_how(params)}: expected acceptance sum_x min(p, q) {passes.alpha:.4f}; "
+    if hybrid:
+        how += (
+            f"suffix decoding with the draft's fallback ({stats.looked_up_tokens:.1f} of {stats.drafted_tokens:.1f} "
+            f"drafts looked up, expected); {SAMPLED_LOOKUP}; "
+        )
+    how += f"the draft's steps expected from its probability of passing {passes.source}"
+    _record_hybrid(shadowed, stats, how=how, alpha=passes.alpha, unseen_mass=passes.unseen_mass)

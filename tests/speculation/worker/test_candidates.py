@@ -359,10 +359,28 @@ def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
     assert set(rows) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft", "tiny-head"}
 
 
-def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_of_shadow(
+def _passes(target_dir, draft_dir, sequence: list[int], outputs: list[int]) -> list[float]:
+    """min(1, q(o) / p(o)) at each output position (temperature 0.7, top_p 0.9): the draft's probability of passing
+    given the sampled token."""
+    from speculation.engine import SamplingParams
+    from speculation.engine.sampling import probs_from_logits
+
+    params, start = SamplingParams(temperature=0.7, top_p=0.9), len(sequence) - len(outputs) - 1
+    ids = torch.tensor(sequence[:-1])
+    target, draft = resources.model(str(target_dir)).model, resources.model(str(draft_dir)).model
+    p = probs_from_logits(target(ids, 0).logits[start:].float(), params)
+    q = probs_from_logits(draft(ids, 0).logits[start:].float(), params)
+    rows, out = torch.arange(len(outputs)), torch.tensor(outputs)
+    p_o, q_o = p[rows, out], q[rows, out]
+    # a token top-p cut (this output is not the target's sample): the average sum_x min(p, q) stands in
+    average = torch.minimum(p, q).sum(-1)
+    return torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist()
+
+
+def test_sampled_requests_replay_the_draft_models_in_expectation(
     endpoint, tiny_model_dir, other_model_dir, monkeypatch
 ):
-    from speculation.engine.projection import expected_tokens
+    from speculation.engine import expected_hybrid
     from speculation.models import DraftModel
     from speculation.worker.tasks import replay_candidates_task
 
@@ -374,29 +392,39 @@ def test_sampled_requests_replay_the_draft_models_with_the_expected_acceptance_o
     assert job["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     # when
     replay_candidates_task.apply(kwargs=job)
-    # then: the draft model's row at shadow's own alpha for every K (the i.i.d. formula)
-    alpha = StageRecord.objects.get(request_id="req-sampled").alpha
-    assert 0.05 < alpha < 0.95
+    # then: shadow's alpha is the mean sum_x min(p, q), neither 0 nor 1
+    record = StageRecord.objects.get(request_id="req-sampled")
+    assert 0.05 < record.alpha < 0.95
     rows = {r.candidate: r for r in CandidateMeasurement.objects.filter(request_id="req-sampled")}
     assert set(rows) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft"}
     row = rows["tiny-draft"]
-    assert row.candidate == "tiny-draft" and row.status == "measured" and "exact" in row.reason
-    taus = [expected_tokens(alpha=alpha, k=k) for k in range(1, 9)]
-    assert row.mean_accepted_len == [round(t, 4) for t in taus]
-    assert row.multiplier == [
-        round(COSTS.multiplier(tokens_per_step=t, k=k), 4) for k, t in zip(range(1, 9), taus, strict=True)
+    assert row.status == "measured" and "exact" in row.reason and "given each sampled token" in row.reason
+    # and the draft's row at every K is the expected replay with its probability of passing per sampled token
+    sequence = PROMPT + OUTPUT
+    passes = _passes(other_model_dir, tiny_model_dir, sequence, OUTPUT)
+    want = [
+        expected_hybrid(
+            None, passes, sequence, k, prompt_len=len(PROMPT), lookup_k=k, min_lookup=3, max_new_tokens=len(OUTPUT)
+        )
+        for k in range(1, 9)
     ]
-    drafted, accepted, steps = row.counts[2]
-    assert steps == pytest.approx(len(OUTPUT) / taus[2], abs=0.01) and accepted / drafted == pytest.approx(
-        (taus[2] - 1) / 3, abs=0.01
-    )
+    assert row.mean_accepted_len == [round(s.mean_accepted_len, 4) for s in want]
+    assert row.multiplier == [
+        round(COSTS.multiplier(tokens_per_step=s.tokens_per_pass, k=s.drafted_tokens / s.target_passes), 4)
+        for s in want
+    ]
+    assert [[pytest.approx(x, abs=0.01) for x in c] for c in row.counts] == [
+        [s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want
+    ]
+    # shadow's own record is the same expectation at the policy's K (3), its counts rounded
+    assert record.mean_accepted_len == pytest.approx(want[2].mean_accepted_len, abs=1e-6)
+    assert record.target_passes == round(want[2].target_passes)
 
 
 def test_sampled_requests_replay_the_lookups_and_the_hybrid_against_the_sampled_output(
     endpoint, tiny_model_dir, other_model_dir, monkeypatch
 ):
-    from speculation.engine import HYBRID_MIN_LOOKUP, SamplingParams, expected_hybrid
-    from speculation.engine.sampling import probs_from_logits
+    from speculation.engine import HYBRID_MIN_LOOKUP, expected_hybrid
     from speculation.worker.tasks import replay_candidates_task
 
     # given: an earlier answer in the endpoint's store (the hybrid's lookup finds 2 tokens at the first step: the
@@ -421,13 +449,7 @@ def test_sampled_requests_replay_the_lookups_and_the_hybrid_against_the_sampled_
         assert "replayed against the sampled output (exact" in rows[name].reason
         assert rows[name].counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
     # and the hybrid: expected_hybrid with the draft's probability of passing given each sampled token
-    params = SamplingParams(temperature=0.7, top_p=0.9)
-    ids = torch.tensor(sequence[:-1])
-    target, draft = resources.model(str(other_model_dir)).model, resources.model(str(tiny_model_dir)).model
-    p = probs_from_logits(target(ids, 0).logits[len(PROMPT) - 1 :].float(), params)
-    q = probs_from_logits(draft(ids, 0).logits[len(PROMPT) - 1 :].float(), params)
-    out = torch.tensor(OUTPUT)
-    passes = torch.clamp(q[torch.arange(len(OUTPUT)), out] / p[torch.arange(len(OUTPUT)), out], max=1.0).tolist()
+    passes = _passes(other_model_dir, tiny_model_dir, sequence, OUTPUT)
     assert 0.0 < sum(passes) < len(passes)  # neither certain nor impossible: the expectation says something
     want = [
         expected_hybrid(

@@ -80,7 +80,22 @@ def test_sampled_shadow_with_the_target_in_the_worker_records_the_exact_acceptan
     assert record.alpha == pytest.approx(expected, abs=1e-4)
     assert 0.05 < expected < 0.95  # a case where the value is informative (neither agreement nor disjoint)
     assert record.unseen_mass is None and "exact" in record.reason
-    assert record.mean_accepted_len == pytest.approx((1 - expected**4) / (1 - expected), abs=1e-3)
+    # and its mean accepted length is the expected replay's at K = 3, the draft passing at each position with
+    # min(1, q(o) / p(o)) for the sampled token o (not the i.i.d. formula over the mean alpha, which overstates it)
+    from speculation.engine import expected_hybrid
+
+    # (this output is not a sample of the target: where top-p cut its token, p(o) = 0, the average stands in)
+    rows, out = torch.arange(len(output)), torch.tensor(output)
+    p_o, q_o = p[rows, out], q[rows, out]
+    average = torch.minimum(p, q).sum(-1)
+    passes = torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist()
+    assert (p_o > 0).any() and (p_o == 0).any()
+    sequence = prompt + output
+    want = expected_hybrid(
+        None, passes, sequence, 3, prompt_len=len(prompt), lookup_k=3, min_lookup=3, max_new_tokens=len(output)
+    )
+    assert record.mean_accepted_len == pytest.approx(want.mean_accepted_len, abs=1e-3)
+    assert abs(want.mean_accepted_len - (1 - expected**4) / (1 - expected)) > 0.01  # the two differ here
 
 
 def _policy(mechanism: str, draft_dir, target_dir):
