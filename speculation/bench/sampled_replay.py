@@ -101,8 +101,9 @@ def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new:
                 min_lookup=min_lookup,
                 **common,
             ).target_passes
-            alpha = sum(average) / len(average) if average else 0.0
-            iid += n / expected_tokens(alpha=alpha, k=model_k)
+            if mechanism == "draft":  # the i.i.d. formula predicts a draft model alone
+                alpha = sum(average) / len(average) if average else 0.0
+                iid += n / expected_tokens(alpha=alpha, k=model_k)
         measured += result.stats.target_passes
         predicted += passes
         errors.append(abs(passes - result.stats.target_passes) / max(result.stats.target_passes, 1))
