@@ -1,7 +1,8 @@
 """Auto-pairing on a mixed workload: per workload, the auto-paired candidate and K against every single candidate
 and against the per-workload oracle (issue 12's `bench_autopairing`).
 
-One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily;
+One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily
+(--temperature: sampled, each candidate then replayed as shadow replays a sampled request);
 every candidate (n-gram, suffix decoding over the answers earlier in the stream, each --drafts directory sharing the
 target's tokenizer, and each of them behind suffix decoding: the hybrid suffix+DRAFT) is replayed on the answer at K
 = 1..8 with the same code shadow runs (speculation.worker.candidates.replay: exact for greedy), and so is the
@@ -52,6 +53,7 @@ from speculation.engine import (
 from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
+from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.models import (
     DRAFT_MODEL_KINDS,
     HYBRID_PREFIX,
@@ -64,8 +66,10 @@ from speculation.models import (
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
 from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
-from speculation.worker.candidates import K_RANGE, NGRAM, SUFFIX, Candidate, replay
+from speculation.worker.candidates import K_RANGE, NGRAM, SUFFIX, Candidate, expected_hybrid_replays, replay
 from speculation.worker.paths import resources
+from speculation.worker.paths.drafting import teacher_forced_logits
+from speculation.worker.sampled import TargetView, draft_pass_probabilities
 from speculation.workloads.classifier import classify
 
 logger = logging.getLogger(__name__)
@@ -130,11 +134,17 @@ def measure(
     max_tokens: int,
     save: Path | None = None,
     shard: tuple[int, int] = (0, 1),
+    sampling: SamplingParams | None = None,
 ) -> tuple[list[Measured], dict[str, StepCosts]]:
     """Every request measured, or shard (i, n)'s: the prompts at places i, i + n, ... (`save`: the figures so far
-    written there every SAVE_EVERY requests and at the end, so a run cut short still leaves its requests)."""
+    written there every SAVE_EVERY requests and at the end, so a run cut short still leaves its requests).
+    sampling: the target samples each answer (seeded by its place in the stream) and the candidates are replayed
+    as shadow replays sampled requests (speculation.worker.candidates: the lookups exactly, a draft and its hybrid
+    in expectation, with the target's exact distribution; an EAGLE head is not replayed)."""
     loaded = resources.model(target_dir)
     target = LocalTarget(loaded.model)
+    if sampling is not None:
+        candidates = [c for c in candidates if c.kind != DraftKind.EAGLE_HEAD]
     encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
     costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1], store=encoded)
     kinds = {c.name: c.kind for c in candidates}
@@ -143,19 +153,38 @@ def measure(
     mine = range(shard[0], len(prompts), shard[1])
     for index in mine:
         prompt, prompt_ids = prompts[index], encoded[index]
-        output = generate(target, None, prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).tokens
+        config = GenerationConfig(max_new_tokens=max_tokens)
+        if sampling is not None:
+            config = GenerationConfig(
+                max_new_tokens=max_tokens,
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                seed=index,
+            )
+        output = generate(target, None, prompt_ids, config).tokens
+        view = None
+        if sampling is not None:  # the target's side once for every candidate, exact (as a policy's target_path)
+            logits = teacher_forced_logits(loaded.model, prompt_ids, output)
+            view = TargetView(params=sampling, p=probs_from_logits(logits, sampling))
         mult, tau, drafts, per_pass, model_steps = {}, {}, {}, {}, {}
         for candidate in candidates:
-            per_k = replay(
-                candidate,
-                prompt_ids=prompt_ids,
-                output_ids=output,
-                max_tokens=max_tokens,
-                target_path=target_dir,
-                lookup=SuffixProposer(answers)
-                if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT)
-                else None,
-            )
+            lookup = SuffixProposer(answers) if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT) else None
+            if view is not None and candidate.kind in DRAFT_MODEL_KINDS:
+                passes = draft_pass_probabilities(view, candidate.draft.path, prompt_ids, output).per_position
+                per_k = expected_hybrid_replays(
+                    lookup if candidate.kind == DraftKind.SUFFIX_DRAFT else None, passes.tolist(),
+                    prompt_ids + output, K_RANGE, prompt_len=len(prompt_ids), max_new_tokens=max_tokens,
+                )  # fmt: skip
+            else:
+                per_k = replay(
+                    candidate,
+                    prompt_ids=prompt_ids,
+                    output_ids=output,
+                    max_tokens=max_tokens,
+                    target_path=target_dir,
+                    lookup=lookup,
+                )
             for k, stats in per_k.items():
                 key = (candidate.name, k)
                 k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
@@ -296,6 +325,7 @@ def run(
     save_measurements: Path | None = None,
     shard: tuple[int, int] = (0, 1),
     hybrids: bool = True,
+    sampling: SamplingParams | None = None,
 ) -> dict[str, Any]:
     candidates = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     for directory in draft_dirs:
@@ -316,6 +346,7 @@ def run(
         max_tokens=max_tokens,
         save=save_measurements,
         shard=shard,
+        sampling=sampling,
     )
     result = evaluate(measured, costs)
     result["setup"] = {
@@ -323,6 +354,7 @@ def run(
         "max_tokens": max_tokens,
         "seed": seed,
         "code_share": code_share,
+        "sampling": None if sampling is None else {"temperature": sampling.temperature, "top_p": sampling.top_p},
         "k_range": [K_RANGE[0], K_RANGE[-1]],
         "prod_min_requests": PROD_MIN_REQUESTS,
         "auto_min_requests": AUTO_MIN_REQUESTS,

@@ -3,6 +3,7 @@
     python manage.py bench_autopairing [--json out.json] [--requests 200] [--max-tokens 48]
         [--target DIR] [--drafts DIR,DIR] [--eagle DIR] [--demo-version V] [--seed 0] [--code-share 0.4]
         [--save-measurements PATH] [--shard I/N] [--from-measurements PATH[,PATH...]] [--no-hybrids]
+        [--temperature T [--top-p P]]
 
 Defaults: the demo pair's target (speculation.offline.demo, DEMO_VERSION or ACE_DEMO_VERSION) with every draft of
 its version (DemoPair.drafts: the main draft and draft-prose on demo-v3, draft-code from demo-v6 on), the demo
@@ -10,7 +11,8 @@ target's EAGLE head when it is built (`--eagle ""`: none), and n-gram lookup; `-
 version (e.g. demo-v7: two drafts and a head). Each draft also runs behind suffix decoding (the hybrid
 `suffix+DRAFT`, as shadow's candidates; `--no-hybrids`: not). `--save-measurements` keeps the raw per-request figures;
 `--shard I/N` measures only the stream's places I, I + N, ... (N processes share a loaded machine's cores);
-`--from-measurements` simulates the selection again on such files (shards merged) without measuring. What it
+`--from-measurements` simulates the selection again on such files (shards merged) without measuring;
+`--temperature` samples the answers (seeded) and replays the candidates as shadow replays sampled requests. What it
 measures and how: speculation.bench.autopairing.
 """
 
@@ -47,6 +49,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--from-measurements", type=paths, help="simulate again on --save-measurements files (comma-separated)"
         )
+        parser.add_argument(
+            "--temperature", type=float, default=0.0, help="sample the answers (default 0: greedy); e.g. 0.7"
+        )
+        parser.add_argument("--top-p", type=float, default=1.0, help="the sampled answers' top_p (default 1)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["from_measurements"] is not None:
@@ -57,6 +63,19 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(str(exc), returncode=2) from exc
             return self._write(result, options)
+        sampling = None
+        if options["temperature"] != 0.0 or options["top_p"] != 1.0:
+            from speculation.engine.sampling import SamplingParams
+
+            if not options["temperature"] > 0.0:
+                raise CommandError(
+                    f"--temperature must be > 0 to sample (0: greedy, without --top-p), got {options['temperature']}",
+                    returncode=2,
+                )
+            try:
+                sampling = SamplingParams(temperature=options["temperature"], top_p=options["top_p"])
+            except ValueError as exc:
+                raise CommandError(f"--temperature / --top-p: {exc}", returncode=2) from exc
         try:
             target, drafts, eagle = _models(options)
         except ValueError as exc:  # an unknown --demo-version
@@ -79,6 +98,7 @@ class Command(BaseCommand):
             save_measurements=options["save_measurements"],
             shard=options["shard"],
             hybrids=not options["no_hybrids"],
+            sampling=sampling,
         )
         self._write(result, options)
 

@@ -140,3 +140,54 @@ def test_a_draft_behind_suffix_decoding_is_measured_and_shards_price_it_again_th
     merged, _ = load_measurements([tmp_path / "a.json", tmp_path / "b.json"])
     for again, first in zip(merged, measured, strict=True):
         assert again.multiplier == pytest.approx(first.multiplier)
+
+
+def test_sampled_answers_replay_the_drafts_in_expectation_and_the_lookups_exactly(tiny_model_dir):
+    from speculation.bench.autopairing import measure
+    from speculation.engine import GenerationConfig, LocalTarget, SamplingParams, generate
+    from speculation.models import DraftKind, DraftModel
+    from speculation.worker.candidates import Candidate
+    from speculation.worker.paths import resources
+
+    # given: the target as its own draft (q = p: a sampled draft passes with probability min(1, q(o)/p(o)) = 1)
+    draft = DraftModel(name="same", path=str(tiny_model_dir))
+    candidates = [
+        Candidate("ngram", DraftKind.NGRAM),
+        Candidate("same", DraftKind.DRAFT_MODEL, draft),
+        Candidate("suffix+same", DraftKind.SUFFIX_DRAFT, draft),
+    ]
+    prompts = ["the quick brown fox", "over the lazy dog"]
+    sampling = SamplingParams(temperature=0.9, top_p=0.95)
+    # when the answers are sampled
+    measured, _ = measure(
+        target_dir=str(tiny_model_dir), candidates=candidates, prompts=prompts, max_tokens=24, sampling=sampling
+    )
+    # then every draft passes: K + 1 tokens per step where the budget allows, for the draft and for its hybrid
+    for request in measured:
+        assert request.tokens_per_step[("same", 1)] == pytest.approx(2.0, abs=0.05)
+        assert request.tokens_per_step[("same", 3)] == pytest.approx(4.0, abs=0.3)
+        assert request.tokens_per_step[("suffix+same", 3)] >= 3.5
+    # and the answers were sampled (not the greedy ones the lookups would otherwise be replayed on)
+    loaded = resources.model(str(tiny_model_dir))
+    ids = loaded.tokenizer(prompts[0])["input_ids"]
+    greedy = generate(LocalTarget(loaded.model), None, ids, GenerationConfig(max_new_tokens=24)).tokens
+    sampled = generate(
+        LocalTarget(loaded.model), None, ids, GenerationConfig(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=0)
+    ).tokens
+    assert sampled != greedy
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "--temperature must be > 0"),
+        (["--top-p", "0.5"], "--temperature must be > 0"),
+        (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in"),
+    ],
+)
+def test_bad_sampling_options_exit_with_code_2(args, message):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=message) as raised:
+        call_command("bench_autopairing", "--requests", "1", *args)
+    assert raised.value.returncode == 2
