@@ -27,7 +27,9 @@ tree.replay_tree_greedy), and its projection counts the verification of every no
     bound; the target's side read once for all candidates): the expected counts of
     speculation.engine.replay.expected_hybrid, exact in expectation (the i.i.d. formula over the mean acceptance
     overstated the draft model's tokens per step by 3 % on the demo pair: docs/BENCHMARKS.md);
-  - an EAGLE head is not replayed (its sampled chain would need its own drafting pass).
+  - an EAGLE head where the policy drafts a tree (`eagle_tree`): replayed exactly as greedy's, against the sampled
+    output (the tree's candidates are the head's top-k, one-hot); a head's sampled chain (no tree) is not replayed
+    (its draft at each depth depends on the step's start: a drafting pass per step).
 
 Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
 shadow measurement (never inside it). Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE
@@ -99,10 +101,13 @@ class Candidate:
     draft: DraftModel | None = None
 
 
-def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled: bool = False) -> list[Candidate]:
+def compatible_candidates(
+    endpoint: Endpoint, *, target_path: str = "", sampled: bool = False, tree: bool = False
+) -> list[Candidate]:
     """n-gram lookup and suffix decoding, then every draft model sharing the endpoint's tokenizer fingerprint, each
-    of those behind suffix decoding (the hybrid), then (with the target in the worker, greedy only) every EAGLE head
-    trained for that target (by name)."""
+    of those behind suffix decoding (the hybrid), then (with the target in the worker) every EAGLE head trained for
+    that target (by name); on a sampled request only where the policy drafts a tree (tree: its candidates are
+    one-hot, replayed exactly; a head's sampled chain is not replayed)."""
     found = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
     if not fingerprint:
@@ -111,7 +116,7 @@ def compatible_candidates(endpoint: Endpoint, *, target_path: str = "", sampled:
     models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
     found += [Candidate(d.name, d.kind, d) for d in models]
     found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
-    if target_path and not sampled:
+    if target_path and (tree or not sampled):
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
 
@@ -299,7 +304,12 @@ def measure_candidates(
         return []
     params = SamplingParams(**sampling) if sampling and float(sampling.get("temperature") or 0) > 0 else None
     request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params, request_id=request_id)
-    candidates = compatible_candidates(endpoint, target_path=policy.target_path or "", sampled=params is not None)
+    candidates = compatible_candidates(
+        endpoint,
+        target_path=policy.target_path or "",
+        sampled=params is not None,
+        tree=TreeShape.from_policy(policy.eagle_tree) is not None,
+    )
     if not candidates:
         return []
     start = zlib.crc32(request_id.encode()) % len(candidates)  # which ones a partial budget keeps rotates
@@ -340,6 +350,9 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
         tree = _tree(request, candidate)
         fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
         how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
+    elif candidate.kind == DraftKind.EAGLE_HEAD:  # a tree (compatible_candidates): replayed exactly
+        fields = measured_fields(replayed, costs, _tree(request, candidate))
+        how = f"{sampled_how(request.params)}: the policy's draft tree {request.policy.eagle_tree} {SAMPLED_TREE}"
     else:  # replayed against the sampled output: a lookup's steps exactly, a draft's in expectation
         fields, passes = measured_fields(replayed, costs), request.passes.get(candidate.name)
         how = (
@@ -358,6 +371,12 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
 SAMPLED_LOOKUP = (
     "the lookup's steps replayed against the sampled output (exact: a one-hot draft token is the step's token "
     "exactly when it passed)"
+)
+
+
+SAMPLED_TREE = (
+    "replayed against the sampled output (exact: its candidates are the head's top-k, one-hot, and a child passes "
+    "exactly where the token sampled there is that child)"
 )
 
 
@@ -382,7 +401,8 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
     the hybrid's expected replay at every K (speculation.worker.sampled.draft_pass_probabilities)."""
     kind = _lookup_kind(candidate)
     lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
-    if request.params is None or candidate.kind in LOOKUP_KINDS:
+    # one-hot drafts (a lookup's, an EAGLE tree's top-k) pass exactly where the sampled token is theirs
+    if request.params is None or candidate.kind in LOOKUP_KINDS or candidate.kind == DraftKind.EAGLE_HEAD:
         return replay(
             candidate,
             prompt_ids=request.prompt_ids,

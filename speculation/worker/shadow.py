@@ -267,9 +267,16 @@ def _record_hybrid(shadowed: Shadowed, stats: Any, *, how: str, **extra: Any) ->
     shadowed.record(reason=f"{how}; {basis}", multiplier=projected, **{**fields, **extra})
 
 
-def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, Any]) -> None:
+def _measure_eagle(
+    shadowed: Shadowed,
+    sequence: list[int],
+    common: dict[str, Any],
+    *,
+    how: str = "greedy replay (exact) of the EAGLE head",
+) -> None:
     """The policy's EAGLE head replayed as prod's local path drafts it: a chain of K, or the policy's draft tree
-    (depth min(depth, K)) verified against the known output (speculation.engine.tree.replay_tree_greedy). A head
+    (depth min(depth, K)) verified against the known output (speculation.engine.tree.replay_tree_greedy; a sampled
+    request's too: the tree's candidates are one-hot, a child passes exactly where the sampled token is it). A head
     drafts from the target's hidden features, which only a target in this worker gives (one teacher-forced pass
     over the request): only a policy with a target_path can replay a head; a server returns no features."""
     from speculation.engine.tree import TreeShape
@@ -283,7 +290,6 @@ def _measure_eagle(shadowed: Shadowed, sequence: list[int], common: dict[str, An
     head = policy.draft.path
     stats = replay_eagle_head(head, sequence, (k,), target_path=policy.target_path, tree=tree, common=common)[k]
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
-    how = "greedy replay (exact) of the EAGLE head"
     verified = None
     if tree is not None:  # one verification checks every node: S = E[N] / (v(nodes) + depth c)
         verified = k_mean * tree_nodes(tree, k) / min(tree.depth, k)
@@ -297,6 +303,7 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     (speculation.engine.replay.expected_hybrid) with the draft's probability of passing given each sampled token,
     p and q processed as the request asked (speculation.worker.sampled); the record's alpha is the mean expected
     acceptance sum_x min(p, q)."""
+    from speculation.engine.tree import TreeShape
     from speculation.worker.candidates import SAMPLED_LOOKUP, expected_hybrid_replays, sampled_how
     from speculation.worker.sampled import draft_pass_probabilities, target_view
 
@@ -311,7 +318,13 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
         shadowed.record(reason=f"sampled traffic with {policy.mechanism}: no draft to compare")
         return
     if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
-        shadowed.record(reason="sampled traffic with an EAGLE head: not replayed (its drafts need their own pass)")
+        if TreeShape.from_policy(policy.eagle_tree) is not None:  # one-hot candidates: exact, as greedy's
+            _measure_eagle(shadowed, sequence, common, how=f"{sampled_how(params)}: replay (exact) of the EAGLE head")
+            return
+        shadowed.record(
+            reason="sampled traffic with an EAGLE head's chain: not replayed (its sampled draft at each depth depends "
+            "on the step's start: a drafting pass per step); a draft tree (eagle_tree) is replayed exactly"
+        )
         return
     view = target_view(
         endpoint=shadowed.endpoint,

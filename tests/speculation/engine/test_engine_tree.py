@@ -460,3 +460,26 @@ def test_tree_greedy_on_the_demo_target_with_its_trained_head_equals_plain(demo_
             assert result.tokens == generate_plain(local, prompt, config).tokens, (shape, prompt)
             accepted += result.stats.accepted_tokens
     assert accepted > 0
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: f"k{s.top_k}-d{s.depth}-n{s.nodes}")
+def test_a_sampled_tree_run_is_replayed_exactly_against_its_sampled_output(target_model, trained_tree_head, shape):
+    # a tree's candidates are the head's top-k (one-hot drafts): at a node a child passes exactly when the token
+    # sampled there is that child, so the replay against the sampled output (shadow's) counts what the run did
+    from speculation.engine.replay import replay_proposer
+
+    local = LocalTarget(target_model)
+    accepted = 0
+    for seed, prompt in enumerate(PROMPTS * 2):
+        config = GenerationConfig(max_new_tokens=40, k=shape.depth, temperature=0.8, top_p=0.95, seed=seed)
+        live = generate(local, EagleProposer(trained_tree_head, target_model, tree=shape), prompt, config)
+        sequence = prompt + live.tokens
+        with torch.inference_mode():
+            hidden = target_model(torch.tensor(sequence), 0, return_hidden=True).hidden
+        replayed = replay_proposer(
+            EagleProposer(trained_tree_head, target_model, tree=shape), sequence, shape.depth,
+            prompt_len=len(prompt), hidden=hidden, max_new_tokens=40,
+        )  # fmt: skip
+        assert replayed.counts() == live.stats.counts(), (seed, prompt)
+        accepted += live.stats.accepted_tokens
+    assert accepted > 0

@@ -194,18 +194,53 @@ def test_a_head_without_the_target_in_the_worker_is_recorded_as_not_replayed(tre
     assert record.drafted_tokens is None or record.drafted_tokens == 0
 
 
-def test_a_sampled_request_is_recorded_as_not_replayed_for_a_head(tree_policy, target_dir):
-    from speculation.models import StageRecord
+def _sampled_output(target_dir, seed: int = 0) -> list[int]:
+    """What a sampling server answers (temperature 0.7, top_p 0.9)."""
+    from speculation.engine import GenerationConfig, LocalTarget, generate
+    from speculation.worker.paths import resources
+
+    target = LocalTarget(resources.model(str(target_dir)).model)
+    config = GenerationConfig(max_new_tokens=40, temperature=0.7, top_p=0.9, seed=seed)
+    return generate(target, None, PROMPT, config).tokens
+
+
+def _shadow_sampled(policy, request_id: str, output: list[int]) -> None:
     from speculation.worker.tasks import shadow_measure_task
 
     shadow_measure_task.apply(
-        kwargs={"endpoint_id": tree_policy.endpoint_id, "request_id": "sampled-1", "prompt_ids": PROMPT,
-                "output_ids": _output(target_dir), "finish_reason": "length", "max_tokens": 40, "temperature": 0.7,
-                "latency_ms": 400.0},
+        kwargs={"endpoint_id": policy.endpoint_id, "request_id": request_id, "prompt_ids": PROMPT,
+                "output_ids": output, "finish_reason": "length", "max_tokens": len(output), "temperature": 0.7,
+                "top_p": 0.9, "latency_ms": 400.0},
     )  # fmt: skip
 
+
+def test_a_sampled_request_replays_the_policys_tree_exactly(tree_policy, target_dir, head_dir):
+    from speculation.models import StageRecord
+
+    # given: a sampled answer (not the greedy one), and the engine's replay of the tree on it
+    output = _sampled_output(target_dir)
+    assert output != _output(target_dir)
+    tree, _chain = _replays(target_dir, head_dir, output)
+    # when
+    _shadow_sampled(tree_policy, "sampled-1", output)
+    # then: the tree's candidates are one-hot, so the replay against the sampled output is the run's count
     record = StageRecord.objects.get(request_id="sampled-1")
-    assert "EAGLE head: not replayed" in record.reason and record.multiplier is None
+    assert "sampled (temperature 0.7" in record.reason and "tree" in record.reason, record.reason
+    got = (record.target_passes, record.drafted_tokens, record.accepted_tokens)
+    assert got == (tree.target_passes, tree.drafted_tokens, tree.accepted_tokens)
+    assert tree.accepted_tokens > 0 and record.multiplier is not None
+
+
+def test_a_sampled_request_is_recorded_as_not_replayed_for_a_heads_chain(tree_policy, target_dir):
+    from speculation.models import StageRecord
+
+    tree_policy.eagle_tree = {}
+    tree_policy.save(update_fields=["eagle_tree"])
+
+    _shadow_sampled(tree_policy, "sampled-2", _sampled_output(target_dir))
+
+    record = StageRecord.objects.get(request_id="sampled-2")
+    assert "EAGLE head's chain: not replayed" in record.reason and record.multiplier is None
 
 
 def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy, target_dir, head_dir, monkeypatch):
@@ -232,3 +267,33 @@ def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy,
     k_mean = tree.drafted_tokens / tree.target_passes
     want = MEASURED.multiplier(tokens_per_step=tree.tokens_per_pass, k=k_mean, verified=k_mean * 12 / 4)
     assert row.multiplier[K - 1] == pytest.approx(want, abs=1e-4)
+
+
+def test_candidate_replays_of_a_sampled_request_replay_the_heads_tree(tree_policy, target_dir, head_dir, monkeypatch):
+    from speculation.models import CandidateMeasurement
+    from speculation.worker import candidates
+
+    # given: a sampled request of a tree policy whose head is a candidate (the worker holds its target)
+    monkeypatch.setattr(candidates, "_costs", lambda *args: MEASURED)
+    tree_policy.endpoint.capabilities = {"tokenizer_fingerprint": "tiny"}
+    tree_policy.endpoint.save(update_fields=["capabilities"])
+    tree_policy.draft.tokenizer_fingerprint = "tiny"
+    tree_policy.draft.save(update_fields=["tokenizer_fingerprint"])
+    output = _sampled_output(target_dir, seed=3)
+    tree, _chain = _replays(target_dir, head_dir, output)
+    # when
+    candidates.measure_candidates(endpoint=tree_policy.endpoint, policy=tree_policy, request_id="cand-sampled",
+                                  workload="chat", prompt_ids=PROMPT, output_ids=output, max_tokens=len(output),
+                                  sampling={"temperature": 0.7, "top_k": 0, "top_p": 0.9}, budgeted=False)  # fmt: skip
+    # then: the head's row at K is the tree's replay against the sampled output
+    row = CandidateMeasurement.objects.get(request_id="cand-sampled", candidate="tiny-head")
+    assert row.status == "measured" and "sampled" in row.reason and "draft tree" in row.reason, row.reason
+    assert row.counts[K - 1] == [tree.drafted_tokens, tree.accepted_tokens, tree.target_passes]
+    # and without a tree the head is no candidate on a sampled request (its sampled chain is not replayed)
+    tree_policy.eagle_tree = {}
+    tree_policy.save(update_fields=["eagle_tree"])
+    names = [c.name for c in candidates.compatible_candidates(tree_policy.endpoint, target_path=str(target_dir),
+                                                               sampled=True)]  # fmt: skip
+    assert "tiny-head" not in names and "tiny-head" in [
+        c.name for c in candidates.compatible_candidates(tree_policy.endpoint, target_path=str(target_dir), tree=True)
+    ]
