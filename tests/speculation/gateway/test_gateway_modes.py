@@ -276,6 +276,39 @@ def test_prod_with_suffix_decoding_and_a_draft_fallback_gives_the_tokens_of_off_
     assert new.drafted_tokens > 0 and new.accepted_tokens > 0
 
 
+def test_shadow_of_sampled_traffic_measures_suffix_decoding_and_the_hybrid(
+    endpoint, draft, celery_worker, gateway_client
+):
+    from speculation.worker import suffix_store
+
+    # given: suffix decoding in shadow on the remote path (no target in the worker), one greedy answer stored
+    suffix_store.forget(endpoint.pk, redis_too=True)
+    update_policy(endpoint=endpoint, mode="shadow", shadow_sample_rate=1.0, mechanism="suffix", k=K, path="remote")
+    _gateway_sees_it()
+    _chat_tokens(gateway_client, endpoint.name, PROMPTS[1], stream=False)
+    _wait_stored(endpoint, 1)
+    sampled = {"temperature": 0.8, "top_p": 0.95, "seed": 7, "max_tokens": MAX_TOKENS}
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    # when: the same question, sampled
+    reply = gateway_client.chat.completions.create(model=endpoint.name, messages=messages, **sampled)
+    assert reply.choices[0].message.content
+    # then: shadow replayed suffix decoding against the sampled answer (exact), drafting from the stored one
+    records = _records(endpoint, count=2, mode="shadow")
+    suffix = records[1]
+    assert suffix.action == "would_speculate" and "sampled (temperature 0.8" in suffix.reason, suffix.reason
+    assert "replayed against the sampled output (exact" in suffix.reason
+    assert suffix.drafted_tokens > 0 and suffix.target_passes > 0
+    # and with the hybrid: its expected counts, the draft's probability of passing read from the server's top-20
+    # log-probabilities (top_k 0: the lower bound sum_x min(p, q) per position)
+    update_policy(endpoint=endpoint, mechanism="suffix_draft", draft=draft)
+    _gateway_sees_it()
+    gateway_client.chat.completions.create(model=endpoint.name, messages=messages, **sampled)
+    hybrid = _records(endpoint, count=3, mode="shadow")[2]
+    assert hybrid.mechanism == "suffix_draft" and "the draft's steps expected" in hybrid.reason, hybrid.reason
+    assert "lower bound from the server's top-" in hybrid.reason
+    assert hybrid.drafted_tokens > 0 and hybrid.mean_accepted_len > 1.0 and hybrid.alpha is not None
+
+
 @pytest.fixture
 def eagle_head(demo_pair, tmp_path):
     """The demo target's EAGLE head: the trained one when the demo build made it, else one saved untrained for the
