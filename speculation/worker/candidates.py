@@ -282,7 +282,7 @@ class Replayed:
     params: SamplingParams | None = None  # None: greedy
     request_id: str = ""
     view: Any = None  # speculation.worker.sampled.TargetView, read once for every candidate of a sampled request
-    passes: dict[str, str] = field(default_factory=dict)  # a sampled hybrid's: how its draft's passes were known
+    passes: dict[str, str] = field(default_factory=dict)  # sampled: how each draft's probability of passing was known
 
 
 def measure_candidates(
