@@ -66,7 +66,15 @@ from speculation.models import (
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
 from speculation.services.autopairing import AUTO_MIN_REQUESTS, auto_decision
-from speculation.worker.candidates import K_RANGE, NGRAM, SUFFIX, Candidate, expected_hybrid_replays, replay
+from speculation.worker.candidates import (
+    K_RANGE,
+    NGRAM,
+    SUFFIX,
+    Candidate,
+    expected_chain_replays,
+    expected_hybrid_replays,
+    replay,
+)
 from speculation.worker.paths import resources
 from speculation.worker.paths.drafting import teacher_forced_logits
 from speculation.worker.sampled import TargetView, draft_pass_probabilities
@@ -139,12 +147,10 @@ def measure(
     """Every request measured, or shard (i, n)'s: the prompts at places i, i + n, ... (`save`: the figures so far
     written there every SAVE_EVERY requests and at the end, so a run cut short still leaves its requests).
     sampling: the target samples each answer (seeded by its place in the stream) and the candidates are replayed
-    as shadow replays sampled requests (speculation.worker.candidates: the lookups exactly, a draft and its hybrid
-    in expectation, with the target's exact distribution; an EAGLE head is not replayed)."""
+    as shadow replays sampled requests (speculation.worker.candidates: the lookups exactly, a draft, its hybrid and
+    an EAGLE head's chain in expectation, with the target's exact distribution)."""
     loaded = resources.model(target_dir)
     target = LocalTarget(loaded.model)
-    if sampling is not None:
-        candidates = [c for c in candidates if c.kind != DraftKind.EAGLE_HEAD]
     encoded = [loaded.tokenizer(p)["input_ids"][-(loaded.model.max_len - max_tokens - 1) :] for p in prompts]
     costs = candidate_costs(target_dir, candidates, encoded[0][:CONTEXT_TOKENS] or [1], store=encoded)
     kinds = {c.name: c.kind for c in candidates}
@@ -170,7 +176,12 @@ def measure(
         mult, tau, drafts, per_pass, model_steps = {}, {}, {}, {}, {}
         for candidate in candidates:
             lookup = SuffixProposer(answers) if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT) else None
-            if view is not None and candidate.kind in DRAFT_MODEL_KINDS:
+            if view is not None and candidate.kind == DraftKind.EAGLE_HEAD:  # a sampled chain, in expectation
+                per_k = expected_chain_replays(
+                    view, candidate.draft.path, target_path=target_dir, prompt_ids=prompt_ids, output_ids=output,
+                    max_tokens=max_tokens, ks=K_RANGE,
+                )  # fmt: skip
+            elif view is not None and candidate.kind in DRAFT_MODEL_KINDS:
                 passes = draft_pass_probabilities(view, candidate.draft.path, prompt_ids, output).per_position
                 per_k = expected_hybrid_replays(
                     lookup if candidate.kind == DraftKind.SUFFIX_DRAFT else None, passes.tolist(),

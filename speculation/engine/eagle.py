@@ -435,6 +435,40 @@ class EagleDrafter:
         return g[:, -1:]  # [1, 1, H]
 
 
+@torch.no_grad()
+def chain_logits_along(
+    head: EagleHead,
+    target_model: Transformer,
+    sequence: list[int],
+    hidden: Tensor,
+    *,
+    prompt_len: int,
+    depth: int,
+):
+    """For each output position i (a step starting after prompt + output[:i]): the logits [d, V] of the head's
+    chain of d = min(depth, outputs left) drafts, each drafted after the sequence's own tokens (the chain a step
+    would draft where its earlier drafts passed: what a sampled chain's probability of passing is judged on).
+    hidden: the target's features of ``sequence`` (as the replay hands them to the proposer). A generator: one
+    chain at a time, K head steps each (n K in all, no target pass)."""
+    drafter = EagleDrafter(head, target_model.tok_embeddings.weight, target_model.output.weight, target_model.max_len)
+    device = target_model.output.weight.device
+    ids = torch.tensor(sequence, device=device)
+    observed = 0  # true pairs (f_t, x_{t+1}) queued or fed: t < observed
+    for i in range(len(sequence) - prompt_len):
+        committed = prompt_len + i
+        if committed - 1 > observed:  # pairs up to the one ending at the last committed token
+            drafter.observe(hidden[observed : committed - 1], ids[observed + 1 : committed])
+            observed = committed - 1
+        d = min(depth, len(sequence) - committed)
+        if not drafter.has_new:  # a one-token prompt: no true pair yet, the step drafts nothing (as prod's)
+            yield torch.empty(0, target_model.vocab_size, device=device)
+        else:
+            forced = iter(ids[committed : committed + d])
+            yield drafter.draft(d, lambda _logits, it=forced: next(it))[1]
+        drafter.observe(hidden[observed : observed + 1], ids[observed + 1 : observed + 2])  # the next true pair
+        observed += 1
+
+
 def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 

@@ -296,6 +296,7 @@ def expected_hybrid(
     lookup_k: int,
     min_lookup: int,
     max_new_tokens: int | None = None,
+    chains: Sequence[Sequence[float]] | None = None,
 ) -> SpecStats:
     """The expected stats of a hybrid (``HybridProposer``) on a finished sampled request; the counts are
     expectations (floats). lookup(n, d): the lookup's drafts (at most d) after the first n tokens of target_tokens;
@@ -304,7 +305,9 @@ def expected_hybrid(
     step_lookahead(lookup_k, ...) tokens: at least min_lookup of them are verified as they are (passing exactly as
     far as they equal the sampled output), fewer and the model drafts min(that, model_k), its j-th draft passing
     with probability alphas[i + j] once the earlier ones passed. lookup None: the draft model alone, drafting
-    min(lookup_k, model_k) (pass lookup_k = model_k)."""
+    min(lookup_k, model_k) (pass lookup_k = model_k). chains: where a draft's pass depends on the step's start too
+    (an EAGLE head's chain, drafted from the target's features at the start), chains[i][j] in place of
+    alphas[i + j]; a chain shorter than the step's K drafts that many (none: a plain step)."""
     check_k(model_k)
     if prompt_len < 1:
         raise EmptyPromptError("the prompt has no tokens")
@@ -340,10 +343,16 @@ def expected_hybrid(
             _expect(stats, mass, len(drafts), accepted, looked_up=True)
             start[min(n, i + accepted + 1)] += mass
             continue
-        drafted = min(d, model_k)
+        drafted = min(d, model_k, len(chains[i])) if chains is not None else min(d, model_k)
+        if drafted == 0:  # nothing to draft here: a plain step
+            start[i + 1] += mass
+            continue
         reach = mass
         for j in range(drafted + 1):  # j drafts passed, then a rejection (or all passed: the bonus token)
-            passes = alphas[i + j] if j < drafted and i + j < n else 0.0
+            if j < drafted and i + j < n:
+                passes = chains[i][j] if chains is not None else alphas[i + j]
+            else:
+                passes = 0.0
             ends = reach * (1.0 - passes) if j < drafted else reach
             if ends > 0.0:
                 _expect(stats, ends, drafted, j, looked_up=False)

@@ -28,8 +28,10 @@ tree.replay_tree_greedy), and its projection counts the verification of every no
     speculation.engine.replay.expected_hybrid, exact in expectation (the i.i.d. formula over the mean acceptance
     overstated the draft model's tokens per step by 3 % on the demo pair: docs/BENCHMARKS.md);
   - an EAGLE head where the policy drafts a tree (`eagle_tree`): replayed exactly as greedy's, against the sampled
-    output (the tree's candidates are the head's top-k, one-hot); a head's sampled chain (no tree) is not replayed
-    (its draft at each depth depends on the step's start: a drafting pass per step).
+    output (the tree's candidates are the head's top-k, one-hot); a head's sampled chain: in expectation as a draft
+    model's, but its j-th draft's probability of passing depends on the step's start (the head drafts from the
+    target's features there), so it is read per start and depth (speculation.worker.sampled.eagle_chain_passes: K
+    head steps per output position).
 
 Where it runs: speculation.worker.tasks.replay_candidates_task on the node class's background queue, queued by the
 shadow measurement (never inside it). Cost stays bounded: an endpoint gets settings.CANDIDATE_REPLAYS_PER_MINUTE
@@ -101,13 +103,10 @@ class Candidate:
     draft: DraftModel | None = None
 
 
-def compatible_candidates(
-    endpoint: Endpoint, *, target_path: str = "", sampled: bool = False, tree: bool = False
-) -> list[Candidate]:
+def compatible_candidates(endpoint: Endpoint, *, target_path: str = "") -> list[Candidate]:
     """n-gram lookup and suffix decoding, then every draft model sharing the endpoint's tokenizer fingerprint, each
     of those behind suffix decoding (the hybrid), then (with the target in the worker) every EAGLE head trained for
-    that target (by name); on a sampled request only where the policy drafts a tree (tree: its candidates are
-    one-hot, replayed exactly; a head's sampled chain is not replayed)."""
+    that target (by name). Greedy and sampled requests alike."""
     found = [Candidate(NGRAM, DraftKind.NGRAM), Candidate(SUFFIX, DraftKind.SUFFIX)]
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
     if not fingerprint:
@@ -116,7 +115,7 @@ def compatible_candidates(
     models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
     found += [Candidate(d.name, d.kind, d) for d in models]
     found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
-    if target_path and (tree or not sampled):
+    if target_path:
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
 
@@ -304,12 +303,7 @@ def measure_candidates(
         return []
     params = SamplingParams(**sampling) if sampling and float(sampling.get("temperature") or 0) > 0 else None
     request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params, request_id=request_id)
-    candidates = compatible_candidates(
-        endpoint,
-        target_path=policy.target_path or "",
-        sampled=params is not None,
-        tree=TreeShape.from_policy(policy.eagle_tree) is not None,
-    )
+    candidates = compatible_candidates(endpoint, target_path=policy.target_path or "")
     if not candidates:
         return []
     start = zlib.crc32(request_id.encode()) % len(candidates)  # which ones a partial budget keeps rotates
@@ -350,9 +344,11 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
         tree = _tree(request, candidate)
         fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
         how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
-    elif candidate.kind == DraftKind.EAGLE_HEAD:  # a tree (compatible_candidates): replayed exactly
+    elif candidate.kind == DraftKind.EAGLE_HEAD and _tree(request, candidate) is not None:  # replayed exactly
         fields = measured_fields(replayed, costs, _tree(request, candidate))
         how = f"{sampled_how(request.params)}: the policy's draft tree {request.policy.eagle_tree} {SAMPLED_TREE}"
+    elif candidate.kind == DraftKind.EAGLE_HEAD:  # a chain, in expectation
+        fields, how = measured_fields(replayed, costs), f"{sampled_how(request.params)}: {SAMPLED_CHAIN}"
     else:  # replayed against the sampled output: a lookup's steps exactly, a draft's in expectation
         fields, passes = measured_fields(replayed, costs), request.passes.get(candidate.name)
         how = (
@@ -380,6 +376,12 @@ SAMPLED_TREE = (
 )
 
 
+SAMPLED_CHAIN = (
+    "the head's chain expected, each draft passing with min(1, q(o) / p(o)) for the sampled token o, q the head's "
+    "chain from that step's start after the sampled tokens (exact in expectation)"
+)
+
+
 def sampled_how(params: SamplingParams) -> str:
     return f"sampled (temperature {params.temperature:g}, top_k {params.top_k}, top_p {params.top_p:g})"
 
@@ -402,7 +404,8 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
     kind = _lookup_kind(candidate)
     lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
     # one-hot drafts (a lookup's, an EAGLE tree's top-k) pass exactly where the sampled token is theirs
-    if request.params is None or candidate.kind in LOOKUP_KINDS or candidate.kind == DraftKind.EAGLE_HEAD:
+    one_hot = candidate.kind in LOOKUP_KINDS or _tree(request, candidate) is not None
+    if request.params is None or one_hot:
         return replay(
             candidate,
             prompt_ids=request.prompt_ids,
@@ -422,12 +425,51 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             output_ids=request.output_ids,
             params=request.params,
         )
+    if candidate.kind == DraftKind.EAGLE_HEAD:  # a chain: its passes depend on the step's start
+        return expected_chain_replays(
+            request.view, candidate.draft.path, target_path=request.policy.target_path or "",
+            prompt_ids=request.prompt_ids, output_ids=request.output_ids, max_tokens=request.max_tokens, ks=K_RANGE,
+        )  # fmt: skip
     passes = draft_pass_probabilities(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
     request.passes[candidate.name] = passes.source
     return expected_hybrid_replays(
         lookup, passes.per_position.tolist(), request.prompt_ids + request.output_ids, K_RANGE,
         prompt_len=len(request.prompt_ids), max_new_tokens=request.max_tokens,
     )  # fmt: skip
+
+
+def expected_chain_replays(
+    view: Any,
+    head_path: str,
+    *,
+    target_path: str,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    max_tokens: int | None,
+    ks: tuple[int, ...],
+) -> dict[int, SpecStats]:
+    """An EAGLE head's sampled chain at each K: expected_hybrid over the chains' probabilities of passing
+    (speculation.worker.sampled.eagle_chain_passes; view: the request's TargetView, with the target in the worker)."""
+    from speculation.worker.sampled import eagle_chain_passes
+
+    if not target_path:
+        raise ValueError("an EAGLE head reads the target's features: the worker needs the target (target_path)")
+    chains = eagle_chain_passes(view, head_path, target_path, prompt_ids, output_ids, max(ks))
+    sequence, n = prompt_ids + output_ids, len(output_ids)
+    return {
+        k: expected_hybrid(
+            None,
+            [0.0] * n,
+            sequence,
+            k,
+            prompt_len=len(prompt_ids),
+            lookup_k=k,
+            min_lookup=1,
+            max_new_tokens=max_tokens,
+            chains=chains,
+        )  # fmt: skip
+        for k in ks
+    }
 
 
 def expected_hybrid_replays(

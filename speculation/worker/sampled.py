@@ -142,3 +142,33 @@ def server_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: l
     # only the top-N by rank are a complete head (the output token's own log-probability is kept apart)
     top = [{t.token_id: t.logprob for t in position.top} for position in scored.positions[len(prompt_ids) :]]
     return top, top_n
+
+
+def eagle_chain_passes(
+    view: TargetView, head_path: str, target_path: str, prompt_ids: list[int], output_ids: list[int], depth: int
+) -> list[list[float]]:
+    """Per output position i, the probability that the j-th draft of an EAGLE head's sampled chain starting there
+    passed given the sampled tokens: min(1, q(o) / p(o)), q the head's chain after the sampled tokens
+    (speculation.engine.eagle.chain_logits_along: one target pass for the features, depth head steps per
+    position), p the target's processed distribution (exact: a head needs the target in the worker)."""
+    from speculation.engine.eagle import EagleProposer, chain_logits_along
+
+    if view.p is None:
+        raise ValueError("an EAGLE head's chain needs the target's own distribution (the target in the worker)")
+    target = resources.model(target_path).model
+    head = resources.eagle_head(head_path, target_dir=target_path)
+    sequence = prompt_ids + output_ids
+    device = target.output.weight.device
+    with torch.inference_mode():
+        wants = EagleProposer(head, target).wants_hidden
+        hidden = target(torch.tensor(sequence, device=device), 0, return_hidden=wants).hidden
+    chains = []
+    logits_along = chain_logits_along(head, target, sequence, hidden, prompt_len=len(prompt_ids), depth=depth)
+    for i, logits in enumerate(logits_along):
+        q = probs_from_logits(logits.float().cpu(), view.params)  # [d, V]
+        tokens = output_ids[i : i + q.shape[0]]
+        p_o = view.p[torch.arange(i, i + len(tokens)), torch.tensor(tokens, dtype=torch.long)].float()
+        q_o = q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)]
+        average = torch.minimum(view.p[i : i + len(tokens)].float(), q).sum(-1)
+        chains.append(torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist())
+    return chains

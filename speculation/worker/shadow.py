@@ -10,7 +10,8 @@ lookup's): the draft's steps expected from its probability of passing given each
 with p and q processed as the request asked (speculation.engine.replay.expected_hybrid, exact in expectation;
 speculation.worker.sampled: p exact where the worker holds the target, else from the server's top-N
 log-probabilities, a lower bound recorded with the mass it could not see; counts rounded to whole tokens on the
-record, alpha the mean sum_x min(p, q)).
+record, alpha the mean sum_x min(p, q)); an EAGLE head: its draft tree exactly (one-hot candidates), its chain in
+expectation with the probabilities of passing read per step start and depth.
 The projected multiplier S = E[N] / (v(K) + K c) uses the costs a worker measured on the endpoint's node class
 (speculation.worker.costs: the server's decode step, the draft step, a verification of K + 1 tokens on prod's path),
 the lookahead controller's cost model. The measurement stays cheap: calibrations and the other candidates' replays
@@ -304,7 +305,13 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     p and q processed as the request asked (speculation.worker.sampled); the record's alpha is the mean expected
     acceptance sum_x min(p, q)."""
     from speculation.engine.tree import TreeShape
-    from speculation.worker.candidates import SAMPLED_LOOKUP, expected_hybrid_replays, sampled_how
+    from speculation.worker.candidates import (
+        SAMPLED_CHAIN,
+        SAMPLED_LOOKUP,
+        expected_chain_replays,
+        expected_hybrid_replays,
+        sampled_how,
+    )
     from speculation.worker.sampled import draft_pass_probabilities, target_view
 
     policy, k = shadowed.policy, shadowed.policy.k
@@ -321,10 +328,18 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
         if TreeShape.from_policy(policy.eagle_tree) is not None:  # one-hot candidates: exact, as greedy's
             _measure_eagle(shadowed, sequence, common, how=f"{sampled_how(params)}: replay (exact) of the EAGLE head")
             return
-        shadowed.record(
-            reason="sampled traffic with an EAGLE head's chain: not replayed (its sampled draft at each depth depends "
-            "on the step's start: a drafting pass per step); a draft tree (eagle_tree) is replayed exactly"
-        )
+        if not policy.target_path:
+            shadowed.record(reason="EAGLE head: not replayed, the head needs the target's features (no target_path)")
+            return
+        view = target_view(
+            endpoint=shadowed.endpoint, target_path=policy.target_path, prompt_ids=shadowed.prompt_ids,
+            output_ids=shadowed.output_ids, params=params,
+        )  # fmt: skip
+        stats = expected_chain_replays(
+            view, policy.draft.path, target_path=policy.target_path, prompt_ids=shadowed.prompt_ids,
+            output_ids=shadowed.output_ids, max_tokens=shadowed.budget, ks=(k,),
+        )[k]  # fmt: skip
+        _record_hybrid(shadowed, stats, how=f"{sampled_how(params)}: {SAMPLED_CHAIN}")
         return
     view = target_view(
         endpoint=shadowed.endpoint,

@@ -90,13 +90,6 @@ def test_compatible_candidates_are_the_lookups_and_the_drafts_with_the_endpoints
     assert hybrid.kind == "suffix_draft" and hybrid.draft.name == "tiny-draft"
     other = Endpoint.objects.get(name="other")
     assert [c.name for c in candidates.compatible_candidates(other)] == ["ngram", "suffix"]
-    # sampled: the same (an EAGLE head, greedy only, would be left out)
-    assert [c.name for c in candidates.compatible_candidates(endpoint, sampled=True)] == [
-        "ngram",
-        "suffix",
-        "tiny-draft",
-        "suffix+tiny-draft",
-    ]
 
 
 def test_each_candidates_row_equals_a_direct_engine_replay_at_every_k(endpoint, tiny_model_dir):

@@ -231,16 +231,46 @@ def test_a_sampled_request_replays_the_policys_tree_exactly(tree_policy, target_
     assert tree.accepted_tokens > 0 and record.multiplier is not None
 
 
-def test_a_sampled_request_is_recorded_as_not_replayed_for_a_heads_chain(tree_policy, target_dir):
+def _expected_chain(target_dir, head_dir, output: list[int]):
+    """The head's sampled chain at K in expectation, from the engine's functions (p, q at temperature 0.7, top_p
+    0.9): chain_logits_along and expected_hybrid over min(1, q(o) / p(o))."""
+    from speculation.engine import SamplingParams, expected_hybrid
+    from speculation.engine.eagle import EagleHead, chain_logits_along
+    from speculation.engine.sampling import probs_from_logits
+    from speculation.worker.paths import resources
+
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    model = resources.model(str(target_dir)).model
+    head = EagleHead.load(head_dir, target_dir=target_dir)
+    sequence = PROMPT + output
+    with torch.inference_mode():
+        hidden = model(torch.tensor(sequence), 0, return_hidden=True).hidden
+        p = probs_from_logits(model(torch.tensor(sequence[:-1]), 0).logits[len(PROMPT) - 1 :].float(), params)
+    chains = []
+    for i, logits in enumerate(chain_logits_along(head, model, sequence, hidden, prompt_len=len(PROMPT), depth=K)):
+        q = probs_from_logits(logits.float(), params)
+        tokens = output[i : i + q.shape[0]]
+        chains.append([min(1.0, float(q[j, t] / p[i + j, t])) for j, t in enumerate(tokens)])
+    common = {"prompt_len": len(PROMPT), "lookup_k": K, "min_lookup": 1, "max_new_tokens": len(output)}
+    return expected_hybrid(None, [0.0] * len(output), sequence, K, chains=chains, **common)
+
+
+def test_a_sampled_request_replays_a_heads_chain_in_expectation(tree_policy, target_dir, head_dir):
     from speculation.models import StageRecord
 
+    # given: the head drafting a chain (no tree), a sampled answer
     tree_policy.eagle_tree = {}
     tree_policy.save(update_fields=["eagle_tree"])
-
-    _shadow_sampled(tree_policy, "sampled-2", _sampled_output(target_dir))
-
+    output = _sampled_output(target_dir)
+    want = _expected_chain(target_dir, head_dir, output)
+    # when
+    _shadow_sampled(tree_policy, "sampled-2", output)
+    # then: the chain's expected counts (rounded on the record), its passes read per step start and depth
     record = StageRecord.objects.get(request_id="sampled-2")
-    assert "EAGLE head's chain: not replayed" in record.reason and record.multiplier is None
+    assert "the head's chain expected" in record.reason and record.multiplier is not None, record.reason
+    assert record.target_passes == round(want.target_passes) and record.drafted_tokens == round(want.drafted_tokens)
+    assert record.mean_accepted_len == pytest.approx(want.mean_accepted_len, abs=1e-3)
+    assert 1.0 < want.mean_accepted_len < K + 1  # the head's drafts pass sometimes, not always
 
 
 def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy, target_dir, head_dir, monkeypatch):
@@ -289,11 +319,13 @@ def test_candidate_replays_of_a_sampled_request_replay_the_heads_tree(tree_polic
     row = CandidateMeasurement.objects.get(request_id="cand-sampled", candidate="tiny-head")
     assert row.status == "measured" and "sampled" in row.reason and "draft tree" in row.reason, row.reason
     assert row.counts[K - 1] == [tree.drafted_tokens, tree.accepted_tokens, tree.target_passes]
-    # and without a tree the head is no candidate on a sampled request (its sampled chain is not replayed)
+    # and without a tree the head's row is its chain in expectation
     tree_policy.eagle_tree = {}
     tree_policy.save(update_fields=["eagle_tree"])
-    names = [c.name for c in candidates.compatible_candidates(tree_policy.endpoint, target_path=str(target_dir),
-                                                               sampled=True)]  # fmt: skip
-    assert "tiny-head" not in names and "tiny-head" in [
-        c.name for c in candidates.compatible_candidates(tree_policy.endpoint, target_path=str(target_dir), tree=True)
-    ]
+    candidates.measure_candidates(endpoint=tree_policy.endpoint, policy=tree_policy, request_id="cand-chain",
+                                  workload="chat", prompt_ids=PROMPT, output_ids=output, max_tokens=len(output),
+                                  sampling={"temperature": 0.7, "top_k": 0, "top_p": 0.9}, budgeted=False)  # fmt: skip
+    chain = CandidateMeasurement.objects.get(request_id="cand-chain", candidate="tiny-head")
+    want = _expected_chain(target_dir, head_dir, output)
+    assert chain.status == "measured" and "the head's chain expected" in chain.reason, chain.reason
+    assert chain.mean_accepted_len[K - 1] == pytest.approx(want.mean_accepted_len, abs=1e-3)
