@@ -9,8 +9,10 @@ own output the shadow replay predicts the run's target passes:
 - a lookup: the replay against the sampled output (exact run by run);
 - the hybrid and the draft model: ``expected_hybrid`` with the draft's probability of passing given each sampled
   token, min(1, q(o) / p(o)) (exact in expectation);
-- the draft model also by the i.i.d. formula over the mean sum_x min(p, q) (what shadow records for a draft model
-  alone), to compare.
+- the draft model also by the i.i.d. formula over the mean sum_x min(p, q) (what shadow recorded for a draft model
+  alone before), to compare;
+- with ``--eagle-head DIR``, an EAGLE head's chain (K = 3) too: each draft passing with min(1, q(o) / p(o)), q the
+  head's chain from that step's start (speculation.engine.eagle.chain_logits_along).
 
 Per mechanism: tokens per target pass measured and predicted, their ratio over all requests (1.0: no bias), and the
 mean absolute error per request. Prints a table and writes JSON (``--json PATH``).
@@ -68,7 +70,25 @@ def probabilities(target, draft, sequence: list[int], prompt_len: int) -> tuple[
     return per_token.tolist(), average.tolist()
 
 
-def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new: int) -> dict:
+@torch.inference_mode()
+def chain_passes(target, head, sequence: list[int], prompt_len: int, depth: int) -> list[list[float]]:
+    """Per step start i, the head's j-th draft's probability of passing given the sampled tokens."""
+    from speculation.engine.eagle import EagleProposer, chain_logits_along
+
+    hidden = target(torch.tensor(sequence), 0, return_hidden=EagleProposer(head, target).wants_hidden).hidden
+    p = probs_from_logits(target(torch.tensor(sequence[:-1]), 0).logits[prompt_len - 1 :].float(), SAMPLING)
+    chains = []
+    for i, logits in enumerate(chain_logits_along(head, target, sequence, hidden, prompt_len=prompt_len, depth=depth)):
+        q = probs_from_logits(logits.float(), SAMPLING)
+        tokens = torch.tensor(sequence[prompt_len + i : prompt_len + i + q.shape[0]])
+        rows = torch.arange(tokens.numel())
+        p_o, q_o = p[i + rows, tokens], q[rows, tokens]
+        average = torch.minimum(p[i : i + tokens.numel()], q).sum(-1)
+        chains.append(torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist())
+    return chains
+
+
+def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new: int, head=None) -> dict:
     local = LocalTarget(target)
     measured, predicted, iid, errors, tokens = 0.0, 0.0, 0.0, [], 0
     started = time.perf_counter()
@@ -76,6 +96,10 @@ def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new:
         lookup = NgramProposer() if mechanism == "ngram" else SuffixProposer(store)
         if mechanism in ("ngram", "suffix"):
             proposer, k = lookup, LOOKUP_K
+        elif mechanism == "eagle":
+            from speculation.engine.eagle import EagleProposer
+
+            proposer, k, model_k = EagleProposer(head, target), DRAFT_K, DRAFT_K
         else:
             model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
             model_k = HYBRID_K if mechanism == "hybrid" else DRAFT_K
@@ -90,6 +114,11 @@ def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new:
         common = {"prompt_len": len(prompt), "max_new_tokens": max_new}
         if mechanism in ("ngram", "suffix"):
             passes = replay_proposer(lookup, sequence, k, **common).target_passes
+        elif mechanism == "eagle":
+            chains = chain_passes(target, head, sequence, len(prompt), k)
+            passes = expected_hybrid(
+                None, [0.0] * n, sequence, k, lookup_k=k, min_lookup=1, chains=chains, **common
+            ).target_passes
         else:
             per_token, average = probabilities(target, draft, sequence, len(prompt))
             passes = expected_hybrid(
@@ -131,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: best on a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default 96)")
     parser.add_argument("--per-category", type=int, default=3, help="Spec-Bench questions per category (default 3)")
+    parser.add_argument("--eagle-head", type=Path, help="an EAGLE head for the demo target: its chain too")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1 or args.per_category < 1:
         parser.error("--max-new-tokens and --per-category must be >= 1")
@@ -144,12 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     ]
     target = load_causal_lm(pair.target_dir, max_len=1024)
     draft = load_causal_lm(pair.draft_dir, max_len=1024)
+    head = None
+    if args.eagle_head is not None:
+        from speculation.engine.eagle import EagleHead, EagleHeadError
+
+        try:
+            head = EagleHead.load(args.eagle_head, target_dir=pair.target_dir).eval()
+        except (EagleHeadError, OSError) as exc:
+            parser.error(f"--eagle-head: {exc}")
     store = warm_store(target, tokenizer, DEFAULT_QUESTIONS, skip=args.per_category, max_new=args.max_new_tokens)
     results = {}
     heads = ("tokens/pass measured", "predicted", "ratio", "|error|/req", "i.i.d.")
     print(f"{'mechanism':<10} {heads[0]:>21} {heads[1]:>10} {heads[2]:>6} {heads[3]:>11} {heads[4]:>7}")
-    for mechanism in MECHANISMS:
-        row = results[mechanism] = run(target, draft, store, prompts, mechanism, args.max_new_tokens)
+    for mechanism in MECHANISMS + (("eagle",) if head is not None else ()):
+        row = results[mechanism] = run(target, draft, store, prompts, mechanism, args.max_new_tokens, head=head)
         iid = f"{row['iid_tokens_per_pass']:7.3f}" if "iid_tokens_per_pass" in row else f"{'':>7}"
         print(
             f"{mechanism:<10} {row['measured_tokens_per_pass']:>21.3f} {row['predicted_tokens_per_pass']:>10.3f} "
@@ -162,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {args.threads}",
         "demo": pair.target_dir.parent.name,
         "sampling": {"temperature": SAMPLING.temperature, "top_p": SAMPLING.top_p},
-        "k": {"lookups": LOOKUP_K, "draft": DRAFT_K, "hybrid_draft": HYBRID_K},
+        "k": {"lookups": LOOKUP_K, "draft": DRAFT_K, "hybrid_draft": HYBRID_K, "eagle_chain": DRAFT_K},
+        "eagle_head": str(args.eagle_head) if head is not None else None,
         "max_new_tokens": args.max_new_tokens,
         "store_answers": len(store),
         "mechanisms": results,
