@@ -21,7 +21,10 @@ when d passed. Given the output the server sampled (a sample of p, as speculativ
 lookup step is therefore known: the same replay as greedy's, against the sampled output, is exact. A draft model's
 sampled draft passes with a probability, not a certainty: ``expected_hybrid`` carries the probability of each
 position being a step's start through the request (the model's drafts passing position by position with the
-draft's acceptance there, sum_x min(p, q); the lookup's steps known) and gives the expected counts.
+probability that a sampled draft passed given the token o sampled there, min(1, q(o) / p(o)); the lookup's steps
+known) and gives the expected counts. Given the output these passes are independent, so the counts are exact in
+expectation over the target's samples (tests/speculation/engine/test_engine_sampled_replay.py checks it against
+real sampled runs).
 """
 
 from __future__ import annotations
@@ -300,8 +303,9 @@ def expected_hybrid(
 ) -> SpecStats:
     """The expected stats of a hybrid (``HybridProposer``) on a finished sampled request; the counts are
     expectations (floats). lookup(n, d): the lookup's drafts (at most d) after the first n tokens of target_tokens;
-    alphas[i]: the probability that the draft model's draft for output position i passes (sum_x min(p, q) there,
-    processed as the request asked). A step starting at output position i asks the lookup for up to
+    alphas[i]: the probability that the draft model's draft for output position i passed, given the token o sampled
+    there: min(1, q(o) / p(o)), p and q processed as the request asked (its average over o, sum_x min(p, q), where
+    p(o) is not known: a lower bound). A step starting at output position i asks the lookup for up to
     step_lookahead(lookup_k, ...) tokens: at least min_lookup of them are verified as they are (passing exactly as
     far as they equal the sampled output), fewer and the model drafts min(that, model_k), its j-th draft passing
     with probability alphas[i + j] once the earlier ones passed. lookup None: the draft model alone, drafting
