@@ -47,6 +47,7 @@ from speculation.engine import (
     load_causal_lm,
     replay_proposer,
 )
+from speculation.engine.acceptance import pass_given_tokens
 from speculation.engine.projection import expected_tokens
 from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.offline.demo import ensure_demo_pair
@@ -60,32 +61,27 @@ MECHANISMS = ("ngram", "suffix", "draft", "hybrid")
 def probabilities(target, draft, sequence: list[int], prompt_len: int) -> tuple[list[float], list[float]]:
     """Per output position: the draft's probability of passing given the sampled token, min(1, q(o) / p(o)), and
     the average over tokens, sum_x min(p, q)."""
-    ids = torch.tensor(sequence[:-1])
-    p = probs_from_logits(target(ids, 0).logits[prompt_len - 1 :].float(), SAMPLING)
-    q = probs_from_logits(draft(ids, 0).logits[prompt_len - 1 :].float(), SAMPLING)
-    rows, tokens = torch.arange(p.shape[0]), torch.tensor(sequence[prompt_len:])
-    p_o, q_o = p[rows, tokens], q[rows, tokens]
-    average = torch.minimum(p, q).sum(-1)
-    per_token = torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average)
+    p, tokens = target_probs(target, sequence, prompt_len), torch.tensor(sequence[prompt_len:])
+    q = probs_from_logits(draft(torch.tensor(sequence[:-1]), 0).logits[prompt_len - 1 :].float(), SAMPLING)
+    per_token, average = pass_given_tokens(p, q, tokens)
     return per_token.tolist(), average.tolist()
+
+
+def target_probs(target, sequence: list[int], prompt_len: int) -> torch.Tensor:
+    """[n, V] the target's processed distribution at the output positions, teacher forced."""
+    return probs_from_logits(target(torch.tensor(sequence[:-1]), 0).logits[prompt_len - 1 :].float(), SAMPLING)
 
 
 @torch.inference_mode()
 def chain_passes(target, head, sequence: list[int], prompt_len: int, depth: int) -> list[list[float]]:
     """Per step start i, the head's j-th draft's probability of passing given the sampled tokens."""
-    from speculation.engine.eagle import EagleProposer, chain_logits_along
+    from speculation.engine.eagle import EagleProposer, chain_pass_probabilities
 
     hidden = target(torch.tensor(sequence), 0, return_hidden=EagleProposer(head, target).wants_hidden).hidden
-    p = probs_from_logits(target(torch.tensor(sequence[:-1]), 0).logits[prompt_len - 1 :].float(), SAMPLING)
-    chains = []
-    for i, logits in enumerate(chain_logits_along(head, target, sequence, hidden, prompt_len=prompt_len, depth=depth)):
-        q = probs_from_logits(logits.float(), SAMPLING)
-        tokens = torch.tensor(sequence[prompt_len + i : prompt_len + i + q.shape[0]])
-        rows = torch.arange(tokens.numel())
-        p_o, q_o = p[i + rows, tokens], q[rows, tokens]
-        average = torch.minimum(p[i : i + tokens.numel()], q).sum(-1)
-        chains.append(torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist())
-    return chains
+    p = target_probs(target, sequence, prompt_len)
+    return chain_pass_probabilities(
+        head, target, sequence, hidden, prompt_len=prompt_len, depth=depth, p=p, params=SAMPLING
+    )
 
 
 def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new: int, head=None) -> dict:

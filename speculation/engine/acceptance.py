@@ -42,6 +42,22 @@ def expected_acceptance_exact(p: Tensor, q: Tensor) -> Tensor:
     return torch.minimum(p.float(), q.float()).sum(-1)
 
 
+def pass_given_tokens(p: Tensor, q: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """p, q [n, V] processed distributions, tokens [n] the tokens sampled there -> (per token [n], average [n]).
+
+    Per token: the probability that a draft sampled from q passed given that the step's token is o,
+    q(o) min(1, p(o) / q(o)) / p(o) = min(1, q(o) / p(o)) (a rejected draft's residual never gives o back where
+    q(o) >= p(o)); averaged over o ~ p it is sum_x min(p, q) (``average``), which stands in where p(o) = 0 (a server's
+    processing that differs from ours at a top-p cut). A token beyond q's vocabulary is never drafted: 0."""
+    rows = torch.arange(tokens.numel())
+    inside = tokens < q.shape[-1]
+    tokens = torch.where(inside, tokens, 0)
+    p_o = p[rows, tokens].float()
+    q_o = torch.where(inside, q[rows, tokens].float(), 0.0)
+    average = expected_acceptance_exact(p, q)
+    return torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average), average
+
+
 def target_from_top_logprobs(top: Mapping[int, float], params: SamplingParams, vocab_size: int) -> TargetBound:
     """The target's processed distribution at one position from its top-N raw log-probabilities (token -> logprob,
     the N most likely tokens): exact when top-k < N decides the support, else a per-token lower bound."""

@@ -469,6 +469,31 @@ def chain_logits_along(
         observed += 1
 
 
+def chain_pass_probabilities(
+    head: EagleHead,
+    target_model: Transformer,
+    sequence: list[int],
+    hidden: Tensor,
+    *,
+    prompt_len: int,
+    depth: int,
+    p: Tensor,
+    params: SamplingParams,
+) -> list[list[float]]:
+    """Per output position i, the probability that the j-th draft of the head's sampled chain starting there passed
+    given the sampled tokens: min(1, q(o) / p(o)) (acceptance.pass_given_tokens), q the chain of
+    ``chain_logits_along``; p [n, V] the target's processed distribution at the output positions (on the CPU)."""
+    from speculation.engine.acceptance import pass_given_tokens
+
+    chains = []
+    logits_along = chain_logits_along(head, target_model, sequence, hidden, prompt_len=prompt_len, depth=depth)
+    for i, logits in enumerate(logits_along):
+        q = probs_from_logits(logits.float().cpu(), params)  # [d, V]
+        tokens = torch.tensor(sequence[prompt_len + i : prompt_len + i + q.shape[0]], dtype=torch.long)
+        chains.append(pass_given_tokens(p[i : i + tokens.numel()], q, tokens)[0].tolist())
+    return chains
+
+
 def greedy_choice(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 
 import torch
 from torch import Tensor
@@ -323,9 +322,6 @@ def expected_hybrid(
     for name in ("accepted_per_position", "drafted_per_position", "reached_per_position"):
         setattr(stats, name, [0.0] * max(lookup_k, model_k))
     stats.accepted_length_histogram = [0.0] * (max(lookup_k, model_k) + 1)
-    for f in fields(SpecStats):
-        if isinstance(getattr(stats, f.name), int) and f.name != "output_tokens":
-            setattr(stats, f.name, 0.0)
     start = [0.0] * (n + 1)  # start[i]: the probability that a step starts at output position i
     if n > 0:
         start[0] = 1.0

@@ -91,13 +91,12 @@ def draft_pass_probabilities(
     view: TargetView, draft_path: str, prompt_ids: list[int], output_ids: list[int]
 ) -> Acceptance:
     """Per output position, the probability that the draft's sampled draft passed there given the token the
-    server sampled, o: q(o) min(1, p(o) / q(o)) / p(o) = min(1, q(o) / p(o)) (a rejected draft's residual never
-    gives o back where q(o) >= p(o)). Averaged over o ~ p it is sum_x min(p, q); kept per sampled token it carries
-    what that average loses (the positions where the draft passed are those whose tokens it favoured), so a replay
-    over the sampled output with these is exact in expectation (speculation.engine.replay.expected_hybrid). Needs
-    p(o) exactly: from the target in the worker, or a server's top-N under 0 < top_k < N; otherwise sum_x min(p, q)
-    per position (a lower bound, as ``acceptance``)."""
-    from speculation.engine.acceptance import target_from_top_logprobs
+    server sampled, min(1, q(o) / p(o)) (speculation.engine.acceptance.pass_given_tokens). Kept per sampled token it
+    carries what the average sum_x min(p, q) loses (the positions where the draft passed are those whose tokens it
+    favoured), so a replay over the sampled output with these is exact in expectation
+    (speculation.engine.replay.expected_hybrid). Needs p(o) exactly: from the target in the worker, or a server's
+    top-N under 0 < top_k < N; otherwise sum_x min(p, q) per position (a lower bound, as ``acceptance``)."""
+    from speculation.engine.acceptance import pass_given_tokens, target_from_top_logprobs
 
     draft_logits = teacher_forced_logits(resources.model(draft_path).model, prompt_ids, output_ids)
     q = probs_from_logits(draft_logits, view.params)  # [n, V]
@@ -108,14 +107,7 @@ def draft_pass_probabilities(
         if not bounds or not all(b.exact for b in bounds):
             return acceptance(view, draft_logits)
         p = torch.stack([b.p for b in bounds])
-    rows = torch.arange(len(output_ids))
-    tokens = torch.tensor(output_ids, dtype=torch.long)
-    inside = tokens < q.shape[-1]  # a token beyond the draft's vocabulary: the draft never drafts it
-    tokens = torch.where(inside, tokens, 0)
-    p_o, q_o = p[rows, tokens].float(), torch.where(inside, q[rows, tokens].float(), 0.0)
-    average = torch.minimum(p.float(), q.float()).sum(-1)
-    # p(o) = 0: the server's processing differs from ours at the edge (a top-p cut): that position's average
-    per_token = torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average)
+    per_token, average = pass_given_tokens(p, q, torch.tensor(output_ids, dtype=torch.long))
     if view.p is not None:
         source = "exact, from the target's logits in the worker"
     else:
@@ -148,27 +140,18 @@ def eagle_chain_passes(
     view: TargetView, head_path: str, target_path: str, prompt_ids: list[int], output_ids: list[int], depth: int
 ) -> list[list[float]]:
     """Per output position i, the probability that the j-th draft of an EAGLE head's sampled chain starting there
-    passed given the sampled tokens: min(1, q(o) / p(o)), q the head's chain after the sampled tokens
-    (speculation.engine.eagle.chain_logits_along: one target pass for the features, depth head steps per
-    position), p the target's processed distribution (exact: a head needs the target in the worker)."""
-    from speculation.engine.eagle import EagleProposer, chain_logits_along
+    passed given the sampled tokens (speculation.engine.eagle.chain_pass_probabilities: one target pass for the
+    features, depth head steps per position; p exact: a head needs the target in the worker)."""
+    from speculation.engine.eagle import EagleProposer, chain_pass_probabilities
 
     if view.p is None:
         raise ValueError("an EAGLE head's chain needs the target's own distribution (the target in the worker)")
     target = resources.model(target_path).model
     head = resources.eagle_head(head_path, target_dir=target_path)
     sequence = prompt_ids + output_ids
-    device = target.output.weight.device
     with torch.inference_mode():
         wants = EagleProposer(head, target).wants_hidden
-        hidden = target(torch.tensor(sequence, device=device), 0, return_hidden=wants).hidden
-    chains = []
-    logits_along = chain_logits_along(head, target, sequence, hidden, prompt_len=len(prompt_ids), depth=depth)
-    for i, logits in enumerate(logits_along):
-        q = probs_from_logits(logits.float().cpu(), view.params)  # [d, V]
-        tokens = output_ids[i : i + q.shape[0]]
-        p_o = view.p[torch.arange(i, i + len(tokens)), torch.tensor(tokens, dtype=torch.long)].float()
-        q_o = q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)]
-        average = torch.minimum(view.p[i : i + len(tokens)].float(), q).sum(-1)
-        chains.append(torch.where(p_o > 0, torch.clamp(q_o / p_o.clamp(min=1e-30), max=1.0), average).tolist())
-    return chains
+        hidden = target(torch.tensor(sequence, device=target.output.weight.device), 0, return_hidden=wants).hidden
+    return chain_pass_probabilities(
+        head, target, sequence, hidden, prompt_len=len(prompt_ids), depth=depth, p=view.p, params=view.params
+    )
