@@ -57,18 +57,7 @@ def test_sampled_shadow_with_the_target_in_the_worker_records_the_exact_acceptan
     )
     prompt, output = [1, 5, 9, 14], [20, 31, 7, 7, 42, 100, 3, 250]
     # when
-    measure_shadow(
-        endpoint_id=endpoint.pk,
-        request_id="r-sampled",
-        prompt_ids=prompt,
-        output_ids=output,
-        finish_reason="length",
-        max_tokens=len(output),
-        temperature=TEMPERATURE,
-        top_p=TOP_P,
-        top_k=0,
-        latency_ms=100.0,
-    )
+    _shadow(endpoint, "r-sampled", prompt, output)
     # then: alpha = mean_i sum_x min(p_i, q_i) over the output positions
     tokens = prompt + output[:-1]
     positions = slice(len(prompt) - 1, None)
