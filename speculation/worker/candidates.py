@@ -281,7 +281,7 @@ class Replayed:
     params: SamplingParams | None = None  # None: greedy
     request_id: str = ""
     view: Any = None  # speculation.worker.sampled.TargetView, read once for every candidate of a sampled request
-    passes: dict[str, str] = field(default_factory=dict)  # sampled: how each draft's probability of passing was known
+    passes: dict[str, Any] = field(default_factory=dict)  # sampled: per draft directory, its probabilities of passing
 
 
 def measure_candidates(
@@ -350,15 +350,13 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
     elif candidate.kind == DraftKind.EAGLE_HEAD:  # a chain, in expectation
         fields, how = measured_fields(replayed, costs), f"{sampled_how(request.params)}: {SAMPLED_CHAIN}"
     else:  # replayed against the sampled output: a lookup's steps exactly, a draft's in expectation
-        fields, passes = measured_fields(replayed, costs), request.passes.get(candidate.name)
-        how = (
-            sampled_how(request.params)
-            + ": "
-            + "; ".join(
-                ([SAMPLED_LOOKUP] if candidate.kind != DraftKind.DRAFT_MODEL else [])
-                + ([f"the draft's steps expected from its probability of passing {passes}"] if passes else [])
-            )
-        )
+        fields, parts = measured_fields(replayed, costs), []
+        if candidate.kind != DraftKind.DRAFT_MODEL:
+            parts.append(SAMPLED_LOOKUP)
+        if candidate.draft is not None:  # a draft model, or the hybrid's
+            source = request.passes[candidate.draft.path].source
+            parts.append(f"the draft's steps expected from its probability of passing {source}")
+        how = f"{sampled_how(request.params)}: " + "; ".join(parts)
     for name, value in fields.items():
         setattr(row, name, value)
     row.reason = f"{how}; c={costs.c:.3f}" if costs is not None else f"{how}; {row.reason}"
@@ -430,8 +428,10 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             request.view, candidate.draft.path, target_path=request.policy.target_path or "",
             prompt_ids=request.prompt_ids, output_ids=request.output_ids, max_tokens=request.max_tokens, ks=K_RANGE,
         )  # fmt: skip
-    passes = draft_pass_probabilities(request.view, candidate.draft.path, request.prompt_ids, request.output_ids)
-    request.passes[candidate.name] = passes.source
+    path = candidate.draft.path  # a draft and its hybrid share one teacher-forced pass of the draft
+    if path not in request.passes:
+        request.passes[path] = draft_pass_probabilities(request.view, path, request.prompt_ids, request.output_ids)
+    passes = request.passes[path]
     return expected_hybrid_replays(
         lookup, passes.per_position.tolist(), request.prompt_ids + request.output_ids, K_RANGE,
         prompt_len=len(request.prompt_ids), max_new_tokens=request.max_tokens,
