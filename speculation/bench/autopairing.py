@@ -174,6 +174,7 @@ def measure(
             logits = teacher_forced_logits(loaded.model, prompt_ids, output)
             view = TargetView(params=sampling, p=probs_from_logits(logits, sampling))
         mult, tau, drafts, per_pass, model_steps = {}, {}, {}, {}, {}
+        passes_by_draft: dict[str, Any] = {}
         for candidate in candidates:
             lookup = SuffixProposer(answers) if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT) else None
             if view is not None and candidate.kind == DraftKind.EAGLE_HEAD:  # a sampled chain, in expectation
@@ -181,8 +182,11 @@ def measure(
                     view, candidate.draft.path, target_path=target_dir, prompt_ids=prompt_ids, output_ids=output,
                     max_tokens=max_tokens, ks=K_RANGE,
                 )  # fmt: skip
-            elif view is not None and candidate.kind in DRAFT_MODEL_KINDS:
-                passes = draft_pass_probabilities(view, candidate.draft.path, prompt_ids, output).per_position
+            elif view is not None and candidate.kind in DRAFT_MODEL_KINDS:  # a draft and its hybrid: one pass
+                if candidate.draft.path not in passes_by_draft:
+                    found = draft_pass_probabilities(view, candidate.draft.path, prompt_ids, output)
+                    passes_by_draft[candidate.draft.path] = found.per_position
+                passes = passes_by_draft[candidate.draft.path]
                 per_k = expected_hybrid_replays(
                     lookup if candidate.kind == DraftKind.SUFFIX_DRAFT else None, passes.tolist(),
                     prompt_ids + output, K_RANGE, prompt_len=len(prompt_ids), max_new_tokens=max_tokens,
