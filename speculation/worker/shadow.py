@@ -61,7 +61,6 @@ class Shadowed:
     baseline_tok_s: float | None
     common: dict[str, Any] = field(default_factory=dict)
     server_step_ms: float | None = None  # the stored server step the last projection was over
-    sampled: bool = False
     _costs: Any = None  # shadow_costs' (calibration or None, note), read once by controller()
 
     def record(self, *, reason: str, multiplier: float | None = None, **fields: Any) -> None:
@@ -216,13 +215,15 @@ def _measure_greedy(shadowed: Shadowed) -> None:
     _record_replay(shadowed, stats, controller, how="greedy replay (exact)")
 
 
-def _measure_lookup(shadowed: Shadowed, sequence: list[int], common: dict[str, Any], *, how: str) -> None:
+def _measure_lookup(
+    shadowed: Shadowed, sequence: list[int], common: dict[str, Any], *, how: str, sampled: bool = False
+) -> None:
     """n-gram lookup or suffix decoding (the endpoint's earlier answers, this one's own left out) replayed against
     the output, greedy or sampled (exact either way); greedy with K chosen as prod's controller would where it
     chooses it, sampled at the policy's K (as a draft model's sampled traffic: a request's seed, which keeps K in
     prod, is not known here)."""
     policy = shadowed.policy
-    controller = None if shadowed.sampled else shadowed.controller()
+    controller = None if sampled else shadowed.controller()
     proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
     stats = replay_proposer(proposer, sequence, policy.k, lookahead=controller, **common)
     _record_replay(shadowed, stats, controller, how=how)
@@ -315,11 +316,10 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     from speculation.worker.sampled import draft_pass_probabilities, target_view
 
     policy, k = shadowed.policy, shadowed.policy.k
-    shadowed.sampled = True
     sequence = shadowed.prompt_ids + shadowed.output_ids
     common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
     if policy.mechanism in LOOKUP_KINDS:
-        _measure_lookup(shadowed, sequence, common, how=f"{sampled_how(params)}: {SAMPLED_LOOKUP}")
+        _measure_lookup(shadowed, sequence, common, how=f"{sampled_how(params)}: {SAMPLED_LOOKUP}", sampled=True)
         return
     if policy.draft is None:
         shadowed.record(reason=f"sampled traffic with {policy.mechanism}: no draft to compare")
