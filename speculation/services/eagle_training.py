@@ -60,7 +60,7 @@ def create_training_run(
     try:
         settings = PipelineSettings(prompts=prompts, train=TrainSettings(**{**train, "epochs": epochs, "seed": seed}),
                                     **options)  # fmt: skip
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # an unknown option, or a value out of range (unroll, context_weight)
         raise ValidationError({"options": [str(exc)]}) from exc
     default_name = default_target_name(target_dir)
     name = name or slugify(f"eagle-{default_name.replace('/', '-')}-s{seed}")

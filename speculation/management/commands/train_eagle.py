@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from speculation.models import TrainingRun, TrainingStatus
 from speculation.offline.eagle.pipeline import Progress
+from speculation.offline.eagle.settings import MULTI_LAYER_WEIGHTS
 from speculation.offline.eagle.train import EpochReport
 from speculation.services.eagle_training import create_training_run, run_training, start_training_run
 
@@ -65,7 +66,19 @@ class Command(BaseCommand):
             "--patience", type=int, default=0,
             help="stop after N epochs without a better held-out mean accepted length (0: off); the best epoch is kept",
         )  # fmt: skip
-        parser.add_argument("--token-weight", type=float, default=None, help="weight of the token loss")
+        parser.add_argument(
+            "--token-weight", type=float, default=None,
+            help="weight of the token loss (default 0.1, EAGLE-1's; --multi-layer: 1.0, EAGLE-3's token-led loss)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--feature-weight", type=float, default=None,
+            help="weight of the feature regression loss (default 1.0; --multi-layer: 0.1)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--context-weight", type=float, default=None,
+            help="loss weight (0-1) of positions whose next token is prompt text or a text window, against the "
+            "target's own continuation (default 1: all alike)",
+        )  # fmt: skip
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
         parser.add_argument(
             "--multi-layer", action="store_true",
@@ -89,8 +102,11 @@ class Command(BaseCommand):
                    "intermediate_size": opts["intermediate_size"], "text_windows": opts["text_windows"]}  # fmt: skip
         if opts["lr"] is not None:
             options["lr"] = opts["lr"]
-        if opts["token_weight"] is not None:
-            options["token_weight"] = opts["token_weight"]
+        if opts["multi_layer"]:  # EAGLE-3's token-led loss (docs/BENCHMARKS.md, "EAGLE heads trained token-led")
+            options.update(MULTI_LAYER_WEIGHTS)
+        for name in ("token_weight", "feature_weight", "context_weight"):
+            if opts[name] is not None:
+                options[name] = opts[name]
         if opts["patience"]:
             options["patience"] = opts["patience"]
         if opts["multi_layer"]:

@@ -18,6 +18,8 @@ from speculation.offline.eagle.prompts import Prompt
 
 logger = logging.getLogger(__name__)
 
+TEXT_WINDOW = "text"  # the category of a teacher-forced text window (collect_text_windows)
+
 
 @dataclass
 class Sequences:
@@ -171,6 +173,6 @@ def collect_text_windows(
             out.tokens.append(batch[row])
             out.features.append(hidden[row].clone())
             out.prompt_lens.append(1)
-            out.categories.append("text")
+            out.categories.append(TEXT_WINDOW)
     logger.info("teacher-forced %d text windows of %d tokens", len(out), window_tokens)
     return out

@@ -23,7 +23,13 @@ from pathlib import Path
 
 from speculation.engine.eagle import CONFIG_FILE, EagleHeadError, EagleProposer, check_target, read_head_config
 from speculation.offline.demo.build import ace_home, ensure_demo_pair
-from speculation.offline.eagle.settings import EpochReport, PipelineSettings, Progress, TrainSettings
+from speculation.offline.eagle.settings import (
+    MULTI_LAYER_WEIGHTS,
+    EpochReport,
+    PipelineSettings,
+    Progress,
+    TrainSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +38,9 @@ logger = logging.getLogger(__name__)
 EAGLE1 = PipelineSettings(
     prompts="spec_bench,stdlib", max_prompts=96, new_tokens=48, text_windows=256, train=TrainSettings(epochs=4)
 )
-# EAGLE-3-style: the target's low / mid / final features, two drafting steps trained (training-time test).
-EAGLE3 = replace(EAGLE1, multi_layer=True, train=replace(EAGLE1.train, unroll=2))
+# EAGLE-3-style: the target's low / mid / final features, two drafting steps trained (training-time test), and
+# EAGLE-3's token-led loss (settings.MULTI_LAYER_WEIGHTS).
+EAGLE3 = replace(EAGLE1, multi_layer=True, train=replace(EAGLE1.train, unroll=2, **MULTI_LAYER_WEIGHTS))
 # Sized for a target that does not loop (demo-v7): twice the prompts, the bench's 256-token prompt length (a
 # summarization or RAG answer copies from a long prompt), 64 new tokens and twice the text windows. From scratch
 # it needs about 10 epochs (early stopping, patience 3); with --init-from (the version's eagle3 head, which was

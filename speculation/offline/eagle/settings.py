@@ -28,10 +28,22 @@ class TrainSettings:
     # Training-time test (EAGLE-3): the head also drafts unroll - 1 more steps from its own predicted features,
     # as it does at inference, each step's loss counted (1: teacher-forced inputs only, EAGLE-1).
     unroll: int = 1
+    # Loss weight of a position whose next token is prompt text or a teacher-forced text window, relative to one
+    # whose next token is the target's own continuation (what the head drafts for at inference). 1: all alike.
+    context_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.unroll <= 4:
             raise ValueError(f"unroll must be between 1 and 4, got {self.unroll}")
+        if not 0 <= self.context_weight <= 1:
+            raise ValueError(f"context_weight must be between 0 and 1, got {self.context_weight}")
+
+
+# EAGLE-3's token-led loss for a multi-layer head (its recipes and `train_eagle --multi-layer`): the head's output
+# is a drafting state, judged by the tokens it drafts, with a light feature regression left as a regulariser.
+# On demo-v10 it raised held-out alpha from 0.375 to 0.437 (the `eagle3` recipe) and from 0.664 to ... (the
+# `eagle3-long` one): docs/BENCHMARKS.md, "EAGLE heads trained token-led".
+MULTI_LAYER_WEIGHTS = {"token_weight": 1.0, "feature_weight": 0.1}
 
 
 @dataclass(frozen=True)

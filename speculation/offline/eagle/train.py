@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from speculation.engine.eagle import EagleHead, init_weights
-from speculation.offline.eagle.collect import Sequences
+from speculation.offline.eagle.collect import TEXT_WINDOW, Sequences
 from speculation.offline.eagle.evaluate import ReplayStats, bootstrap_interval, replay_each
 from speculation.offline.eagle.settings import EpochReport, TrainSettings
 
@@ -37,24 +37,38 @@ class TrainingInterrupted(RuntimeError):
     """Raised by a progress callback to stop after a checkpoint (tests simulate a crash with it)."""
 
 
-def _batches(data: Sequences, order: list[int], batch_size: int):
+def _batches(data: Sequences, order: list[int], batch_size: int, context_weight: float = 1.0):
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         width = max(data.tokens[r].numel() for r in rows)
         hidden = data.features[rows[0]].shape[-1]
         tokens = torch.zeros((len(rows), width), dtype=torch.long)
         features = torch.zeros((len(rows), width, hidden))
-        valid = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        weights = torch.zeros((len(rows), width - 1))
         for i, r in enumerate(rows):
             n = data.tokens[r].numel()
             tokens[i, :n] = data.tokens[r]
             features[i, :n] = data.features[r]
-            valid[i, : n - 1] = True
-        yield tokens, features, valid
+            weights[i, : n - 1] = position_weights(data, r, context_weight)
+        yield tokens, features, weights
+
+
+def position_weights(data: Sequences, row: int, context_weight: float) -> torch.Tensor:
+    """Loss weights [T - 1] of one sequence, indexed as the features predicted (entry j: f_{j+1}, whose LM head
+    gives token x_{j+2}): 1 where that token is the target's own continuation (what the head drafts for at
+    inference), ``context_weight`` where it is prompt text or a teacher-forced text window."""
+    n = data.tokens[row].numel()
+    weights = torch.ones(n - 1)
+    if data.categories[row] == TEXT_WINDOW:
+        return weights * context_weight
+    first_generated = max(0, data.prompt_lens[row] - 2)  # x_{j+2} generated from j = prompt_len - 2 on
+    weights[:first_generated] = context_weight
+    return weights
 
 
 def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: TrainSettings, generator=None):
-    """(total, feature, token) losses of one batch; tokens [B, T], features [B, T, W], valid [B, T-1].
+    """(total, feature, token) losses of one batch; tokens [B, T], features [B, T, W], valid [B, T-1] (a mask, or
+    each position's loss weight: ``position_weights``).
 
     W is H, or (n + 1) * H for a multi-layer head (the final-norm feature last: what the head predicts). With
     ``settings.unroll`` > 1 the later drafting steps' losses (training-time test) are averaged in.
@@ -78,8 +92,9 @@ def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: T
 
 
 def _step_losses(predicted, target, valid, lm_head):
-    """SmoothL1 to the target's feature and cross-entropy to its distribution, over the valid positions."""
-    count = valid.sum().clamp(min=1)
+    """SmoothL1 to the target's feature and cross-entropy to its distribution: the mean over the valid positions,
+    weighted by ``valid`` when it holds weights."""
+    count = valid.sum().clamp(min=1e-6) if valid.is_floating_point() else valid.sum().clamp(min=1)
     feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * valid).sum() / count
     with torch.no_grad():
         p = F.softmax(target @ lm_head.T, dim=-1)  # [B, T', V]
@@ -177,7 +192,7 @@ def train_head(
         order = torch.randperm(len(train), generator=generator).tolist()
         head.train()
         sums = torch.zeros(3)
-        for batch in _batches(train, order, settings.batch_size):
+        for batch in _batches(train, order, settings.batch_size, settings.context_weight):
             tokens, features, valid = (t.to(embed.device) for t in batch)
             loss, feature_loss, token_loss = losses(head, embed, lm_head, tokens, features, valid, settings, generator)
             optimizer.zero_grad(set_to_none=True)

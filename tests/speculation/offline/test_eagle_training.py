@@ -12,7 +12,7 @@ import pytest
 import torch
 from django.core.management import call_command
 
-from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer
+from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer, init_weights
 from speculation.models import DraftKind, TrainingRun, TrainingStatus
 from speculation.offline.eagle.collect import Sequences
 from speculation.offline.eagle.evaluate import ReplayStats, bootstrap_interval
@@ -162,6 +162,44 @@ def test_a_long_prompt_gives_its_first_tokens_too_with_both_ends():
     assert [p.category for p, _ in both] == ["summarization", "summarization", "qa"]
 
 
+def test_the_targets_continuation_weighs_fully_and_its_context_by_context_weight():
+    from speculation.offline.eagle.collect import TEXT_WINDOW
+    from speculation.offline.eagle.train import position_weights
+
+    data = random_sequences(2, 1, length=6)
+    data.prompt_lens[0] = 3  # tokens x_0..x_2 prompt, x_3..x_5 generated
+    data.categories[1] = TEXT_WINDOW
+
+    # entry j weighs f_{j+1}, which drafts x_{j+2}: x_2 is prompt text, x_3, x_4 and x_5 the target's own
+    assert position_weights(data, 0, 0.25).tolist() == [0.25, 1.0, 1.0, 1.0, 1.0]
+    assert position_weights(data, 1, 0.25).tolist() == [0.25] * 5  # a teacher-forced window: all context
+    assert position_weights(data, 0, 1.0).tolist() == [1.0] * 5
+
+
+def test_the_weighted_loss_is_the_mean_over_the_positions_the_weights_select():
+    from speculation.offline.eagle.train import _batches, losses
+
+    data = random_sequences(2, 1)  # prompts of 8 tokens: entries 6.. predict the continuation
+    settings = TrainSettings(token_weight=1.0)
+    head = EagleHead(CONFIG)
+    init_weights(head, torch.Generator().manual_seed(0))
+
+    def loss(weight: float | None) -> float:
+        ((tokens, features, weights),) = _batches(data, [0, 1], 2, 1.0 if weight is None else weight)
+        if weight is None:  # a boolean mask of the continuation's positions only
+            weights = torch.zeros_like(weights, dtype=torch.bool)
+            weights[:, 6:] = True
+        return losses(head, EMBED, LM_HEAD, tokens, features, weights, settings)[0].item()
+
+    continuation_only, all_alike = loss(None), loss(1.0)
+    assert loss(0.0) == pytest.approx(continuation_only, rel=1e-6)
+    assert all_alike != pytest.approx(continuation_only, rel=1e-3)
+    # (w S_context + S_continuation) / (w n_context + n_continuation) lies between its values at w = 0 and w = 1
+    assert min(all_alike, continuation_only) < loss(0.5) < max(all_alike, continuation_only)
+    with pytest.raises(ValueError, match="context_weight"):
+        TrainSettings(context_weight=1.5)
+
+
 def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
     train(tmp_path, epochs=1)
 
@@ -279,6 +317,35 @@ def test_the_command_prints_progress_and_registers_the_head(tmp_path, tiny_model
     assert "[collect]" in text and "epoch 1/2" in text and "epoch 2/2" in text
     assert "registered as draft" in text
     assert TrainingRun.objects.get().status == TrainingStatus.DONE
+
+
+@pytest.mark.django_db
+def test_a_multi_layer_run_trains_token_led_and_weights_can_be_set(tmp_path, tiny_model_dir):
+    from speculation.offline.eagle.settings import MULTI_LAYER_WEIGHTS, PipelineSettings
+
+    # --queue records the run and queues it once the row commits: this test's transaction never does, so nothing runs
+    base = ["train_eagle", "--target", str(tiny_model_dir), "--queue", "--prompts", "stdlib"]
+    call_command(*base, "--out", str(tmp_path / "a"), "--multi-layer", stdout=io.StringIO())
+    call_command(*base, "--out", str(tmp_path / "b"), "--multi-layer", "--token-weight", "0.5",
+                 "--context-weight", "0.3", stdout=io.StringIO())  # fmt: skip
+    call_command(*base, "--out", str(tmp_path / "c"), stdout=io.StringIO())
+    a, b, c = (PipelineSettings.from_dict(run.config).train for run in TrainingRun.objects.order_by("pk"))
+
+    led = MULTI_LAYER_WEIGHTS
+    assert (a.token_weight, a.feature_weight) == (led["token_weight"], led["feature_weight"]) == (1.0, 0.1)
+    assert (b.token_weight, b.feature_weight, b.context_weight) == (0.5, led["feature_weight"], 0.3)
+    assert (c.token_weight, c.feature_weight, c.context_weight) == (0.1, 1.0, 1.0)  # EAGLE-1's, unchanged
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("flag", [("--context-weight", "1.5"), ("--unroll", "9")])
+def test_an_out_of_range_training_setting_is_a_command_error_and_records_nothing(tmp_path, tiny_model_dir, flag):
+    from django.core.management.base import CommandError
+
+    args = ["--target", str(tiny_model_dir), "--out", str(tmp_path / "head"), *flag]
+    with pytest.raises(CommandError, match=flag[0].strip("-").replace("-", "_")):
+        call_command("train_eagle", *args, stdout=io.StringIO())
+    assert not TrainingRun.objects.exists()
 
 
 @pytest.mark.django_db
