@@ -240,7 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="draft", help="the pair's draft to run (DemoPair.drafts)")
     parser.add_argument("--eagle-head", type=Path, help="EAGLE head directory (default: $ACE_HOME/models/<pair>-eagle)")
     parser.add_argument("--no-eagle", action="store_true", help="no EAGLE runs (the demo head is not built either)")
+    parser.add_argument(
+        "--tree", action="append", metavar="SHAPE",
+        help="an EAGLE draft tree to run, k<top_k>-d<depth>-n<nodes>[-t<score temperature>] (repeatable; "
+        "default: " + ", ".join(trees.TREES_BY_LABEL) + ")",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        tree_shapes = {trees.tree_label(s): s for s in map(trees.parse_tree, args.tree)} if args.tree else None
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
     torch.set_num_threads(args.threads)
@@ -272,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     eagle_trees = {}
     if eagle is not None:
         eagle_trees = {
-            label: EagleProposer(eagle.head, target_model, tree=shape) for label, shape in trees.TREES_BY_LABEL.items()
+            label: EagleProposer(eagle.head, target_model, tree=shape)
+            for label, shape in (tree_shapes or trees.TREES_BY_LABEL).items()
         }
         eagle_trees[trees.DYNAMIC] = EagleProposer(eagle.head, target_model, tree=trees.DYNAMIC_TREE)
     depth = trees.DYNAMIC_TREE.depth

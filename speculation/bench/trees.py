@@ -12,11 +12,12 @@ per category (and every EAGLE run's under ``configurations``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
 from speculation.engine import SpecStats
-from speculation.engine.tree import TreeShape
+from speculation.engine.tree import TreeShape, TreeShapeError
 
 # Shapes for a CPU, where a verification pass costs about one target step per few extra rows: a narrow deep
 # tree (two candidates per level) and EAGLE-2's usual wider one. The head trained by train_eagle is
@@ -38,11 +39,26 @@ def tree_label(shape: TreeShape) -> str:
 
 
 TREES_BY_LABEL = {tree_label(shape): shape for shape in EAGLE_TREES}
+_LABEL = re.compile(r"k(\d+)-d(\d+)-n(\d+)(?:-t(\d+(?:\.\d*)?|\.\d+))?")
+
+
+def parse_tree(label: str) -> TreeShape:
+    """``k<top_k>-d<depth>-n<nodes>[-t<score temperature>]`` (``tree_label``'s form; t defaults to 1) as a shape;
+    ValueError saying what is wrong otherwise."""
+    match = _LABEL.fullmatch(label.strip())
+    if match is None:
+        raise ValueError(f"tree {label!r} is not k<top_k>-d<depth>-n<nodes>[-t<score temperature>] (k2-d6-n10-t0.3)")
+    top_k, depth, nodes, temperature = match.groups()
+    try:
+        return TreeShape(top_k=int(top_k), depth=int(depth), nodes=int(nodes),
+                         score_temperature=float(temperature) if temperature else 1.0)  # fmt: skip
+    except TreeShapeError as exc:
+        raise ValueError(f"tree {label!r}: {exc}") from None
 
 
 def tree_entry(label: str) -> dict:
     """The JSON of a tree run's shape (added to its ``runs`` entry)."""
-    return {"tree": asdict(DYNAMIC_TREE if label == DYNAMIC else TREES_BY_LABEL[label])}
+    return {"tree": asdict(DYNAMIC_TREE if label == DYNAMIC else parse_tree(label))}
 
 
 def add_shapes_used(report: dict, used: dict[str, int]) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from speculation.bench import engine as bench
 from speculation.bench import trees
+from speculation.engine.tree import TreeShape
 
 TOP_KEYS = (
     "device",
@@ -108,6 +109,38 @@ def test_by_default_the_bench_builds_the_demo_head_when_it_is_missing(monkeypatc
     with pytest.raises(_Built):
         bench.main(["--quick", "--max-new-tokens", "2"])
     assert len(built) == 1
+
+
+@pytest.mark.slow
+def test_the_trees_asked_for_are_the_trees_run(tmp_path, demo_head_dir):
+    import torch
+
+    out = tmp_path / "bench.json"
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--quick", "--max-new-tokens", "3", "--eagle-head", str(demo_head_dir), "--tree", "k3-d4-n7-t0.5"]
+        assert bench.main([*argv, "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    tree_runs = {r["k"]: r for r in report["runs"] if r["mechanism"] == "eagle_tree"}
+    assert set(tree_runs) == {"k3-d4-n7-t0.5", "dynamic"}
+    assert tree_runs["k3-d4-n7-t0.5"]["tree"] == {"top_k": 3, "depth": 4, "nodes": 7, "score_temperature": 0.5}
+    assert report["greedy_identical"] is True
+
+
+@pytest.mark.parametrize("shape", ["k2-d6", "k2-d6-n0", "k9-d6-n10", "k2-d6-n10-t0"])
+def test_a_bad_tree_shape_exits_2_saying_what_is_wrong(capsys, shape):
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--quick", "--tree", "k2-d6-n10", "--tree", shape])
+    assert exited.value.code == 2
+    assert repr(shape) in capsys.readouterr().err
+
+
+def test_a_tree_label_reads_back_as_its_shape():
+    for shape in trees.EAGLE_TREES:
+        assert trees.parse_tree(trees.tree_label(shape)) == shape
+    assert trees.parse_tree("k2-d6-n10") == TreeShape(top_k=2, depth=6, nodes=10, score_temperature=1.0)
 
 
 def test_missing_questions_file_is_a_clear_error(tmp_path):
