@@ -59,6 +59,9 @@ class Command(BaseCommand):
         parser.add_argument("--max-prompts", type=int, default=0, help="use the first N prompts (0: all)")
         parser.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
         parser.add_argument(
+            "--max-prompt-tokens", type=int, default=64, help="a longer prompt keeps its last N tokens (default 64)"
+        )
+        parser.add_argument(
             "--text-windows", type=int, default=0, help="add N teacher-forced windows of stdlib text to training"
         )
         parser.add_argument("--lr", type=float, default=None)
@@ -98,7 +101,10 @@ class Command(BaseCommand):
     def handle(self, *args, **opts) -> None:
         if opts["threads"]:
             torch.set_num_threads(opts["threads"])
+        if opts["max_prompt_tokens"] < 1 or opts["new_tokens"] < 1:
+            raise CommandError("--max-prompt-tokens and --new-tokens must be at least 1", returncode=2)
         options = {"max_prompts": opts["max_prompts"], "new_tokens": opts["new_tokens"],
+                   "max_prompt_tokens": opts["max_prompt_tokens"],
                    "intermediate_size": opts["intermediate_size"], "text_windows": opts["text_windows"]}  # fmt: skip
         if opts["lr"] is not None:
             options["lr"] = opts["lr"]
@@ -125,7 +131,8 @@ class Command(BaseCommand):
                 return
             run = self._resumable(fields) or create_training_run(**fields)
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
+            message = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            raise CommandError(message, returncode=2) from exc  # bad input: exit 2, nothing recorded
         self.stdout.write(f"training run {run.pk}: {run.name} -> {run.out_dir}")
         try:
             run = run_training(run=run, echo=_Echo(self), register=not opts["no_register"])

@@ -56,8 +56,13 @@ EAGLE3_LONG = replace(
 # eagle3-long, and a prompt longer than 256 tokens also gives its first 256 tokens (a document cut where its text
 # goes on, as the bench cuts its prompts) besides its last ones.
 EAGLE3_ENDS = replace(EAGLE3_LONG, both_ends=True)
+# eagle3-long on every prompt of both sources (1,070: 898 training sequences and 172 held out, where the 192 prompts
+# gave the MT-Bench categories one training prompt each), 8 epochs: the head that beats the demo draft on demo-v10
+# (docs/BENCHMARKS.md, "EAGLE beats the draft model on demo-v10"); about 17 min of one core here.
+EAGLE3_ALL = replace(EAGLE3_LONG, max_prompts=0, train=replace(EAGLE3_LONG.train, epochs=8))
 FINE_TUNE = {"epochs": 2, "lr": EAGLE3.train.lr / 2, "patience": 0}
-VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG, "eagle3-ends": EAGLE3_ENDS}
+VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG, "eagle3-ends": EAGLE3_ENDS,
+            "eagle3-all": EAGLE3_ALL}  # fmt: skip
 
 
 def default_head_dir(pair) -> Path:

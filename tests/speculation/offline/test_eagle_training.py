@@ -338,13 +338,18 @@ def test_a_multi_layer_run_trains_token_led_and_weights_can_be_set(tmp_path, tin
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("flag", [("--context-weight", "1.5"), ("--unroll", "9")])
-def test_an_out_of_range_training_setting_is_a_command_error_and_records_nothing(tmp_path, tiny_model_dir, flag):
+@pytest.mark.parametrize(
+    "flag, says",
+    [(("--context-weight", "1.5"), "context_weight"), (("--unroll", "9"), "unroll"),
+     (("--max-prompt-tokens", "0"), "--max-prompt-tokens")],
+)  # fmt: skip
+def test_an_out_of_range_training_setting_exits_2_and_records_nothing(tmp_path, tiny_model_dir, flag, says):
     from django.core.management.base import CommandError
 
     args = ["--target", str(tiny_model_dir), "--out", str(tmp_path / "head"), *flag]
-    with pytest.raises(CommandError, match=flag[0].strip("-").replace("-", "_")):
+    with pytest.raises(CommandError, match=says) as raised:
         call_command("train_eagle", *args, stdout=io.StringIO())
+    assert raised.value.returncode == 2
     assert not TrainingRun.objects.exists()
 
 
