@@ -6,9 +6,9 @@ decoding (its store: the plain answers to the prompts run before, each prompt's 
 dynamic K; suffix decoding with the draft model's fallback (``suffix_draft``: the draft at K=5, and at K=2, where the
 store gives fewer than 3 tokens); Hugging Face transformers ``generate`` plain and with ``assistant_model`` (K=5,
 constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and the demo target's EAGLE head as a
-chain (``eagle``, K=5) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built first when
-it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few minutes
-once; ``--no-eagle`` skips it). Greedy throughout.
+chain (``eagle``, K=5 and dynamic K) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built
+first when it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few
+minutes once; ``--no-eagle`` skips it). Greedy throughout.
 Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here.
 """
 
@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         eagle_trees[trees.DYNAMIC] = EagleProposer(eagle.head, target_model, tree=trees.DYNAMIC_TREE)
     depth = trees.DYNAMIC_TREE.depth
     tree_lookahead = TreeLookahead.for_tree(trees.DYNAMIC_TREE, k_max=depth, k_start=depth)  # kept across requests
-    mechanisms = MECHANISMS + ([Mechanism("eagle", K)] if eagle is not None else [])
+    # the head's chain at K=5 and with dynamic K (as the draft model runs both)
+    mechanisms = MECHANISMS + ([Mechanism("eagle", K), Mechanism("eagle", "dynamic")] if eagle is not None else [])
     mechanisms += [Mechanism("eagle_tree", label) for label in eagle_trees]
 
     def run(mech: Mechanism, prompt: Prompt):
@@ -298,7 +299,12 @@ def main(argv: list[str] | None = None) -> int:
             dynamic = mech.k == trees.DYNAMIC
             depth = K if mech.name == "eagle" else proposer.tree.depth
             config = GenerationConfig(max_new_tokens=max_new, k=depth, dynamic_k=dynamic, stop_token_ids=(eos,))
-            result = generate(target, proposer, prompt.ids, config, lookahead=tree_lookahead if dynamic else None)
+            lookahead = None  # dynamic: kept across requests, as a server keeps it
+            if dynamic and mech.name == "eagle":
+                lookahead = LOOKAHEADS.setdefault(mech, DynamicLookahead(k_max=K, k_start=K))
+            elif dynamic:
+                lookahead = tree_lookahead
+            result = generate(target, proposer, prompt.ids, config, lookahead=lookahead)
             return result.tokens, result.stats
         return run_ace(mech, target, draft_model, prompt, max_new, eos)
 

@@ -61,7 +61,9 @@ def test_quick_bench_writes_every_key_and_greedy_outputs_match(tmp_path, capsys,
     # the EAGLE head runs as a chain, as the draft trees, and as the tree the controller sizes (shape counts)
     runs = {(r["mechanism"], r["k"]) for r in report["runs"]}
     eagle = {run for run in runs if run[0] in ("eagle", "eagle_tree")}
-    assert eagle == {("eagle", 5), ("eagle_tree", "dynamic")} | {("eagle_tree", k) for k in trees.TREES_BY_LABEL}
+    assert eagle == {("eagle", 5), ("eagle", "dynamic"), ("eagle_tree", "dynamic")} | {
+        ("eagle_tree", k) for k in trees.TREES_BY_LABEL
+    }
     dynamic = next(r for r in report["runs"] if r["k"] == "dynamic" and r["mechanism"] == "eagle_tree")
     assert set(dynamic["shapes_used"]) == {"chain", "k2-n6", "k2-n12"}
     assert sum(dynamic["shapes_used"].values()) > 0
