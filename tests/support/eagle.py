@@ -30,6 +30,19 @@ def greedy_sequences(
     return data
 
 
+def head_for(model: Transformer, seed: int = 0):
+    """An untrained EAGLE-1 head shaped for ``model`` (FFN twice its width), seeded, in eval mode."""
+    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
+
+    a = model.args
+    config = EagleConfig(hidden_size=a.dim, intermediate_size=2 * a.dim, num_attention_heads=a.n_heads,
+                         num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size,
+                         max_position_embeddings=a.max_positions)  # fmt: skip
+    head = EagleHead(config)
+    init_weights(head, torch.Generator().manual_seed(seed))
+    return head.eval()
+
+
 def trained_head(model: Transformer, head, work_dir, *, epochs: int = 5):
     """Train `head` briefly on the target's own greedy continuations (24 sequences, 3 held out), so that its
     drafts are often accepted; one torch thread while training (a module fixture runs before the per-test one)."""

@@ -4,7 +4,6 @@ their own outputs (the figures in docs/BENCHMARKS.md rest on these)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from speculation.bench.sampled_replay import MECHANISMS, run
 from speculation.engine import GenerationConfig, LocalTarget, SuffixIndex, generate_plain
@@ -36,17 +35,10 @@ def test_lookups_are_predicted_exactly_and_the_drafts_close_to_their_runs(pair):
 
 
 def test_an_eagle_heads_chain_is_predicted_close_to_its_runs(pair, tmp_path):
-    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
-    from tests.support.eagle import trained_head
+    from tests.support.eagle import head_for, trained_head
 
     target, draft = pair
-    a = target.args
-    config = EagleConfig(hidden_size=a.dim, intermediate_size=2 * a.dim, num_attention_heads=a.n_heads,
-                         num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size,
-                         max_position_embeddings=a.max_positions)  # fmt: skip
-    head = EagleHead(config)
-    init_weights(head, torch.Generator().manual_seed(0))
-    head = trained_head(target, head.eval(), tmp_path)
+    head = trained_head(target, head_for(target), tmp_path)
     row = run(target, draft, SuffixIndex(), PROMPTS, "eagle", 24, head=head)
     assert row["tokens"] == 5 * 24 and row["measured_tokens_per_pass"] > 1.0  # the head's drafts passed
     assert row["predicted_over_measured"] == pytest.approx(1.0, abs=0.25)  # an expectation over 5 requests

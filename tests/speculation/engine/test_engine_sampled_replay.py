@@ -149,16 +149,9 @@ def test_the_expected_counts_are_the_mean_of_the_sampled_runs(target_model, draf
 @pytest.fixture(scope="module")
 def trained_head(target_model, tmp_path_factory):
     """An EAGLE head trained briefly on the target's own continuations (its drafts often pass)."""
-    from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
-    from tests.support.eagle import trained_head
+    from tests.support.eagle import head_for, trained_head
 
-    a = target_model.args
-    config = EagleConfig(hidden_size=a.dim, intermediate_size=2 * a.dim, num_attention_heads=a.n_heads,
-                         num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size,
-                         max_position_embeddings=a.max_positions)  # fmt: skip
-    head = EagleHead(config)
-    init_weights(head, torch.Generator().manual_seed(0))
-    return trained_head(target_model, head.eval(), tmp_path_factory.mktemp("sampled-chain-head"))
+    return trained_head(target_model, head_for(target_model), tmp_path_factory.mktemp("sampled-chain-head"))
 
 
 def test_an_eagle_heads_sampled_chain_is_expected_as_the_mean_of_its_runs(target_model, trained_head):

@@ -20,7 +20,7 @@ from speculation.engine import (
     verify_greedy,
 )
 from speculation.engine import tree as tree_module
-from speculation.engine.eagle import EagleConfig, EagleHead, EagleProposer, init_weights
+from speculation.engine.eagle import EagleHead, EagleProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.engine.tree import (
     DraftTree,
@@ -30,6 +30,7 @@ from speculation.engine.tree import (
     verify_tree_greedy,
     verify_tree_sampled,
 )
+from tests.support.eagle import head_for
 
 
 def random_tree(size: int, vocab: int, generator: torch.Generator) -> DraftTree:
@@ -184,16 +185,6 @@ def test_a_tree_shape_out_of_range_is_refused():
 
 
 # --- expansion with an EAGLE head ------------------------------------------------------------------------------
-
-
-def head_for(model, seed: int = 0) -> EagleHead:
-    a = model.args
-    config = EagleConfig(hidden_size=a.dim, intermediate_size=2 * a.dim, num_attention_heads=a.n_heads,
-                         num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size,
-                         max_position_embeddings=a.max_positions)  # fmt: skip
-    head = EagleHead(config)
-    init_weights(head, torch.Generator().manual_seed(seed))
-    return head.eval()
 
 
 def primed_proposer(model, prompt: list[int], **kwargs) -> EagleProposer:
