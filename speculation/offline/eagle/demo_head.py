@@ -61,9 +61,12 @@ EAGLE3_ENDS = replace(EAGLE3_LONG, both_ends=True)
 # (docs/BENCHMARKS.md, "EAGLE beats the draft model on demo-v10"); about 25 min on this 2-core CPU (163 s
 # collecting, 8 epochs of 150-180 s).
 EAGLE3_ALL = replace(EAGLE3_LONG, max_prompts=0, train=replace(EAGLE3_LONG.train, epochs=8))
+# eagle3-all plus the target's continuations of 512 docstring paragraph starts (prompts.DOCSTRINGS): the memorised
+# passages the demo target answers with, which its main draft is distilled on.
+EAGLE3_PROSE = replace(EAGLE3_ALL, prompts="spec_bench,stdlib,docstrings")
 FINE_TUNE = {"epochs": 2, "lr": EAGLE3.train.lr / 2, "patience": 0}
 VARIANTS = {"eagle1": EAGLE1, "eagle3": EAGLE3, "eagle3-long": EAGLE3_LONG, "eagle3-ends": EAGLE3_ENDS,
-            "eagle3-all": EAGLE3_ALL}  # fmt: skip
+            "eagle3-all": EAGLE3_ALL, "eagle3-prose": EAGLE3_PROSE}  # fmt: skip
 
 
 def default_head_dir(pair) -> Path:

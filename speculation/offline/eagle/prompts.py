@@ -2,13 +2,16 @@
 
 Sources (comma-separated to mix): `spec_bench` (the vendored `speculation/bench/data/spec_bench_questions.jsonl`;
 `ACE_SPEC_BENCH` overrides the path), `stdlib` (the beginnings of the Python standard library's files in the demo
-corpus' training split, category "code"), or a file: JSON lines (objects with a "prompt", "text" or "turns" field
-and an optional "category") or plain text, one prompt per paragraph.
+corpus' training split, category "code"), `docstrings` (the starts of 512 paragraphs of those files' docstrings,
+evenly spread, category "prose": the demo target answers any prompt with a memorised passage, and its main draft
+is distilled on its continuations of such docstring text), or a file: JSON lines (objects with a "prompt", "text" or
+"turns" field and an optional "category") or plain text, one prompt per paragraph.
 (Shadow traffic is not a source: stage records keep counts and rates, never prompt text.)
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -18,6 +21,9 @@ VENDORED_SPEC_BENCH = Path(__file__).resolve().parents[2] / "bench" / "data" / "
 SPEC_BENCH = "spec_bench"
 STDLIB = "stdlib"
 STDLIB_PROMPT_CHARS = 400
+DOCSTRINGS = "docstrings"
+DOCSTRING_PROMPTS = 512
+DOCSTRING_PROMPT_CHARS = 160
 
 
 @dataclass(frozen=True)
@@ -63,9 +69,21 @@ def _stdlib_prompts() -> list[Prompt]:
     return prompts
 
 
+@functools.cache
+def _docstring_prompts() -> tuple[Prompt, ...]:
+    from speculation.offline.demo.corpus import FILE_SEPARATOR, stdlib_corpus, unwrap_paragraphs
+
+    text = stdlib_corpus().english_text(2_000_000, sources=("docstrings",))
+    paragraphs = [p for p in unwrap_paragraphs(text.replace(FILE_SEPARATOR, "\n\n")) if len(p) >= 80]
+    step = max(1, len(paragraphs) // DOCSTRING_PROMPTS)
+    return tuple(Prompt("prose", p[:DOCSTRING_PROMPT_CHARS]) for p in paragraphs[::step][:DOCSTRING_PROMPTS])
+
+
 def _read_source(source: str) -> list[Prompt]:
     if source == STDLIB:
         return _stdlib_prompts()
+    if source == DOCSTRINGS:  # parsing the docstrings takes seconds: once per process
+        return list(_docstring_prompts())
     path = spec_bench_path() if source == SPEC_BENCH else Path(source)
     if not path.is_file():
         raise PromptSourceError(f"prompt source {str(path)!r} is not a file (set ACE_SPEC_BENCH or pass --prompts)")

@@ -227,6 +227,24 @@ def test_the_split_keeps_every_category_on_both_sides():
     assert [p.text for p in held_out[:2]] == ["a 0", "a 1"]  # the first of each category: what the bench uses
 
 
+def test_docstring_prompts_are_paragraph_starts_of_the_training_files_docstrings():
+    from speculation.offline.demo.corpus import stdlib_corpus
+    from speculation.offline.eagle.prompts import DOCSTRING_PROMPT_CHARS, DOCSTRING_PROMPTS
+
+    prompts = read_prompts("docstrings")
+
+    assert len(prompts) == DOCSTRING_PROMPTS
+    assert {p.category for p in prompts} == {"prose"}
+    assert all(0 < len(p.text) <= DOCSTRING_PROMPT_CHARS and "\n" not in p.text for p in prompts)
+    assert len({p.text for p in prompts}) > 0.95 * len(prompts)  # spread over the files, not one docstring repeated
+    # every prompt opens a paragraph of a training file's docstring (never a held-out file's)
+    held_out = " ".join(stdlib_corpus().english_text(10_000_000, held_out=True).split())
+    training = " ".join(stdlib_corpus().english_text(2_000_000, sources=("docstrings",)).split())
+    assert all(p.text in training for p in prompts)
+    assert sum(p.text in held_out for p in prompts) < 0.05 * len(prompts)  # a few generic sentences recur
+    assert read_prompts("spec_bench,docstrings")[480:] == prompts  # mixes like any source
+
+
 def test_a_text_file_gives_one_prompt_per_paragraph(tmp_path):
     (tmp_path / "p.txt").write_text("first prompt\nstill first\n\nsecond prompt\n")
 
