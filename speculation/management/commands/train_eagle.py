@@ -50,7 +50,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prompts",
             default="spec_bench",
-            help="spec_bench (default), stdlib, a .jsonl/.txt file, or several joined by commas",
+            help="spec_bench (default), stdlib, docstrings, a .jsonl/.txt file, or several joined by commas",
         )
         parser.add_argument("--epochs", type=int, default=4)
         parser.add_argument("--seed", type=int, default=0)
