@@ -7,14 +7,17 @@ from functools import cache
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import serializers
+from rest_framework.exceptions import APIException
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from rest_framework.views import exception_handler as drf_exception_handler
 
 API_PREFIX = "/api/v1/"
 
@@ -32,6 +35,20 @@ class RejectUnknownFieldsMixin:
                     {name: [f"Unknown field {name!r}; the fields that can be set are: {writable}."] for name in unknown}
                 )
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class BodyTooLarge(APIException):
+    status_code = 413
+    default_code = "request_too_large"
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    """DRF's handler, and a body over ACE_MAX_BODY_BYTES answered as a JSON 413 (Django alone would send its HTML
+    400 page and log a traceback)."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        exc = BodyTooLarge(f"The body is larger than {limit} bytes (ACE_MAX_BODY_BYTES).")
+    return drf_exception_handler(exc, context)
 
 
 @cache

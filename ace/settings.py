@@ -227,6 +227,14 @@ REST_FRAMEWORK = {
     # Reads: any signed-in user; writes: operators and admins. Object checks: fleet.permissions.
     "DEFAULT_PERMISSION_CLASSES": ["fleet.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # JSON bodies nested at most 64 deep (ace.json_body) and within ACE_MAX_BODY_BYTES (ace.api.exception_handler):
+    # a 400 / 413 as JSON, never a 500 or Django's HTML page.
+    "EXCEPTION_HANDLER": "ace.api.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "ace.json_body.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "ace.query_params.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
 }

@@ -16,6 +16,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from ace import json_body
 from speculation.gateway import passthrough, validation
 from speculation.gateway.auth import authenticate
 from speculation.gateway.call import Call, new_request_id
@@ -63,8 +64,10 @@ async def serve(
         message = f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (ACE_MAX_BODY_BYTES)."
         return error_response(413, message, code="request_too_large", request_id=request_id)
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
+        body = json_body.loads(raw)
+    except json_body.TooDeep as exc:
+        return error_response(400, f"The body is {exc}.", code="invalid_json", request_id=request_id)
+    except ValueError:
         return error_response(400, "The body must be JSON.", code="invalid_json", request_id=request_id)
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return error_response(

@@ -239,3 +239,14 @@ def test_a_connection_the_server_drops_before_answering_is_sent_again(client, ga
     assert response.status_code == 200, response.content
     assert response.json()["id"] == "cmpl-1"
     assert seen == [b"POST /v1/completions HTTP/1.1"] * 2
+
+
+@pytest.mark.parametrize("mode", [Mode.OFF, Mode.SHADOW, Mode.PROD])
+def test_a_field_nested_deeper_than_the_limit_is_a_400_naming_it_in_every_mode(client, gateway, mode):
+    model, headers = gateway(mode)
+    deep = "[" * 500 + "]" * 500
+    raw = f'{{"model": "{model}", "prompt": "x", "max_tokens": 4, "response_format": {deep}}}'
+    response = _post(client, "/v1/completions", raw, headers)
+    assert response.status_code == 400
+    assert response[REQUEST_ID_HEADER]
+    assert "nested deeper than 64 levels" in response.json()["error"]["message"]

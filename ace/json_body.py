@@ -1,0 +1,63 @@
+"""JSON request bodies with a bounded nesting depth, for the REST API (DRF's default parser) and the gateway.
+
+A body nested about a thousand levels deep made Python's decoder raise RecursionError, which escaped DRF's parser
+as a 500; one a little shallower decoded, then recursed in the serializers or in the database's JSON encoder.
+No request ACE accepts nests beyond a few levels, so a body deeper than MAX_DEPTH is refused before anything
+reads it, with a message naming the limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from rest_framework import parsers
+from rest_framework.exceptions import ParseError
+from rest_framework.utils import json as drf_json
+
+MAX_DEPTH = 64
+
+
+class TooDeep(ValueError):
+    """The JSON nests arrays and objects deeper than MAX_DEPTH."""
+
+
+def depth_problem(value: Any, *, limit: int = MAX_DEPTH) -> str:
+    """Why `value` (decoded JSON) nests too deep ("" when it does not); iterative, so any depth is safe."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return f"JSON nested deeper than {limit} levels"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return ""
+
+
+def loads(raw: bytes | str, *, limit: int = MAX_DEPTH, **options: Any) -> Any:
+    """json.loads(raw, **options), raising TooDeep (a ValueError) for a body nested deeper than `limit`."""
+    try:
+        value = json.loads(raw, **options)
+    except RecursionError as exc:
+        raise TooDeep(f"JSON nested deeper than {limit} levels") from exc
+    problem = depth_problem(value, limit=limit)
+    if problem:
+        raise TooDeep(problem)
+    return value
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, bounded: a body nested deeper than MAX_DEPTH is a 400 naming the limit (never a
+    RecursionError). Its size is bounded before it gets here (ace.api.exception_handler: a JSON 413)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            strict = {"parse_constant": drf_json.strict_constant} if self.strict else {}
+            return loads(stream.read().decode(encoding), **strict)
+        except TooDeep as exc:
+            raise ParseError(f"JSON parse error - {exc}.") from None
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
