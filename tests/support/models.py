@@ -40,3 +40,32 @@ def draft_of(target: Transformer, *, seed: int = 1, noise: float = 0.03) -> Tran
     draft.eval().requires_grad_(False)
     draft.setup_cache()
     return draft
+
+
+@torch.inference_mode()
+def served_reference(model: Transformer, prompt_ids: list[int], *, tokens: int = 8, top_n: int | None = 5) -> dict:
+    """The probe's `canary_reference` as a server running `model` would record it: its greedy continuation of
+    prompt_ids and its top_n log-probabilities at every position (top_n None: a server that returns none)."""
+    sequence = list(prompt_ids)
+    for _ in range(tokens):
+        model.setup_cache(len(sequence) + 1)
+        logits = model(torch.tensor(sequence), 0).logits
+        sequence.append(int(logits[-1].argmax()))
+    model.setup_cache(len(sequence))
+    logprobs = torch.log_softmax(model(torch.tensor(sequence), 0).logits, dim=-1)
+    top = None
+    if top_n:
+        top = [None] + [[[int(t), float(lp)] for lp, t in zip(*row.topk(top_n), strict=True)] for row in logprobs[:-1]]
+    return {"token_ids": sequence, "prompt_len": len(prompt_ids), "top_logprobs": top, "greedy_only": ""}
+
+
+def served_reference_of(model_dir, prompt_text: str | None = None, **kwargs) -> dict:
+    """served_reference for the checkpoint in model_dir on the probe's canary (as its tokenizer encodes it)."""
+    from tokenizers import Tokenizer
+
+    from fleet.adapters import CANARY_TEXT
+    from speculation.engine import load_causal_lm
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = tokenizer.encode(prompt_text or CANARY_TEXT, add_special_tokens=True).ids
+    return served_reference(load_causal_lm(model_dir), ids, **kwargs)
