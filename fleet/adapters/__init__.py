@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from fleet.adapters.base import CANARY_TEXT, FailureKind, ProbeError, ProbeReport, ServerAdapter, fingerprint
+from fleet.adapters.base import (
+    CANARY_TEXT,
+    REFERENCE_TOP_N,
+    FailureKind,
+    ProbeError,
+    ProbeReport,
+    ServerAdapter,
+    fingerprint,
+)
 from fleet.adapters.openai import OpenAICompatibleAdapter
 from fleet.adapters.semantics import RequestSemantics
 from fleet.adapters.sglang import SglangAdapter
@@ -68,6 +76,7 @@ __all__ = [
     "FailureKind",
     "OpenAICompatibleAdapter",
     "PositionScores",
+    "REFERENCE_TOP_N",
     "ProbeError",
     "ProbeReport",
     "Scored",

@@ -15,6 +15,10 @@ The capabilities dict an adapter fills (stable keys; the UI, the API and the spe
     tokenizer_fingerprint   str | None: sha256 of the token ids of CANARY_TEXT, special tokens added (as the
                             server tokenizes by default; a local tokenizer: add_special_tokens=True)
     canary_token_ids        list[int] | None: those token ids
+    canary_reference        {"token_ids", "prompt_len", "top_logprobs", "greedy_only"} | None: the canary's token
+                            ids and the server's greedy continuation of them, with its top log-probabilities at
+                            every position ([[id, logprob], ...]; null with the reason in greedy_only where the
+                            server returns none); None where the server cannot continue token ids
     native_speculation      bool | None: the server runs speculative decoding itself (None: it does not say)
     native_speculation_method, native_speculation_k, native_speculation_source
     ttft_ms, tpot_ms        float | None: measured time to first token and per output token (short greedy stream)
@@ -46,6 +50,11 @@ logger = logging.getLogger(__name__)
 # Fixed text whose token ids identify a tokenizer. Changing it changes every fingerprint: bump CANARY_VERSION.
 CANARY_TEXT = "ACE tokenizer canary v1: The quick brown fox jumps over the lazy dog; 0123456789, ¿qué? naïve café."
 CANARY_VERSION = 1
+# The served model's own answers on the canary, kept as the reference a local copy of its model must reproduce
+# (speculation.services.target_identity): its greedy continuation of this many tokens, and the top log-probabilities
+# (at most this many per position) over the canary and that continuation.
+REFERENCE_TOKENS = 16
+REFERENCE_TOP_N = 5
 # Top-logprobs counts tried, largest first; the first one accepted is recorded as max_logprobs.
 LOGPROBS_CANDIDATES = (20, 10, 5, 1)
 # The short greedy stream that measures TTFT and time per output token.

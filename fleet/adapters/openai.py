@@ -17,6 +17,8 @@ from fleet.adapters.base import (
     LATENCY_MAX_TOKENS,
     LATENCY_PROMPT,
     LOGPROBS_CANDIDATES,
+    REFERENCE_TOKENS,
+    REFERENCE_TOP_N,
     FailureKind,
     ProbeError,
     ProbeReport,
@@ -29,7 +31,7 @@ from fleet.adapters.base import (
     shape_error,
 )
 from fleet.adapters.semantics import RequestSemantics
-from fleet.adapters.wire import ServerWire, WireRequest
+from fleet.adapters.wire import ServerWire, Unsupported, WireRequest
 from fleet.netpolicy import URLNotAllowed, check_url
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ def empty_capabilities(kind: str) -> dict[str, Any]:
         "tokenizer_fingerprint": None,
         "canary_token_ids": None,
         "canary_version": CANARY_VERSION,
+        "canary_reference": None,
         "native_speculation": None,
         "native_speculation_method": None,
         "native_speculation_k": None,
@@ -134,6 +137,7 @@ class OpenAICompatibleAdapter:
             ("detokenize", self.discover_detokenize),
             ("token_id_prompts", self.discover_token_id_prompts),
             ("prompt_scoring", self.discover_prompt_scoring),
+            ("canary_reference", self.record_canary_reference),
             ("native_speculation", self.discover_native_speculation),
             ("latency", self.measure_latency),
         ]
@@ -181,6 +185,36 @@ class OpenAICompatibleAdapter:
 
     def discover_native_speculation(self, client: ServerClient, caps: dict[str, Any]) -> None:
         """A plain OpenAI-compatible server does not say whether it speculates: native_speculation stays None."""
+
+    def record_canary_reference(self, client: ServerClient, caps: dict[str, Any]) -> None:
+        """The served model's own answers on the canary's token ids: its greedy continuation, then its top
+        log-probabilities over canary and continuation (one scoring call). A server kind that cannot continue token
+        ids leaves the reference None; one that cannot score them records the greedy continuation alone."""
+        ids = caps.get("canary_token_ids")
+        if not ids:
+            return
+        model = caps["served_model"]
+        try:
+            request = self.wire.continuation(
+                model=model, token_ids=ids, max_tokens=REFERENCE_TOKENS, fields={"temperature": 0}, stream=False
+            )
+        except Unsupported:
+            return
+        with shape_checked():
+            continued = self.wire.parse_continuation(client.send(request))
+        sequence = [*ids, *(continued.token_ids if continued else [])]
+        reference: dict[str, Any] = {"token_ids": sequence, "prompt_len": len(ids), "top_logprobs": None}
+        top_n = min(int(caps.get("max_logprobs") or 0), REFERENCE_TOP_N)
+        if not top_n or caps.get("prompt_scoring_method") != self.wire.scoring_method:
+            reference["greedy_only"] = "the server does not score token-id prompts with top log-probabilities"
+        else:
+            body = client.send(self.wire.score(model=model, token_ids=sequence, top_n=top_n))
+            with shape_checked():
+                positions = self.wire.parse_score(body, token_ids=sequence, top_n=top_n).positions
+                reference["top_logprobs"] = [
+                    None if p is None else [[t.token_id, t.logprob] for t in p.top] for p in positions
+                ]
+        caps["canary_reference"] = reference
 
     def measure_latency(self, client: ServerClient, caps: dict[str, Any]) -> None:
         body = {
