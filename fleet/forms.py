@@ -44,7 +44,8 @@ class EndpointForm(forms.Form):
         teams = permissions.teams_for(user)
         if endpoint is not None and endpoint.team_id is not None:
             teams = (teams | Group.objects.filter(pk=endpoint.team_id)).distinct()
-        if teams.exists():  # offered only to users with a team to give
+        # Offered only to users with a team to give, and on an existing endpoint to its owner or an admin.
+        if teams.exists() and (endpoint is None or permissions.may_change_team(user, endpoint)):
             self.fields["team"] = forms.ModelChoiceField(
                 queryset=teams,
                 required=False,

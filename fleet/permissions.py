@@ -7,9 +7,10 @@ Roles:
 - admin: everything, every endpoint whoever owns it, users and tokens (the Django admin). Superusers are
   admins.
 
-A team is any other Django group; an endpoint belongs to an owner and optionally a team. An active user with
-no role group is a viewer. An endpoint the user cannot see answers 404 (its existence is not revealed);
-one it can see but not change answers 403, on the pages, the REST API and the admin alike.
+A team is any other Django group; an endpoint, a draft and a training run each belong to an owner and optionally
+a team (neither: admins only); only the owner or an admin changes the team. An active user with no role group is a
+viewer. What the user cannot see answers 404 (its existence is not revealed); what it can see but not change
+answers 403, on the pages, the REST API and the admin alike.
 """
 
 from __future__ import annotations
@@ -125,27 +126,39 @@ def can_write(user: AbstractBaseUser | None) -> bool:
     return role_of(user) in (OPERATOR, ADMIN)
 
 
+def visible_to(user: AbstractBaseUser | None, queryset: QuerySet) -> QuerySet:
+    """The rows of an owned model (an `owner` and a `team`: endpoints, drafts, training runs) the user may see: all
+    for admins; those it or one of its teams owns otherwise (a row with neither: admins only)."""
+    role = role_of(user)
+    if role is None:
+        return queryset.none()
+    if role == ADMIN:
+        return queryset
+    return queryset.filter(Q(owner=user) | Q(team__in=user.groups.all()))
+
+
 def visible_endpoints(user: AbstractBaseUser | None, queryset: QuerySet[Endpoint] | None = None) -> QuerySet:
     """The endpoints the user may see: all for admins; those it or one of its teams owns otherwise."""
     from fleet.models import Endpoint
 
-    qs = queryset if queryset is not None else Endpoint.objects.all()
-    role = role_of(user)
-    if role is None:
-        return qs.none()
-    if role == ADMIN:
-        return qs
-    return qs.filter(Q(owner=user) | Q(team__in=user.groups.all()))
+    return visible_to(user, queryset if queryset is not None else Endpoint.objects.all())
 
 
-def can_see(user: AbstractBaseUser | None, endpoint: Endpoint) -> bool:
+def can_see(user: AbstractBaseUser | None, obj) -> bool:
+    """Whether the user may see an owned object (endpoint, draft, training run)."""
     if role_of(user) == ADMIN:
         return True
     if role_of(user) is None:
         return False
-    if endpoint.owner_id is not None and endpoint.owner_id == user.pk:
+    if obj.owner_id is not None and obj.owner_id == user.pk:
         return True
-    return endpoint.team_id is not None and user.groups.filter(pk=endpoint.team_id).exists()
+    return obj.team_id is not None and user.groups.filter(pk=obj.team_id).exists()
+
+
+def may_change_team(user: AbstractBaseUser | None, obj) -> bool:
+    """Only the owner or an admin gives an owned object to another team or to none: a team-mate who operates it
+    cannot take it away from the team."""
+    return is_admin(user) or (user is not None and obj.owner_id is not None and obj.owner_id == user.pk)
 
 
 def can_operate(user: AbstractBaseUser | None, endpoint: Endpoint) -> bool:
@@ -188,10 +201,14 @@ def teams_for(user: AbstractBaseUser | None) -> QuerySet:
     return teams.exclude(name__in=ROLES).order_by("name")
 
 
-def check_team(user: AbstractBaseUser | None, team: Group | None) -> None:
-    """A team may be given to an endpoint by an admin, or by a member of that team; never a role group."""
+def check_team(user: AbstractBaseUser | None, team: Group | None, *, current=None) -> None:
+    """A team may be given to an endpoint (a draft, a run) by an admin, or by a member of that team; never a role
+    group. `current`: the object whose team changes; only its owner or an admin may change it."""
     from django.core.exceptions import ValidationError
 
+    if current is not None and current.team_id != (team.pk if team is not None else None):
+        if not may_change_team(user, current):
+            raise ValidationError({"team": ["Only the owner or an admin may change the team."]})
     if team is None:
         return
     if team.name in ROLES:

@@ -122,7 +122,7 @@ def endpoint_edit(request: HttpRequest, pk: int) -> HttpResponse:
         data["api_key"] = data.get("api_key") or None  # blank keeps the stored key (unless the URL changes)
         try:
             if "team" in data and data["team"] != endpoint.team:
-                permissions.check_team(request.user, data["team"])
+                permissions.check_team(request.user, data["team"], current=endpoint)
             services.update_endpoint(endpoint=endpoint, **data)
         except ValidationError as exc:
             endpoint.refresh_from_db()

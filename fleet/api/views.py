@@ -116,7 +116,7 @@ class EndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         # A blank or absent key keeps the stored one (unless the URL changes); clear_api_key removes it.
         data["api_key"] = data.get("api_key") or None
         if "team" in data:
-            call_service(permissions.check_team, user=request.user, team=data["team"])
+            call_service(permissions.check_team, user=request.user, team=data["team"], current=endpoint)
         notice = services.normalise_base_url(data["base_url"])[1] if "base_url" in data else ""
         endpoint = call_service(services.update_endpoint, endpoint=endpoint, **data)
         return Response(_with_notices(endpoint, notice))
