@@ -17,6 +17,14 @@ def pair():
     return ensure_demo_pair()
 
 
+@pytest.fixture(autouse=True)
+def nothing_shipped(tmp_path_factory, monkeypatch):
+    """The cache and build rules below, as on a clone without shipped models (``test_shipped_models.py``)."""
+    from speculation.offline.demo import shipped
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path_factory.mktemp("nothing-shipped"))
+
+
 def test_target_and_draft_are_llama_checkpoints_with_one_vocabulary(pair):
     configs = {
         name: json.loads((d / "config.json").read_text())
