@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django import forms
 
+from ace.query_params import is_ascii_digits
 from speculation.limits import K_MAX, K_MIN
 from speculation.models import REGISTRABLE_KINDS, Action, Mechanism, Mode, VerificationPath
 from speculation.selectors.rollups import RANGES
@@ -46,7 +47,7 @@ class PolicyForm(forms.Form):
         if not text:
             return {}
         parts = [part.strip() for part in text.split(",")]
-        if len(parts) not in (3, 4) or not all(part.isdigit() for part in parts[:3]):
+        if len(parts) not in (3, 4) or not all(is_ascii_digits(part) for part in parts[:3]):
             raise forms.ValidationError("write top_k,depth,nodes as three whole numbers (e.g. 4,6,24), or leave empty")
         tree: dict = dict(zip(("top_k", "depth", "nodes"), map(int, parts[:3]), strict=True))
         if len(parts) == 4:

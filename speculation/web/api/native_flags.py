@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ace.query_params import id_param, is_ascii_digits
 from fleet.permissions import endpoint_for
 from speculation.models import DraftModel
 from speculation.selectors import native_flags
@@ -31,7 +32,7 @@ _RESPONSE = inline_serializer(
 def _draft_from(value: str | None) -> DraftModel | None:
     if not value:
         return None
-    lookup = {"pk": int(value)} if value.isdigit() else {"name": value}
+    lookup = {"pk": id_param(value, name="draft")} if is_ascii_digits(value.strip()) else {"name": value}
     draft = DraftModel.objects.filter(**lookup).first()
     if draft is None:
         raise NotFound({"draft": [f"no draft {value!r}"]})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import ValidationError
@@ -11,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ace.query_params import id_param
+from ace.query_params import datetime_param, id_param
 from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.models import Action, DraftModel, Mode, StageRecord
 from speculation.services import drafts as draft_service
@@ -147,8 +146,5 @@ class StageRecordViewSet(viewsets.ReadOnlyModelViewSet):
             records = records.filter(request_id=params["request_id"])
         for name, lookup in (("since", "created_at__gte"), ("until", "created_at__lt")):
             if params.get(name):
-                moment = parse_datetime(params[name])
-                if moment is None:
-                    raise ValidationError({name: ["must be an ISO 8601 datetime with a time zone"]})
-                records = records.filter(**{lookup: moment})
+                records = records.filter(**{lookup: datetime_param(params[name], name=name)})
         return records
