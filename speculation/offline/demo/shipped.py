@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown demo version {args.version!r} (known: {', '.join(RECIPES)})")
     models_dir = ace_home() / "models"
     if not (models_dir / args.version).is_dir():
-        print(f"{models_dir / args.version} is not built (python -m speculation.offline.eagle.demo_head)", file=sys.stderr)
+        hint = "python -m speculation.offline.eagle.demo_head --variant eagle3-prose"
+        print(f"{models_dir / args.version} is not built ({hint})", file=sys.stderr)
         return 2
     manifest = export(args.version, models_dir, args.out)
     size = sum((args.out / name).stat().st_size for name in manifest["files"])
