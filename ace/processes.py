@@ -212,20 +212,13 @@ def vllm_cpu_env() -> dict[str, str]:
     process for its engine and model (ACE_VLLM_MULTIPROCESSING) and ACE_VLLM_OMP_THREADS (default 1; "0" leaves
     vLLM's own, one per core) OpenMP threads for the model.
 
-    vLLM 0.32 runs its engine core and its model in two processes that talk over a shared-memory queue whose reader
-    busy-waits (sched_yield) for a second after each read. On 2 cores that spin took a core the model's OpenMP
-    threads needed: whole rounds stalled, in off and prod alike (docs/BENCHMARKS.md, seventh session); one OpenMP
-    thread only made the stalls milder. With VLLM_ENABLE_V1_MULTIPROCESSING=0 its CPU platform runs the model in the
-    engine core's process (the "uni" executor) and nothing spins (0.02 core in the 3 s after a request, against
-    1.0 in the first second). "auto" (the default) does so where the machine has no NVIDIA device (a GPU build
-    keeps its engine core apart); "1" keeps vLLM's two processes, "0" forces one.
-
-    Threads: alone, vLLM in one process ran fastest with one thread per core (streamed, 1 / 8 / 32 streams: 141 /
-    562 / 932 tok/s against 96 / 417 / 749 with one thread). Through ACE on the same 2 cores one thread won (off
-    through the gateway 94 / 404 / 698 against 80 / 360 / 636): the gateway's relay of every chunk takes a core,
-    and two OpenMP threads then wait on each other at every parallel region's end. In one process with one thread,
-    the bench's prod / off rounds at 8 and 32 streams (all plain) ran 0.87-1.06, no stalled round (before:
-    0.32-0.40 rounds). Figures: docs/BENCHMARKS.md, tenth session."""
+    Why one process: vLLM runs its engine core and its model in two processes that talk over a shared-memory queue
+    whose reader busy-waits for a second after each read; on a small CPU machine that spin takes a core the model's
+    OpenMP threads need and whole rounds stall. With VLLM_ENABLE_V1_MULTIPROCESSING=0 the model runs in the engine
+    core's process and nothing spins. "auto" (the default) does so where the machine has no NVIDIA device; "1" keeps
+    vLLM's two processes, "0" forces one. Why one thread: through ACE on 2 cores the gateway's relay of every chunk
+    takes a core, and two OpenMP threads then wait on each other at every parallel region's end (figures:
+    docs/BENCHMARKS.md, "vLLM on CPU")."""
     env = {
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),

@@ -85,7 +85,7 @@ PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
 # prod: go plain at a load where speculation measured slower than plain serving (speculation.gateway.goodput).
 GOODPUT_GUARD = env_bool("ACE_GOODPUT_GUARD", True)
 # ...and above one request in flight, speculate at most this many of an endpoint's requests at once where speculation
-# measured faster: the verdict was measured with one learner among plain neighbours (concurrency run 15, BENCHMARKS)
+# measured faster: the verdict is measured with one learner among plain neighbours (docs/BENCHMARKS.md, concurrency)
 GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
 # ...and where the worker's engine shares the server's machine, learn loads above one request in flight anyway instead
 # of presuming them slower (speculation.gateway.goodput.shares_machine; e.g. the server runs on a GPU of that machine)
@@ -93,7 +93,7 @@ GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
 # The GPU worker's torch (OpenMP) threads on a CPU (speculation.worker.openmp): idle threads spin this many
 # iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000; -1: OpenMP's default) and then sleep, so between steps they
 # leave the cores to a model server on the same node; ACE_WORKER_OMP_PASSIVE sleeps at once instead (every parallel
-# region then wakes its threads: the engine's steps ran 2x slower, docs/BENCHMARKS.md ninth session). The batch
+# region then wakes its threads: the engine's steps run 2x slower, docs/BENCHMARKS.md). The batch
 # loop's thread runs torch with up to ACE_WORKER_TORCH_THREADS threads (0: one per core; a step of fewer than 4
 # requests one fewer, at least one), every other thread with one.
 WORKER_OMP_PASSIVE = env_bool("ACE_WORKER_OMP_PASSIVE", False)

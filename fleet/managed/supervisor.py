@@ -14,8 +14,8 @@ Every TICK_S the loop reconciles the database with its children:
 - a pending switch starts a standby instance with the new speculation; once ready, probed and (when it
   speculates) through the switch canary (fleet.managed.canary: its greedy answers in a mixed batch must be
   the plain server's) the route moves (fleet.managed.switching.complete_switch), and the old instance drains
-  until the server reports no running or waiting request, then stops. A standby that exits, times out or
-  fails the canary rolls the switch back (the endpoint keeps its instance);
+  until the server has reported no running or waiting request for DRAIN_QUIET_S, then stops. A standby that
+  exits, times out or fails the canary rolls the switch back (the endpoint keeps its instance);
 - a child whose instance row is gone (its endpoint was deleted) is stopped.
 """
 
@@ -60,12 +60,15 @@ logger = logging.getLogger(__name__)
 TICK_S = 1.0
 START_TIMEOUT_S = float(os.environ.get("ACE_MANAGED_START_TIMEOUT", "600"))
 DRAIN_GRACE_S = 2.0  # a gateway that looked the route up just before it moved may still connect to the old one
+# Idle this long before the stop: vLLM counts a request in its gauges from its first engine step only, so a request
+# the old instance accepted a moment ago reads as 0 for up to a step (seconds on a loaded CPU).
+DRAIN_QUIET_S = 3.0
 DRAIN_TIMEOUT_S = 600.0
+IN_FLIGHT_TIMEOUT_S = 10.0  # a loaded server answers /metrics slowly; a read that fails is not an idle server
 BACKOFF_MAX_S = 60.0
 LOG_TAIL_LINES = 40
 LEASE_KEY = "ace:managed:supervisor:{node_class}"
 LEASE_S = 15
-# vLLM's gauges of requests in flight (the old instance drains until both are 0).
 
 
 def last_error(tail: str) -> str:
@@ -82,15 +85,21 @@ def backoff_s(failures: int) -> float:
     return min(BACKOFF_MAX_S, 2.0 ** max(0, failures - 1))
 
 
-def in_flight(base_url: str, kind: str) -> float:
-    """Requests the instance is running or queueing, as its server kind reports them (0 when it cannot say)."""
+def in_flight(base_url: str, kind: str) -> float | None:
+    """Requests the instance is running or queueing, as its server kind reports them: 0 when it never can say (its
+    kind has no such figure, or no /metrics), None when it did not answer now (busy until it says otherwise)."""
     wire = wire_for(kind)
     try:
         request = wire.in_flight()
-        response = httpx.request(request.method, base_url + request.path, timeout=2)
-    except (Unsupported, httpx.HTTPError):
+    except Unsupported:
         return 0.0
-    return wire.parse_in_flight(response.text) if response.status_code == 200 else 0.0
+    try:
+        response = httpx.request(request.method, base_url + request.path, timeout=IN_FLIGHT_TIMEOUT_S)
+    except httpx.HTTPError:
+        return None
+    if response.status_code == 404:
+        return 0.0
+    return wire.parse_in_flight(response.text) if response.status_code == 200 else None
 
 
 class Supervisor:
@@ -100,6 +109,7 @@ class Supervisor:
         self.host = host or getattr(settings, "MANAGED_HOST", "127.0.0.1")
         self.children: dict[int, processes.ManagedProcess] = {}
         self.stop_event = threading.Event()
+        self._idle_since: dict[int, float] = {}  # draining instance -> when it was first seen idle (monotonic)
         self._lease_holder = f"{socket.gethostname()}:{os.getpid()}"
         self._redis: Any = None
 
@@ -415,14 +425,27 @@ class Supervisor:
         switching.fail_switch(switch=switch, reason=reason, log_tail=tail, instance=standby, canary=canary_record)
 
     def _drain(self, instance: ServerInstance) -> None:
+        """Stop the old instance once it has served nothing for DRAIN_QUIET_S (reads that fail count as busy), or
+        at DRAIN_TIMEOUT_S: a stream still running on it would be cut."""
         since = instance.draining_since or timezone.now()
         waited = (timezone.now() - since).total_seconds()
         if waited < DRAIN_GRACE_S:
             return
         busy = in_flight(instance.base_url, instance.managed.server_kind)
-        if busy and waited < DRAIN_TIMEOUT_S:
-            return
-        why = "drained" if not busy else f"drain timeout ({busy:.0f} requests still in flight)"
+        if waited < DRAIN_TIMEOUT_S:
+            if busy is None or busy > 0:
+                self._idle_since.pop(instance.pk, None)
+                return
+            idle_since = self._idle_since.setdefault(instance.pk, time.monotonic())
+            if time.monotonic() - idle_since < DRAIN_QUIET_S:
+                return
+        if busy == 0:
+            why = "drained"
+        elif busy is None:
+            why = "drain timeout (its requests in flight could not be read)"
+        else:
+            why = f"drain timeout ({busy:.0f} requests still in flight)"
+        self._idle_since.pop(instance.pk, None)
         self._kill(instance, InstanceState.STOPPED, why)
         record_event(
             instance.managed, EventKind.STOPPED, f"old instance {instance.pk} stopped: {why}", instance=instance
