@@ -1,77 +1,26 @@
 """The goodput guard: prod does not speculate at a load where speculation is slower than plain serving.
 
-Whether speculation pays depends on the load and on the sampling: a server that batches well answers 32 streams
-far faster than one, while the worker's engine may not, and sampled requests accept less and verify at more cost
-than greedy ones. So per endpoint, traffic kind (greedy / sampled) and load bucket (the endpoint's requests in
-flight in this web process, itself included: 1, 2-4, 5-16, 17+), the guard keeps the tok/s of the newest WINDOW
-requests served speculatively and of the newest WINDOW served plainly (Redis lists, shared by the web processes).
-A request is decided by the endpoint's peak load of the last RECENT_S seconds (the first request of a burst starts
-alone but runs among all) and its sample kept at the mean load it ran under.
+Why: a server that batches well answers many streams far faster than one, while the worker's engine may not, and
+sampled requests accept less and verify at more cost than greedy ones; on a machine the worker shares with the
+server, a speculating request also slows the plain ones beside it. So per endpoint, traffic kind (greedy / sampled)
+and load bucket (requests in flight in this web process: 1, 2-4, 5-16, 17+), the guard keeps the goodput of the
+newest WINDOW requests served with speculation on and of the newest WINDOW served plain (Redis lists shared by the
+web processes; plain samples come from off, shadow and plain prod requests). A request is decided at the endpoint's
+peak load of the last RECENT_S seconds. The rule (`choose`):
 
-Plain samples come from every request the server answered as itself: off and shadow requests (plain serving by
-the same server, so the guard knows plain's speed before prod is turned on: `watch`, one Redis pipeline spawned
-after the last byte, never awaited by the client) and prod requests sent plain. The rule (`choose`), per request:
+- measured faster (goodput at least plain's over MIN_SAMPLES each; above one request in flight by CROWDED_MARGIN):
+  speculate, at most ACE_GOODPUT_SPECULATING of the endpoint's requests at once above one in flight;
+- measured slower (over MIN_SAMPLES, or early: the first EARLY_SAMPLES below plain's median, the first FEW_SAMPLES
+  below plain's slowest) or presumed slower (slower at a lower load, or greedy slower for sampled traffic): plain;
+- otherwise learn the load with one speculating request at a time (LEARNERS_IN_FLIGHT), the others plain.
 
-- Speculation measured faster at this load (its goodput at least plain's over MIN_SAMPLES each): speculate; above one
-  request in flight, at most GOODPUT_SPECULATING (ACE_GOODPUT_SPECULATING, 1) of the endpoint's requests at once,
-  the others plain: the verdict was measured with one learner among plain neighbours, and speculating every request
-  at that load is another regime (at 8 streams on this 2-core machine the worker's batch of 11 speculating requests
-  beside 5 plain ones ran at 0.93 of off, after one learner among plain ones had measured faster: run 15).
-- Speculation measured slower (its goodput below plain's over MIN_SAMPLES each, or, above one request in flight, its
-  first EARLY_SAMPLES all below plain's median, or its first FEW_SAMPLES all below plain's slowest: a 1-in-16 and a
-  1-in-45 chance if both were equally fast): plain, `skipped` with both figures.
-- Not measured at this load, but presumed slower: speculation measured slower at a lower load of the same traffic
-  (its gain does not grow with load: verification stops being free once the target is busy), or, for sampled
-  traffic, greedy speculation measured slower at this load or a lower one (sampled drafts are accepted less and
-  verified at more cost). Plain, with the evidence named.
-- Otherwise the load is learned: one speculated request of the endpoint in flight at a time (LEARNERS_IN_FLIGHT;
-  the others go plain), so a new prod endpoint at high load learns from a few requests instead of slowing every
-  plain neighbour with requests that may all be slow. No further learner starts while the requests in flight that
-  will be speculation's samples (the learners and the plain ones beside them) and the samples kept already make
-  MIN_SAMPLES: a learner's requests end first and fast, its neighbours' last and slow, so learning on until
-  MIN_SAMPLES had landed decided on the learners alone (8 streams: 9 fast learners in a row made it "faster" while
-  the 7 plain requests beside them ran 3.7x slower than off's; docs/BENCHMARKS.md, the sixth session's diagnosis).
-  Once speculation has MIN_SAMPLES there but plain has not, every other request goes plain to measure it.
-- Goodput, the figure compared: tokens / seconds over the window's requests (each kept with its tok/s and its
-  seconds), i.e. each request's tok/s weighted by how long it ran. At a steady number of streams that is what the
-  endpoint serves per stream (Little's law), where a median of per-request tok/s let many short fast requests
-  outvote a few long slow ones.
-Speculation's samples are those of every request served while speculation ran at the endpoint: the speculated
-ones and the plain ones beside them (kept as SPEC, not PLAIN). Where the worker and the server share a machine, a
-speculating request slows its plain neighbours, and its own tok/s alone looked faster than plain at 32 streams
-while the endpoint's aggregate fell to half of off's (docs/BENCHMARKS.md, concurrency run 11): the mean over
-all of them is the endpoint's goodput with speculation on at that load (per stream x requests in flight),
-compared with plain's, measured while nothing speculated.
-Nothing speculates at a load measured or presumed slower (a speculating request slows the plain ones beside it when
-the worker and the server share a machine). A change (another draft, a quieter machine) is seen because the
-speculative samples of a load expire SPEC_TTL_S after its first one: the verdict goes and the load is learned again.
-Loads are learned lowest first in practice, since a lower load's fresh "slower" verdict already presumes the higher
-ones slower when their own verdicts expire.
-
-Where the worker's engine shares the server's machine (the endpoint's server is on this machine, by a loopback or this
-host's name, and a worker of its node class declares capacity from this machine too: `shares_machine`), a load above
-one request in flight is not learned but presumed slower: every core the worker's engine takes is one the server's
-plain requests wait for (8 streams on 2 cores: the 7 plain requests beside one speculating ran 3.7x slower than off),
-and learning it cost a bench round of 8 streams 15-37 % of off's tok/s (concurrency runs 17-19, docs/BENCHMARKS.md).
-ACE_GOODPUT_SHARED_LEARN=true learns such loads as any other (e.g. where the server runs on a GPU of that machine).
-
-Where the worker's batch takes the whole load (the local path with a draft model or n-gram lookup, and at most as many
-requests in flight as the node class's live workers declare batch slots: `batch_takes`) and the worker does not share
-the server's machine, the regime is another: every request of the load speculates together on the batch (the server
-sits idle), so the load is learned with every request speculating, and, measured faster (BATCHED_MARGIN), every
-request speculates, instead of one learner among plain neighbours and at most GOODPUT_SPECULATING at once. Where the
-worker shares the server's machine the shared rule above stands: on the 2-core machine 8 streams all on the batch ran
-1.03-1.27x off's tok/s with the guard off, but the guard's learning round in the bench ran at 0.71 of off (the batch's
-first 8-slot steps, joins prefilled between steps) and measured 47.4 vs 49.6 tok/s per stream, slower
-(docs/BENCHMARKS.md, ninth session): no gain worth a slow round every SPEC_TTL_S.
-
-Every decision carries its reason, which the stage record keeps (speculated requests too, so that a benchmark can
-say why each request speculated or went plain).
-
-The bucket counts this process's requests: with ACE_WEB_WORKERS > 1 the kernel spreads connections over the
-processes, so each process's count is a consistent share of the endpoint's load, and plain and speculative samples
-are bucketed by the same count (counting across processes would put a Redis round trip on the off path).
-ACE_GOODPUT_GUARD=false turns it off (the tests of speculation itself do, so that their requests speculate).
+Goodput is tokens / seconds over the window (each request weighted by how long it ran), and speculation's samples
+include the plain requests served beside it, so the verdict is the endpoint's aggregate, not the learner's own speed.
+Speculative samples expire SPEC_TTL_S after the first one, so a changed draft or machine is learned again. Where the
+worker shares the server's machine (`shares_machine`) loads above one are presumed slower unless
+ACE_GOODPUT_SHARED_LEARN is set; where the worker's batch takes the whole load (`batch_takes`) every request of the
+load speculates together (BATCHED_MARGIN). Every decision carries its reason, kept in the stage record.
+ACE_GOODPUT_GUARD=false turns it off. Measurements: docs/BENCHMARKS.md, "Concurrency".
 """
 
 from __future__ import annotations
@@ -108,22 +57,22 @@ EARLY_SAMPLES = 4
 FEW_SAMPLES = 2
 # The early rules (EARLY_SAMPLES, FEW_SAMPLES) decide above one request in flight only, where a slow learner slows its
 # neighbours too. Alone it slows no one, and its first requests run while the worker warms up (a calibration beside
-# them, first passes): two at 87-101 tok/s against plain's 90-120 held speculation off at load 1 for SPEC_TTL_S in a
-# run where it went on to 1.2-2.5x (bench_gateway's shadow_vs_prod, the seventh session, docs/BENCHMARKS.md).
+# them, first passes): two slightly slow ones would hold speculation off at load 1 for SPEC_TTL_S where it goes on
+# to gain 1.2-2.5x (bench_gateway's shadow_vs_prod, docs/BENCHMARKS.md).
 LEARNERS_IN_FLIGHT = 1
 # Above one request in flight, speculation counts as faster only at this multiple of plain's goodput. The losses are
 # not alike: there at most GOODPUT_SPECULATING requests speculate, so a right "faster" gains a share of one stream,
 # while a wrong one slows every neighbour (8 streams, 2 cores: 3.7x); and the two sides' samples are taken at
-# different moments of a drifting machine (plain's goodput per stream at 5-16 went 19.0 -> 12.6 within a minute
-# while another job started, and turned a 12.3 "slower" into "faster": the sixth session's diagnosis run).
+# different moments of a drifting machine (plain's goodput per stream at 5-16 can fall by a third within a minute
+# when another job starts, turning a "slower" into "faster").
 CROWDED_MARGIN = 1.25
 # Where the worker's batch takes every request of the load (`batch_takes`), the whole load is learned and served
 # speculatively: a right "faster" gains on every stream, so the margin covers only the drift between the moments the
 # two sides were sampled at (off's own rounds at 8 streams differed by 5-10 % here).
 BATCHED_MARGIN = 1.1
 # A verdict's goodput leaves out each side's longest-running sample: with every request weighted by its seconds, the
-# worker's first request (loading the models: seconds) outweighed 7 fast ones, and one stream went plain at a load
-# where speculation ran 2x (concurrency run 17, docs/BENCHMARKS.md). The neighbours of a learner are several.
+# worker's first request (loading the models: seconds) outweighs 7 fast ones, and one stream would go plain at a load
+# where speculation runs 2x. The neighbours of a learner are several.
 TRIM = 1
 BUCKETS = ((1, "1"), (4, "2-4"), (16, "5-16"))
 TOP_BUCKET = "17+"
@@ -133,8 +82,8 @@ EXPIRE_S = 3600  # plain samples: refreshed with every sample
 SPEC_TTL_S = 900  # speculative samples: a load's verdict lasts this long from its first sample, then is re-learned
 RECENT_S = 5.0  # a request is decided at the endpoint's peak load within this long: the first of a burst starts
 # alone, but on an endpoint that was just busy it will not run alone (reconsider() catches a burst that arrives while
-# a request is prepared). 30 s kept a past burst's bucket on the next, lighter rounds: their learners were decided
-# at 17+ but kept their samples at their own load, so 17+ was learned forever (concurrency runs 12-13, BENCHMARKS)
+# a request is prepared). A longer window keeps a past burst's bucket on the next, lighter rounds: their learners
+# are decided at 17+ but keep their samples at their own load, so 17+ would be learned forever.
 STALE_S = 900.0  # an in-flight entry older than this was lost (its record never written): no longer counted
 
 SPEC = "spec"
@@ -504,7 +453,7 @@ async def batch_takes(route: Any, load: int) -> bool:
 
 # The samples read from Redis are reused by this process for READ_TTL_S, with the samples it keeps itself added as it
 # keeps them (`_remember`): reading all 16 lists per prod request was the largest part of a plain prod request's cost
-# in the web process (py-spy, docs/BENCHMARKS.md, the eleventh session). Another process's samples, and a list that
+# in the web process (py-spy, docs/BENCHMARKS.md, "Plain path"). Another process's samples, and a list that
 # expired in Redis, are seen within READ_TTL_S.
 READ_TTL_S = 1.0
 _NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))
@@ -541,7 +490,7 @@ def forget_samples() -> None:
 
 
 def _parse(raw: bytes | str) -> Sample:
-    """A kept sample: "tok/s:seconds" (a bare tok/s, as kept before 2026-12-01, weighs 1 s)."""
+    """A kept sample: "tok/s:seconds" (a bare tok/s, an older format, weighs 1 s)."""
     text = raw.decode() if isinstance(raw, bytes) else raw
     rate, _, seconds = text.partition(":")
     return (float(rate), float(seconds)) if seconds else float(rate)
