@@ -5,9 +5,8 @@ Read from Linux's /proc/stat (every core's busy time) less this process's own ti
 the calibration's relay included), over a short window. Where /proc/stat cannot be read (not Linux), None: the
 caller times without waiting.
 
-Why: vLLM's CPU build busy-waits a core for about 1 s after its last request (docs/BENCHMARKS.md, ninth
-session), after its running-requests gauge already reads 0. A calibration started then timed the demo pair's
-verify(5) at 15.1 ms against 7.5 in a quiet moment (tenth session).
+Why: vLLM's CPU build busy-waits a core for about 1 s after its last request, after its running-requests gauge
+already reads 0; a calibration started then times the demo pair's verify(5) at twice its quiet cost.
 """
 
 from __future__ import annotations

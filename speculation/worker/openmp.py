@@ -1,11 +1,9 @@
 """The GPU worker's OpenMP threads on a CPU: one team per process, in the batch loop's thread.
 
-Measured on this project's 2-core machine with torch's CPU build (libgomp and MKL; `docs/BENCHMARKS.md`, ninth
-session): a linear layer of the demo target over 8 rows takes 36 us in the only thread of a process that runs
-torch with 2 threads, but 110-130 us in a second thread once the first has run a 2-thread region (each OS thread
-that calls torch gets its own OpenMP team, and two teams on two cores wait on each other), and 120 us in any thread
-with OMP_WAIT_POLICY=PASSIVE (every parallel region wakes sleeping threads). The batch decoder's aggregate rate
-follows: 8 requests at K = 5, 750 tok/s as the only team, 375-460 in a second team or passive.
+Why: with torch's CPU build (libgomp and MKL) each OS thread that calls torch gets its own OpenMP team, and two
+teams on the same cores wait on each other; a linear layer of the demo target runs 3x slower in a second team, and
+as slow with OMP_WAIT_POLICY=PASSIVE (every parallel region wakes sleeping threads). The batch's aggregate rate
+halves with it (figures: `docs/BENCHMARKS.md`, "Worker threads").
 
 So a process that batches on a CPU runs torch with up to ``ACE_WORKER_TORCH_THREADS`` threads (default: one per core;
 per step ``threads_for``) in its batch loop's thread only; every other thread that calls torch (the
@@ -79,11 +77,10 @@ def loop_threads() -> int:
 def threads_for(batch_size: int) -> int:
     """The loop's torch threads for a step of this many requests: all of loop_threads() from WIDE_BATCH requests on,
     one fewer below (at least one), so that a core is left to what streams each step's tokens (the request threads,
-    Redis, the web process) and to a model server on the node. Measured on the 2-core machine in the bench stack
-    (docs/BENCHMARKS.md, ninth session): one stream's request took 280 ms with one thread and 340 with two (each
-    step's relay preempted one of the two, and both wait at every parallel region's end), while 8 streams on the
-    batch ran at 300-320 tok/s with one thread and 420-480 with two. Switching the count between steps costs
-    nothing measurable."""
+    Redis, the web process) and to a model server on the node. On 2 cores one stream's request runs faster with
+    one thread (each step's relay preempts one of two, and both wait at every parallel region's end), 8 streams
+    faster with two (docs/BENCHMARKS.md, "Worker threads"). Switching the count between steps costs nothing
+    measurable."""
     most = loop_threads()
     return most if batch_size >= WIDE_BATCH else max(1, most - 1)
 
