@@ -103,8 +103,8 @@ def column_major_linears(model: nn.Module) -> None:
     """Store every Linear's weight [out, in] column-major (an [in, out] buffer seen transposed), in place.
 
     Same values, same memory; only the order in memory changes. On CPU, x @ W.T then reads W row by row: on the
-    2-core Xeon here one token through the demo target's projections took 30-45 % less time (12 vs 23 us for
-    256 -> 768, 57 vs 98 us for the 256 -> 2048 head; docs/BENCHMARKS.md, thirteenth session). A weight tied to
+    a 2-core Xeon one token through the demo target's projections takes 30-45 % less time (12 vs 23 us for
+    256 -> 768, 57 vs 98 us for the 256 -> 2048 head). A weight tied to
     the embedding keeps the embedding's layout (a lookup reads rows)."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for module in model.modules():

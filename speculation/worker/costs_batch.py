@@ -186,9 +186,8 @@ class StepRelay:
     each step's tokens to the request's thread, which runs them through the stop matcher (the incremental
     detokenizer) and sends them to the gateway in one Redis round trip (speculation.worker.generation.TokenStream)
     while the loop runs the next step. That thread takes the worker process's GIL between the loop's torch calls:
-    measured on the demo pair at one thread (docs/BENCHMARKS.md, tenth session), the decoder's draft step took
-    25-45 % longer per token with the relay beside it and its verify(n) 1-17 % longer. A calibration without it
-    projected prod's worker step 1.15-1.46x too fast.
+    on the demo pair at one thread the draft step takes 25-45 % longer per token with the relay beside it and
+    verify(n) 1-17 % longer, so a calibration without it projects prod's worker step too fast.
 
     It runs prod's own TokenStream (the stop matcher a token at a time, then one send per step) on a key of its own
     that expires (speculation.jobs.channel.EXPIRE_S) and nobody reads; without Redis (client None, or it fails) the

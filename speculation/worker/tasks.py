@@ -101,9 +101,8 @@ MAX_DEFERS = 30
 
 def _foreground_waiting(node_class: str) -> bool:
     """Whether prod or shadow jobs wait on the node class's queue (kombu keeps a Redis list per queue), or prod jobs
-    run on it (admitted and in flight: a batching worker takes them off the queue at once). Measured: candidate
-    replays queued by shadow ran beside prod's first requests and prod ran them at 45-177 tok/s against 150-280
-    (docs/BENCHMARKS.md, tenth session)."""
+    run on it (admitted and in flight: a batching worker takes them off the queue at once). Why: candidate replays
+    queued by shadow that run beside prod's requests slow prod to as little as a third of its rate."""
     import redis
     from django.conf import settings
 
