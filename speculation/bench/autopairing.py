@@ -25,8 +25,8 @@ gives the prompt (the automatic category: speculation.workloads.classifier). Com
 overall_gain = auto's mean projected multiplier / the best single's; regret = 1 - auto's / the oracle's;
 gain_over_best_single_without_hybrids: auto's / the best single candidate's with the hybrids left out of the singles
 (what choosing per step between suffix decoding and a draft adds over the best one of them alone). A hybrid's
-projection charges the draft's step for the model's drafts only (the lookup's own step, c 0.005 per drafted token
-in the fifteenth session's runs, docs/BENCHMARKS.md, is left out).
+projection charges the draft's step for the model's drafts only (the lookup's own step, about c 0.005 per drafted
+token, is left out).
 """
 
 from __future__ import annotations

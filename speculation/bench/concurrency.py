@@ -5,7 +5,7 @@ For 1, 8 and 32 concurrent streams, greedy and sampled (temperature 0.7, top_p 0
 ACE in off mode, in prod on the local path at the policy's K, and in prod on the same path at K = 0 (the engine's
 plain decoding, a worker started with ACE_PROD_PLAIN=true), so that `prod_over_plain_same_path` is the gain of
 speculation alone and `prod_over_off` the user's gain over the server. `shape` turns the measured runs into the
-issue's JSON; it is pure, so a test pins the shape.
+bench's JSON; it is pure, so a test pins the shape.
 
 With the goodput guard on (the product's default), each load runs `rounds` rounds of off and of prod, alternating
 (off, prod, off, prod: a drift of the machine falls on both alike). Off traffic is also the guard's warm-up (plain
@@ -33,8 +33,8 @@ CONCURRENCY = (1, 8, 32)
 def settle() -> None:
     """Wait out the goodput guard's burst window after a higher load: it decides a request by the endpoint's peak
     load of the last RECENT_S seconds (the first request of a burst starts alone but runs among all), so the first
-    requests of one stream right after 32 were decided, and served plain, as 32 (two in the thirteenth session's
-    run). Each load is measured in its steady state."""
+    requests of one stream right after 32 would be decided, and served plain, as 32. Each load is measured in its
+    steady state."""
     from speculation.gateway.goodput import RECENT_S
 
     time.sleep(RECENT_S + 1.0)
@@ -238,7 +238,7 @@ def _per_round(prod: Run, off: Run) -> dict:
         "prod_over_off_per_round": ratios,
         "prod_over_off_last_round": ratios[-1],
         # robust to one round of either mode in which the server stalled (vLLM's CPU build does, in off as in prod:
-        # docs/BENCHMARKS.md, seventh session), which the aggregate tokens / seconds weighs by its length
+        # docs/BENCHMARKS.md), which the aggregate tokens / seconds weighs by its length
         "prod_over_off_median_round": statistics.median(r for r in ratios if r is not None) if any(ratios) else None,
         # the mean of the per-round ratios and its 90 % Student-t interval: whether prod is told apart from off at
         # this load (two rounds of off alone differed by a ratio sd of 0.12 at 8 streams here: docs/BENCHMARKS.md)
