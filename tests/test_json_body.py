@@ -1,7 +1,7 @@
 """JSON bodies nested too deep, or too large, on every REST write route: a 400 / 413 naming the problem.
 
-Found by hand: `[[[[...]]]]` about 1,000 deep on the endpoint, policy, draft, training-run, managed-endpoint and
-auto-pairing routes was a 500 (RecursionError escaped DRF's parser); a 50 MB body got Django's HTML error page.
+Why: `[[[[...]]]]` about 1,000 deep makes DRF's parser raise RecursionError (a 500 without the limit), and a body
+over the size limit otherwise gets Django's HTML error page.
 """
 
 from __future__ import annotations

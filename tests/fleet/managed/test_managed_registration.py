@@ -196,7 +196,7 @@ def test_vllms_cpu_build_runs_in_one_process_with_one_openmp_thread_unless_told_
     monkeypatch.delenv("ACE_VLLM_MULTIPROCESSING", raising=False)
     monkeypatch.setattr(processes.glob, "glob", lambda pattern: [])  # no NVIDIA device
     env = server_env("vllm")
-    # one process: nothing spins beside the model; one thread leaves a core to the gateway (BENCHMARKS, tenth session)
+    # one process: nothing spins beside the model; one thread leaves a core to the gateway (ace.processes)
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     sglang = server_env("sglang")

@@ -163,7 +163,7 @@ def test_sampled_traffic_is_presumed_slower_where_greedy_is_but_not_the_other_wa
 
 
 def test_goodput_weighs_each_request_by_the_seconds_it_ran_so_short_fast_ones_do_not_outvote_long_slow_ones():
-    """8 streams on a machine the worker shares with the server (the sixth session's diagnosis): the learner's
+    """8 streams on a machine the worker shares with the server (figures as measured on 2 cores): the learner's
     requests end in 0.6 s at 107 tok/s one after another, the plain ones beside it in 7.4 s at 8.6 tok/s; off's in
     2 s at 32 tok/s. Per stream the endpoint served 64 x 16 tokens in 9 x 0.6 + 7 x 7.4 s: 17.9 tok/s, slower than
     plain's 32, though the median request (a learner's) was faster."""
