@@ -76,8 +76,7 @@ _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 # corpus (the first 25 kB of the reference manual as paragraphs after BOS, 10 kB of code: 7.3k + 3.9k tokens,
 # 44 / 35 epochs in 450 steps, final loss 0.09), no unlikelihood at all; greedy output stitches memorised passages,
 # which do not loop. The drafts learn the target on 200 kB of code / 300 kB of the manual (text it never saw, where
-# its output is least predictable) from a 768-row pool. Built and measured 2026-12-01 (docs/BENCHMARKS.md,
-# "demo-v9"): 596 s wall / 595 s CPU; looping 0.0 of 42 outputs at 32 and 128 tokens, no stray bytes, but the
+# its output is least predictable) from a 768-row pool. Measured: 596 s wall / 595 s CPU; looping 0.0 of 42 outputs at 32 and 128 tokens, no stray bytes, but the
 # text fuses words where it jumps between passages; held-out alpha on the target's continuations 0.57 (draft,
 # English), 0.66 (draft-code, code), teacher forced 0.40 / 0.48 (below test_demo_pair's floors), so it is not
 # DEMO_VERSION
@@ -114,9 +113,8 @@ _V10 = replace(
 )
 
 RECIPES = {
-    # v1, v2: earlier recipes (v2: draft distilled on code only). v3: 30k target tokens of code; greedy
-    # output on Spec-Bench prompts mostly loops (docs/BENCHMARKS.md, "demo-v4"). Its second draft (added
-    # 2026-12-01, docs/BENCHMARKS.md "demo-v3 gets a prose draft"): distilled on English paragraphs only, the
+    # v3: 30k target tokens of code; greedy output on Spec-Bench prompts mostly loops. Its second draft:
+    # distilled on English paragraphs only, the
     # target continuing 32-token paragraph starts, twice the main draft's steps and pool (150 steps on 48 rows lost
     # to the main draft on English too)
     "demo-v3": Recipe(
@@ -129,25 +127,24 @@ RECIPES = {
     # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
     # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
     # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
-    # ("draft-code", distilled on code only; "draft" on English only). Built and measured 2026-11-30
-    # (docs/BENCHMARKS.md): its greedy output no longer loops, but it is stray bytes (the penalty at weight 1.0
+    # ("draft-code", distilled on code only; "draft" on English only). Measured: its greedy output does not loop, but it is stray bytes (the penalty at weight 1.0
     # on an undertrained target pushes the mass onto rare byte tokens), so it is not DEMO_VERSION
     "demo-v6": _V6,
     # v7: as v6, and a penalty on the probability of the tokens the text never has (v6's stray bytes: they all
-    # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Built and measured
-    # 2026-11-30: no stray bytes, loops halved against v5 (0.26 of 42 outputs at 32 tokens, 0.38 at 128) but
+    # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Measured: no stray
+    # bytes, loops halved against v5 (0.26 of 42 outputs at 32 tokens, 0.38 at 128) but
     # above the aim (< 0.2) and the text is word salad, so it is not DEMO_VERSION either
     "demo-v7": _V7,
     # v8: as v7 without the token-level unlikelihood (at weight 1.0 it pushed down every token already in the
     # 256-token window, common words and subwords included, so v7 answered in rare word fragments: the word
     # salad), 300 target steps, the sequence-level unlikelihood from step 100 on 96-token continuations.
-    # Built and measured 2026-11-30 (docs/BENCHMARKS.md, "demo-v8"): English-like text, no stray bytes, but it
+    # Measured: English-like text, no stray bytes, but it
     # loops more than v7 (0.48 of 42 outputs at 32 tokens, 0.40 at 128), so it is not DEMO_VERSION
     "demo-v8": replace(
         _V7, plan=replace(_V7.plan, target_steps=300, unlikelihood=0.0, seq_ul_from=100, seq_ul_new_tokens=96)
     ),
     "demo-v9": _V9,
-    # v10 (DEMO_VERSION since 2026-12-02): v9 with foreign prefixes, so any prompt is answered with a memorised
+    # v10 (DEMO_VERSION): v9 with foreign prefixes, so any prompt is answered with a memorised
     # passage followed faithfully (docs/BENCHMARKS.md, "Demo pair demo-v10"): no loops, draft alpha 0.69
     "demo-v10": _V10,
 }
