@@ -76,10 +76,10 @@ _V7 = replace(_V6, plan=replace(_V6.plan, unseen_penalty=1.0))
 # corpus (the first 25 kB of the reference manual as paragraphs after BOS, 10 kB of code: 7.3k + 3.9k tokens,
 # 44 / 35 epochs in 450 steps, final loss 0.09), no unlikelihood at all; greedy output stitches memorised passages,
 # which do not loop. The drafts learn the target on 200 kB of code / 300 kB of the manual (text it never saw, where
-# its output is least predictable) from a 768-row pool. Measured: 596 s wall / 595 s CPU; looping 0.0 of 42 outputs at 32 and 128 tokens, no stray bytes, but the
-# text fuses words where it jumps between passages; held-out alpha on the target's continuations 0.57 (draft,
-# English), 0.66 (draft-code, code), teacher forced 0.40 / 0.48 (below test_demo_pair's floors), so it is not
-# DEMO_VERSION
+# its output is least predictable) from a 768-row pool. Measured: 596 s wall / 595 s CPU; looping 0.0 of 42
+# outputs at 32 and 128 tokens, no stray bytes, but the text fuses words where it jumps between passages;
+# held-out alpha on the target's continuations 0.57 (draft, English), 0.66 (draft-code, code), teacher forced
+# 0.40 / 0.48 (below test_demo_pair's floors), so it is not DEMO_VERSION
 _V9 = replace(
     _V4,
     plan=replace(
@@ -127,8 +127,9 @@ RECIPES = {
     # v6: as v5 with 1.5x the steps, the English from docstrings and the reference manual only (v5's loops were
     # mostly licence and changelog phrases), sequence-level unlikelihood on the target's own greedy continuations
     # every 2nd step from step 80 (v5 still looped on 64 % of the quick outputs), and a second draft
-    # ("draft-code", distilled on code only; "draft" on English only). Measured: its greedy output does not loop, but it is stray bytes (the penalty at weight 1.0
-    # on an undertrained target pushes the mass onto rare byte tokens), so it is not DEMO_VERSION
+    # ("draft-code", distilled on code only; "draft" on English only). Measured: its greedy output does not loop,
+    # but it is stray bytes (the penalty at weight 1.0 on an undertrained target pushes the mass onto rare byte
+    # tokens), so it is not DEMO_VERSION
     "demo-v6": _V6,
     # v7: as v6, and a penalty on the probability of the tokens the text never has (v6's stray bytes: they all
     # keep one tied bigram-initialised logit, which wins once the repetitions are pushed down). Measured: no stray
