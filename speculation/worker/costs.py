@@ -4,10 +4,8 @@ One calibration measures (repeated timings; the worker's own work: its fastest r
 the server's step: the median, as the server runs under its own load). The fastest, not the median, of the worker's
 timings: they run while the server serves shadow's traffic on the same node, which prod's steps do not share.
 (Where prod batches, the batch decoder's steps are timed in the batch loop's thread after the server has gone
-quiet, and there the median: ``_batch_step_costs``.)
-Measured (docs/BENCHMARKS.md, bench_gateway shadow_vs_prod, load 12-18): with the median, verify(2..5) came out
-at 139 ms where prod's whole worker step was 22 ms (shadow / prod 0.16); with the fastest, the projected worker
-step was 20 ms against prod's 24 ms (shadow / prod 1.19):
+quiet, and there the median: ``_batch_step_costs``.) With the median, shadow's projection under load came out
+several times below what prod then measured (docs/BENCHMARKS.md, "Shadow against prod"). What is timed:
 - the target step: the server's plain decode step, (T(1 + N tokens) - T(1 token)) / N of a greedy plain
   generation, so prefill, HTTP round trip and request overhead cancel (not a request's latency per token);
 - the draft step: this worker's draft proposing over a warm cache (0 for n-gram lookup);
