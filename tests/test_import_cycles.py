@@ -1,4 +1,4 @@
-"""No import cycles between the product's modules (issue 9: the layout shows the architecture).
+"""No import cycles between the product's modules (so that the layout shows the architecture).
 
 The graph is built from module-level imports only (an import inside a function runs later, on purpose: that is
 how a light module reaches heavy code lazily). A cycle is a strongly connected component of more than one module.

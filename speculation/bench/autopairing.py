@@ -1,5 +1,5 @@
 """Auto-pairing on a mixed workload: per workload, the auto-paired candidate and K against every single candidate
-and against the per-workload oracle (issue 12's `bench_autopairing`).
+and against the per-workload oracle (`bench_autopairing`).
 
 One process, no server: the target (the engine's Transformer, loaded from --target) answers each prompt greedily
 (--temperature: sampled, each candidate then replayed as shadow replays a sampled request);

@@ -201,7 +201,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def shape(measured: dict[str, dict[str, dict[str, Run]]]) -> dict:
-    """The issue's `concurrency` JSON: per traffic kind and concurrency, prod / off and prod / plain same path."""
+    """The bench's `concurrency` JSON: per traffic kind and concurrency, prod / off and prod / plain same path."""
     out: dict = {}
     for kind, rows in measured["prod"].items():
         for concurrency, prod in rows.items():

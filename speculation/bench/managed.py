@@ -276,7 +276,7 @@ def _row(off: dict, prod: dict) -> dict:
 
 
 def shape(modes: dict[str, dict], switches: list[dict], **extra) -> dict:
-    """The issue's shape: "managed" is prod with the native draft model, "managed_ngram" with native n-gram."""
+    """The report's shape: "managed" is prod with the native draft model, "managed_ngram" with native n-gram."""
     off = modes["off"]
     return {
         "managed": {c: _row(off[c], modes["draft_model"][c]) for c in off},

@@ -1,6 +1,6 @@
 """The network policy holds where it matters: at the address a socket actually connects to.
 
-Each test reproduces an attack from issue 13 first: a metadata address inside an allowed range, ACE's own
+Each test reproduces an attack first: a metadata address inside an allowed range, ACE's own
 Redis on loopback, and a name that resolves differently at connect time than when it was checked.
 """
 
@@ -58,7 +58,7 @@ def test_the_default_networks_refuse_aws_ipv6_metadata_although_fc00_is_allowed(
 
 
 def test_ace_own_redis_is_refused_on_loopback_and_a_probe_never_connects(redis_server):
-    # given ACE's own Redis on loopback (the issue: a probe's POST reached it)
+    # given ACE's own Redis on loopback (a probe's POST must not reach it)
     port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
     client = redis.Redis.from_url(redis_server.url)
     before = int(client.info("stats")["total_connections_received"])

@@ -261,7 +261,7 @@ def test_one_supervisor_per_node_class_holds_the_lease(redis_server):
 
 
 def test_the_dashboard_shows_a_managed_endpoints_native_multiplier(endpoint, user):
-    # Shows of issue 11: native multipliers on the dashboard like the other paths (records as the gateway writes
+    # native multipliers on the dashboard like the other paths (records as the gateway writes
     # them for a managed endpoint in prod: path native, the baseline of the same server without speculation).
     _serving(endpoint)
     StageRecord.objects.create(

@@ -1,4 +1,4 @@
-"""python -m speculation.bench runs end to end and writes the JSON keys the issue lists."""
+"""python -m speculation.bench runs end to end and writes the JSON keys it documents."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench_gateway's `concurrency` and `shadow_vs_prod`: the issue's JSON shape, computed from the measured runs."""
+"""bench_gateway's `concurrency` and `shadow_vs_prod`: the JSON shape, computed from the measured runs."""
 
 from __future__ import annotations
 

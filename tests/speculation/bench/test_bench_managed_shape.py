@@ -1,4 +1,4 @@
-"""bench_gateway --managed: the report has the issue's shape, computed from the measured figures."""
+"""bench_gateway --managed: the report's shape, computed from the measured figures."""
 
 from __future__ import annotations
 

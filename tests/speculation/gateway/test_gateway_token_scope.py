@@ -1,8 +1,7 @@
 """Gateway tokens: each calls only the endpoints it is scoped to, and a revoked one stops on the next request.
 
-Before: any valid token called every endpoint, and a deleted token kept working for up to 10 s (a per-process
-cache in speculation/gateway/auth.py). Tokens are cached per process again (issue 10 item 6), now invalidated by
-the signals of every change made through Django; a change no signal announces applies within ACE_GATEWAY_AUTH_TTL
+Tokens are cached per process (speculation/gateway/auth.py), invalidated by the signals of every change made
+through Django; a change no signal announces applies within ACE_GATEWAY_AUTH_TTL
 (tests/speculation/gateway/test_gateway_lean_app.py).
 """
 

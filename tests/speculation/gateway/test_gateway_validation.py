@@ -1,7 +1,7 @@
 """The gateway refuses what the model server would refuse, OpenAI-shaped, with its request id; never a 500.
 
-Reproduces issue 13: in prod, `temperature: "hot"` or `[0]` were HTML 500s with no record; `top_p` 0 or 2
-and `prompt: ""` were speculated although vLLM refuses them; a 20 MB body was a bare HTML 400.
+In prod and shadow a body the server would refuse (`temperature: "hot"` or `[0]`, `top_p` 0 or 2, `prompt: ""`)
+is an OpenAI-shaped 400 and nothing is speculated; a 20 MB body is an OpenAI-shaped 413.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The demo pair behaves like a real one (issue 10 item 5, issue 12 item 6): its target's greedy answers to
+"""The demo pair behaves like a real one: its target's greedy answers to
 Spec-Bench prompts are mostly not loops, and each of its two drafts wins on its own kind of text (held-out real
 text, teacher forced).
 

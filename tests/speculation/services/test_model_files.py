@@ -1,8 +1,8 @@
 """Files only where they belong, and every malformed model folder a 400 naming the file and the problem.
 
-Reproduces issue 13: six malformed draft folders that were 500s (REST and the dashboard form), a policy
-target_path of /etc saved in off mode, a training run writing anywhere, messages that told apart "exists" and
-"does not exist", and a planted checkpoint unpickled with weights_only=False.
+Pinned cases: six malformed draft folders (REST and the dashboard form), a policy target_path of /etc in off
+mode, a training run's output directory, messages that must not tell apart "exists" and "does not exist", and a
+planted checkpoint that must not be unpickled with weights_only=False.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prod's measured multiplier and shadow's projection are over the same stored server step (issue 10 item 4).
+"""Prod's measured multiplier and shadow's projection are over the same stored server step.
 
 Prod's multiplier is its tok/s x the server's plain decode step of the newest calibration stored for the key
 shadow projects with (speculation.worker.costs.prod_server_step_ms), so the ratio of the two carries no second,
