@@ -15,6 +15,7 @@ from pathlib import Path
 import dj_database_url
 
 from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_paths, env_str, env_url
+from ace.logs import one_line_messages
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("ACE_DATA_DIR", str(BASE_DIR / "var")))
@@ -296,3 +297,4 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("ACE_LOG_LEVEL", "INFO")},
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
+one_line_messages()  # a newline in a logged value (a URL, a name) cannot forge a log line: ace.logs

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 import socket
 import ssl
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -169,8 +171,33 @@ def checked_addresses(host: str, port: int) -> list[IPAddress]:
     return addresses
 
 
+_PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# Unicode categories no URL of ACE's may hold: controls (CR, LF, TAB, NUL, ...), format characters (the bidi
+# overrides such as U+202E, zero-width spaces), line and paragraph separators, and spaces of every width.
+_REFUSED_CATEGORIES = {"Cc": "a control character", "Cf": "an invisible formatting character",
+                       "Zl": "a line separator", "Zp": "a paragraph separator", "Zs": "a space"}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_problem(url: str) -> str:
+    """What makes `url` unsafe to store, log or send as given ("" when nothing): urlparse drops CR, LF and TAB
+    silently, so the URL it checks is not the one stored; httpx then refuses the stored one (InvalidURL) and a
+    newline in it splits a log line."""
+    for position, char in enumerate(url):
+        what = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if what:
+            return f"the URL holds {what} (U+{ord(char):04X}) at position {position + 1}"
+    bad = _PERCENT_ESCAPE.search(url)
+    if bad:
+        return f"the URL holds a '%' not followed by two hex digits at position {bad.start() + 1}"
+    return ""
+
+
 def check_url(url: str) -> str:
     """Return the URL normalised (no trailing slash) or raise URLNotAllowed saying what is wrong."""
+    problem = shape_problem(url.strip())
+    if problem:
+        raise URLNotAllowed(problem)
     try:
         parsed = urlparse(url.strip())
         port = parsed.port

@@ -1,7 +1,5 @@
 """/api/v1/ lists every REST route (fleet and speculation); /api/schema/ and /api/docs/ follow
 ACE_API_DOCS_PUBLIC (default: sign-in required).
-
-Before: /api/v1/ listed only the fleet routes, and the schema and docs were open to anyone.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Ids and offsets beyond a database integer are 400s (or clamped), not driver OverflowErrors (500s).
 
-Found by `manage.py fuzz_api`: `GET /api/v1/probes/?endpoint=<31 digits>&offset=<22 digits>` and
-`GET /api/v1/stage-records/?endpoint=<23 digits>` were 500s ("Python int too large to convert to SQLite INTEGER").
+Cases `manage.py fuzz_api` finds: `GET /api/v1/probes/?endpoint=<31 digits>&offset=<22 digits>` and
+`GET /api/v1/stage-records/?endpoint=<23 digits>` ("Python int too large to convert to SQLite INTEGER" unchecked).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from ace import json_body
+from fleet import netpolicy
 from speculation.gateway import passthrough, validation
 from speculation.gateway.auth import authenticate
 from speculation.gateway.call import Call, new_request_id
@@ -82,6 +83,10 @@ async def serve(
             code="model_not_found",
             request_id=request_id,
         )
+    url_problem = netpolicy.shape_problem(route.base_url)
+    if url_problem:  # stored before ACE checked this: httpx would refuse it (a 500), a log line would split
+        message = f"endpoint {route.name} has a base URL ACE cannot use ({url_problem}); an operator must correct it."
+        return error_response(502, message, code="upstream_misconfigured", request_id=request_id)
     if route.mode != Mode.OFF:  # off relays the server's own answer, errors included
         body, invalid = validation.checked(body, kind=kind)
         if invalid is not None:

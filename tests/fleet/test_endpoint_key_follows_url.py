@@ -1,6 +1,6 @@
 """A stored endpoint key never goes to a new URL: changing the base URL needs the key again, or drops it.
 
-The attack it closes: PATCH base_url to a server you control; the re-probe used to send the stored key there in
+The attack it closes: PATCH base_url to a server you control; the re-probe would send the stored key there in
 the Authorization header.
 """
 

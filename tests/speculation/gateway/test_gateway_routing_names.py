@@ -1,7 +1,7 @@
 """Unambiguous routing: a model name resolves to exactly one endpoint.
 
-Before: registering an endpoint NAMED like another endpoint's served model id (ace-demo-target) made the gateway
-send that model's traffic, prompts included, to the new URL.
+Why: an endpoint NAMED like another endpoint's served model id (ace-demo-target) must not take that model's
+traffic, prompts included, to its own URL.
 """
 
 from __future__ import annotations
