@@ -1,6 +1,6 @@
 """Unknown fields in an endpoint or policy PUT/PATCH answer 400 naming them.
 
-Before: `{"modee": "prod"}` answered 200 and changed nothing, silently.
+Why: `{"modee": "prod"}` must not answer 200 and change nothing, silently.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A base URL ending in /v1 is normalised (ACE adds /v1/... itself), and the answer says so.
 
-Before: it was saved as given and every probe then failed with 404 (ACE asked for /v1/v1/models).
+Why: saved as given, every probe would fail with 404 (ACE would ask for /v1/v1/models).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Only an endpoint's owner or an admin may change its team: a team-mate cannot lock the team out.
 
-Before: a team-mate operator could PATCH `team: null` (or another of its teams) onto the owner's endpoint, and the
-rest of the team lost it.
+Why: a team-mate operator PATCHing `team: null` (or another of its teams) onto the owner's endpoint would take it
+from the rest of the team.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def test_the_settings_form_saves_a_tree_and_shows_it_on_the_page(client_in, endp
         ("4,six,24", "three whole numbers"),
         ("4,6", "three whole numbers"),
         ("9,6,24", "top_k must be an integer"),
-        ("\u00b2,6,24", "three whole numbers"),  # isdigit() but not int(): was a 500
+        ("\u00b2,6,24", "three whole numbers"),  # isdigit() but not int()
         ("\uff14,6,24", "three whole numbers"),  # a fullwidth 4
     ],
 )
