@@ -274,8 +274,7 @@ def _batch_step_costs(
     loop's own thread (batching.on_loop_thread says why), the median of the rounds per size, each round after the
     server has gone quiet, and each step's tokens relayed beside the next step as a request thread relays them
     (speculation.worker.costs_batch.StepRelay): the steps run where and as prod's do, so their typical time is what
-    prod's requests pay (the fastest left shadow's projection 1.07-1.30x prod's measurement in six runs; without
-    the relay, 1.24-1.44x in three: docs/BENCHMARKS.md).
+    prod's requests pay (the fastest repeat, or no relay, projects prod faster than it runs: docs/BENCHMARKS.md).
     With n-gram lookup the timer drafts with the target itself (verify(n) does not depend on what proposed the
     drafts) and the lookup is timed on its own."""
     from speculation.worker import batching
