@@ -138,8 +138,8 @@ def run_all(
     them.
 
     The last phase restarts the worker with ACE_PROD_PLAIN=true and ACE with the guard off, and leaves them so
-    (call it last in a run). mechanism: prod's (the demo draft, a lookup: "ngram", "suffix", or
-    "suffix_draft": suffix decoding with the demo draft's fallback). fresh: every round
+    (call it last in a run). mechanism: prod's ("eagle_head": the demo head at dynamic K; the demo draft; a
+    lookup: "ngram", "suffix", or "suffix_draft": suffix decoding with the demo draft's fallback). fresh: every round
     of a load sends prompts no earlier round sent (off's round r and prod's round r the same ones), so neither the
     server's and ACE's prefix caches nor suffix decoding's store of earlier answers meets a prompt twice; else each
     round sends the first prompts of the list again."""

@@ -29,6 +29,8 @@ for name, url in spec["endpoints"].items():
     probe = run_probe(Probe.objects.create(endpoint=endpoint).pk)
     out["endpoints"][name] = {"id": endpoint.pk, "status": probe.outcome, "reason": probe.reason}
 register_draft(name="demo-draft", kind="draft_model", path=spec["draft_dir"])
+if spec.get("eagle_dir"):
+    register_draft(name="demo-eagle", kind="eagle_head", path=spec["eagle_dir"])
 print("SETUP" + json.dumps(out))
 """
 
@@ -37,6 +39,7 @@ print("SETUP" + json.dumps(out))
 class BenchStack:
     target_dir: Path
     draft_dir: Path
+    eagle_dir: Path | None = None  # registered as demo-eagle when given (the run command's demo head)
     with_native: bool = False
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ace-bench-")))
     env: dict[str, str] = field(default_factory=dict)
@@ -95,7 +98,9 @@ class BenchStack:
         if self.ngram_url:
             endpoints["demo-ngram"] = self.ngram_url
         self._manage("migrate", "-v", "0")
-        spec = json.dumps({"endpoints": endpoints, "draft_dir": str(self.draft_dir)})
+        spec = json.dumps(
+            {"endpoints": endpoints, "draft_dir": str(self.draft_dir), "eagle_dir": str(self.eagle_dir or "")}
+        )
         out = self._manage("shell", "-c", SETUP, extra_env={"ACE_BENCH_SPEC": spec})
         setup = json.loads(out.split("SETUP", 1)[1])
         self.token = setup["token"]
@@ -154,13 +159,14 @@ class BenchStack:
         return response.json()
 
     def set_demo_pairing(self, endpoint: str = "demo", *, k: int = 5, mechanism: str = "draft_model") -> dict:
-        """Prod with the run command's demo pairing, set in full (the demo draft at K on the local path): a policy left
-        at its defaults would run n-gram lookup. mechanism "suffix" or "ngram": that lookup instead of the draft;
-        "suffix_draft": suffix decoding with the demo draft where it finds little."""
-        draft = "demo-draft" if mechanism in ("draft_model", "suffix_draft") else None
+        """Prod with a demo pairing, set in full (on the local path): a policy left at its defaults would run n-gram
+        lookup. mechanism "eagle_head": the demo head's chain at dynamic K from K (the run command's pairing);
+        "draft_model": the demo draft at K; "suffix" or "ngram": that lookup; "suffix_draft": suffix decoding with
+        the demo draft where it finds little."""
+        draft = {"draft_model": "demo-draft", "suffix_draft": "demo-draft", "eagle_head": "demo-eagle"}.get(mechanism)
         return self.set_policy(
             endpoint, mode="prod", mechanism=mechanism, draft=draft, k=k, path="local",
-            target_path=str(self.target_dir),
+            dynamic_k=mechanism == "eagle_head", target_path=str(self.target_dir),
         )  # fmt: skip
 
     def records(self, endpoint: str, **filters) -> list[dict]:

@@ -68,9 +68,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--mechanism",
-            choices=("draft_model", "suffix", "suffix_draft", "ngram"),
-            default="draft_model",
-            help="concurrency: what prod drafts with (default: the demo draft, the run command's pairing)",
+            choices=("eagle_head", "draft_model", "suffix", "suffix_draft", "ngram"),
+            default=None,
+            help="coverage and concurrency: what prod drafts with (default: the run command's pairing, the demo's "
+            "EAGLE head at dynamic K; the demo draft where no head is shipped or built)",
         )
         parser.add_argument(
             "--fresh-prompts",
@@ -95,11 +96,12 @@ class Command(BaseCommand):
         only: str,
         concurrency_rounds: int,
         concurrency_streams: str,
-        mechanism: str = "draft_model",
+        mechanism: str | None = None,
         fresh_prompts: bool = False,
         **options,
     ) -> None:
         from speculation.offline.demo import ensure_demo_pair
+        from speculation.offline.eagle.demo_head import default_head_dir
 
         if concurrency_rounds < 1:
             raise CommandError(f"--concurrency-rounds must be at least 1, not {concurrency_rounds}", returncode=2)
@@ -107,6 +109,11 @@ class Command(BaseCommand):
 
         started = time.perf_counter()
         pair = ensure_demo_pair()
+        head_dir = default_head_dir(pair)
+        eagle_dir = head_dir if (head_dir / "config.json").is_file() else None
+        mechanism = mechanism or ("eagle_head" if eagle_dir else "draft_model")
+        if mechanism == "eagle_head" and eagle_dir is None:
+            raise CommandError(f"--mechanism eagle_head: no EAGLE head for the demo target in {head_dir}", returncode=2)
         if managed:
             self._managed(pair, quick=quick, json_path=json_path, dataset=dataset, started=started)
             return
@@ -134,7 +141,9 @@ class Command(BaseCommand):
         if sections - {"shadow_vs_prod", "concurrency"}:
             raise CommandError(f"--only takes shadow_vs_prod and/or concurrency, not {only!r}", returncode=2)
         with_native = not (no_native or sections)
-        stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, with_native=with_native)
+        stack = BenchStack(
+            target_dir=pair.target_dir, draft_dir=pair.draft_dir, eagle_dir=eagle_dir, with_native=with_native
+        )
         self.stderr.write(f"starting redis, vLLM{' x2' if with_native else ''}, worker, ACE (logs {stack.log_dir})")
         stack.start()
         try:
@@ -254,6 +263,7 @@ class Command(BaseCommand):
             )
         out["shadow_vs_prod"] = concurrency_bench.shadow_vs_prod(shadow_records, prod_records["local"])
         self.stderr.write(f"shadow vs prod (local): {out['shadow_vs_prod']}")
+        stack.set_demo_pairing(k=concurrency_bench.PROD_K, mechanism=plan["concurrency_mechanism"])
         out.update(self._coverage(stack, prompts[: plan["coverage_prompts"]], plan["prod_max_tokens"]))
         stack.set_policy("demo", mode="off")
         out.update(self._alphas(shadow_records, prod_records["remote"]))
@@ -326,7 +336,7 @@ class Command(BaseCommand):
         return out
 
     def _coverage(self, stack: BenchStack, prompts: list[str], max_tokens: int) -> dict:
-        """prod_coverage on the local path (the policy as the prod loop left it): speculated / requests."""
+        """prod_coverage on the local path with the demo pairing (--mechanism): speculated / requests."""
         requests = coverage.mixed_requests(prompts, model="demo", max_tokens=max_tokens)
         seen = {r["id"] for r in stack.records("demo", mode="prod")}
         statuses = coverage.run(stack.ace_url, requests, headers=stack.headers)
