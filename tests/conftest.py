@@ -8,7 +8,7 @@
   database; tests using it need `@pytest.mark.django_db(transaction=True)`.
 
 Each process starts once per session, logs to test-artifacts/, and is stopped at the end of the session.
-Every test session gets its own SQLite test database file, so engineers and CI runs never share one.
+Every test session gets its own SQLite test database file, so concurrent runs never share one.
 """
 
 from __future__ import annotations
