@@ -10,7 +10,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers
 from rest_framework.exceptions import APIException
 from rest_framework.permissions import BasePermission
@@ -89,7 +89,9 @@ class DocsAccess(BasePermission):
 
 
 schema_view = SpectacularAPIView.as_view(permission_classes=[DocsAccess])
-_swagger_view = SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[DocsAccess])
+_swagger_view = SpectacularSwaggerSplitView.as_view(  # its start-up script is a URL: no inline script (ace.csp)
+    url_name="schema", permission_classes=[DocsAccess]
+)
 
 
 def docs_view(request: HttpRequest, *args, **kwargs) -> HttpResponse:

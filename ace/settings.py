@@ -153,6 +153,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "ace.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -203,6 +204,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ACE_MAX_BODY_BYTES", 10 * 1024 * 1024, mi
 # deactivated, role or team changed) applies on the next request, any other change within this many seconds.
 GATEWAY_AUTH_TTL_S = env_float("ACE_GATEWAY_AUTH_TTL", 5.0, minimum=0.0)
 
+# Throttles (ace.throttle, per web process): failed sign-ins per username and client address, and bad API tokens
+# (REST and /v1) per client address, within ACE_THROTTLE_WINDOW seconds before a 429; 0 turns one off.
+LOGIN_THROTTLE = env_int("ACE_LOGIN_THROTTLE", 10, minimum=0)
+TOKEN_THROTTLE = env_int("ACE_TOKEN_THROTTLE", 20, minimum=0)
+THROTTLE_WINDOW_S = env_int("ACE_THROTTLE_WINDOW", 300, minimum=1)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -222,7 +229,7 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "ace.token_auth.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # Reads: any signed-in user; writes: operators and admins. Object checks: fleet.permissions.

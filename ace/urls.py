@@ -5,10 +5,11 @@ from django.views.generic import RedirectView
 
 from ace import ops
 from ace.api import ApiRootView, docs_view, schema_view
+from ace.login import LoginView
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="fleet:endpoint-list", permanent=False)),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),

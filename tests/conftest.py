@@ -49,7 +49,19 @@ def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
 
     os.environ.setdefault("ACE_GOODPUT_GUARD", "false")
+    # The processes tests start serve a whole session's bad-token tests from one address: no throttle there.
+    os.environ.setdefault("ACE_TOKEN_THROTTLE", "0")
     settings.GOODPUT_GUARD = os.environ["ACE_GOODPUT_GUARD"].lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def throttles_start_empty() -> Iterator[None]:
+    """Failed sign-ins and bad tokens are counted per process (ace.throttle): each test starts from none."""
+    from ace import throttle
+
+    throttle.logins.clear()
+    throttle.tokens.clear()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,11 @@ class ClientGone(Exception):
     pass
 
 
+def _client(scope: Scope) -> str:
+    """The caller's address (what the bad-token throttle counts by; ace.throttle)."""
+    return str((scope.get("client") or ("",))[0])
+
+
 def _security_headers() -> list[tuple[bytes, bytes]]:
     headers = [(b"X-Frame-Options", settings.X_FRAME_OPTIONS.encode())]
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
@@ -132,7 +137,7 @@ class GatewayApp:
         path = scope["path"]
         try:
             if path == "/v1/models":
-                response = await views.list_models(authorization)
+                response = await views.list_models(authorization, client=_client(scope))
             else:
                 response = await views.serve(
                     kind=KINDS[path],
@@ -140,6 +145,7 @@ class GatewayApp:
                     authorization=authorization,
                     raw=raw,
                     workload_header=workload_header,
+                    client=_client(scope),
                 )
         except Exception:  # noqa: BLE001 - a bug answers an OpenAI-shaped 500 with the request id, never a traceback
             request_id = new_request_id()

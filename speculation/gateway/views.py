@@ -16,10 +16,10 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from ace import json_body
+from ace import json_body, throttle
 from fleet import netpolicy
 from speculation.gateway import passthrough, validation
-from speculation.gateway.auth import authenticate
+from speculation.gateway.auth import Principal, authenticate
 from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
 from speculation.gateway.routes import route_cache
@@ -38,6 +38,26 @@ def _unauthorized(request_id: str) -> HttpResponse:
     )
 
 
+async def _caller(authorization: str, client: str, *, stamp, request_id: str) -> Principal | HttpResponse:
+    """The token's principal, or the answer to send instead: 401 for a bad token, 429 once this client address
+    sent ACE_TOKEN_THROTTLE bad tokens within ACE_THROTTLE_WINDOW seconds (ace.throttle), whatever it sends then,
+    so that a guess that happens to be right reads like every other."""
+    sent_key = len(authorization.split()) > 1  # "Bearer <key>": a request without a key is no guess
+    wait = throttle.tokens.wait_s(client) if sent_key else 0
+    if wait:
+        response = error_response(
+            429, throttle.wait_message(wait), code="rate_limit_exceeded", request_id=request_id, kind="rate_limit_error"
+        )
+        response["Retry-After"] = str(wait)
+        return response
+    principal = await authenticate(authorization, stamp=stamp)
+    if principal is None:
+        if sent_key:
+            throttle.tokens.failed(client)
+        return _unauthorized(request_id)
+    return principal
+
+
 def _body(request: HttpRequest) -> bytes | None:
     """The body, or None when it is over DATA_UPLOAD_MAX_MEMORY_SIZE (Django checks Content-Length; a chunked
     body has none, so its length is checked after reading)."""
@@ -50,17 +70,24 @@ def _body(request: HttpRequest) -> bytes | None:
 
 
 async def serve(
-    *, kind: str, method: str, authorization: str, raw: bytes | None, workload_header: str | None = None
+    *,
+    kind: str,
+    method: str,
+    authorization: str,
+    raw: bytes | None,
+    workload_header: str | None = None,
+    client: str = "",
 ) -> HttpResponseBase:
-    """One completion request (`raw`: its body, None when over the size limit), answered in the endpoint's mode."""
+    """One completion request (`raw`: its body, None when over the size limit; `client`: the caller's address),
+    answered in the endpoint's mode."""
     request_id = new_request_id()
     if method != "POST":
         return error_response(405, "Use POST.", code="method_not_allowed", request_id=request_id)
     cache = route_cache()
     stamp = await cache.stamp()
-    principal = await authenticate(authorization, stamp=stamp)
-    if principal is None:
-        return _unauthorized(request_id)
+    principal = await _caller(authorization, client, stamp=stamp, request_id=request_id)
+    if isinstance(principal, HttpResponse):
+        return principal
     if raw is None:
         message = f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (ACE_MAX_BODY_BYTES)."
         return error_response(413, message, code="request_too_large", request_id=request_id)
@@ -119,6 +146,7 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
         authorization=authorization,
         raw=_body(request),
         workload_header=request.headers.get(workload_keys.HEADER),
+        client=request.META.get("REMOTE_ADDR", ""),
     )
 
 
@@ -133,17 +161,17 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
 
 
 async def models(request: HttpRequest) -> HttpResponse:
-    return await list_models(request.headers.get("Authorization", ""))
+    return await list_models(request.headers.get("Authorization", ""), client=request.META.get("REMOTE_ADDR", ""))
 
 
-async def list_models(authorization: str) -> HttpResponse:
+async def list_models(authorization: str, *, client: str = "") -> HttpResponse:
     """/v1/models: the endpoints this token may call, one entry each."""
     request_id = new_request_id()
     cache = route_cache()
     stamp = await cache.stamp()
-    principal = await authenticate(authorization, stamp=stamp)
-    if principal is None:
-        return _unauthorized(request_id)
+    principal = await _caller(authorization, client, stamp=stamp, request_id=request_id)
+    if isinstance(principal, HttpResponse):
+        return principal
     table = await cache.table(stamp)
     created = int(time.time())
     seen: set[int] = set()
