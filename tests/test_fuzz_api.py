@@ -5,7 +5,9 @@ The full run and its counts: `python manage.py fuzz_api` (docs/SECURITY.md).
 
 from __future__ import annotations
 
+import json
 import random
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -64,3 +66,54 @@ def test_a_short_fuzz_run_gets_no_5xx_and_leaves_no_traceback(vllm_server):
     assert report["gateway"]["unshaped_errors"] == 0, report["gateway"]["findings"]
     assert report["gateway"]["missing_request_id"] == 0, report["gateway"]["findings"]
     assert report["log_tracebacks"] == 0, report["log_excerpts"]
+
+
+def test_the_gateway_bodies_carry_every_input_class_in_the_full_run():
+    from ace.fuzz.classes import CONTROL_STRINGS, DEEP_JSON, UNICODE_DIGITS
+
+    sent = list(bodies("chat", "m", rng=random.Random(0), quick=False))
+    assert DEEP_JSON in sent
+    text = b"\n".join(sent).decode(errors="replace")
+    assert all(json.dumps(value)[1:-1] in text for value in [*CONTROL_STRINGS, *UNICODE_DIGITS])
+    assert '"response_format": ' + "[" * 100 in text
+
+
+def test_the_rest_cases_reach_every_operation_with_every_class():
+    from ace.fuzz.classes import DEEP_JSON, IMPOSSIBLE_DATES, rest_cases
+
+    schema = {
+        "paths": {
+            "/api/v1/things/": {
+                "get": {"parameters": [{"name": "since", "in": "query"}]},
+                "post": {
+                    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/T"}}}}
+                },
+            },
+            "/api/v1/things/{id}/": {"delete": {"parameters": [{"name": "id", "in": "path"}]}},
+        },
+        "components": {"schemas": {"T": {"properties": {"name": {"type": "string"}}}}},
+    }
+    cases = list(rest_cases(schema, path_id=7, quick=False))
+    assert {c.method for c in cases} == {"get", "post", "delete"}
+    assert any(c.path.endswith("since=" + quote(IMPOSSIBLE_DATES[0], safe="")) for c in cases)
+    assert any(c.body == DEEP_JSON for c in cases)
+    assert any(c.body == json.dumps({"name": "a\r\nb"}).encode() for c in cases)
+    deletes = [c.path for c in cases if c.method == "delete"]
+    assert deletes and "/7/" not in " ".join(deletes)  # an existing id is never deleted
+
+
+@pytest.mark.django_db
+def test_the_rest_classes_over_this_schema_get_no_5xx(client, django_user_model):
+    """The input classes over ACE's own schema, in process (the uvicorn form runs in `fuzz_api`)."""
+    from ace.fuzz.classes import rest_cases
+    from fleet import services
+
+    client.force_login(django_user_model.objects.create_superuser("fuzz-admin", password="pw-for-tests-only"))
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    endpoint = services.create_endpoint(name="fuzz-classes", base_url="http://127.0.0.1:9")
+    answers: dict[str, int] = {}
+    for case in rest_cases(schema, path_id=endpoint.pk, quick=True):
+        response = client.generic(case.method.upper(), case.path, case.body or b"", content_type="application/json")
+        answers[case.label] = response.status_code
+    assert len(answers) > 300
+    assert [label for label, status in answers.items() if status >= 500] == []

@@ -1,7 +1,7 @@
-"""Fuzz the gateway's bodies: valid requests with one field (or several) replaced by odd values, missing or
-extra fields, bodies that are not JSON objects, and a body over the size limit, against /v1/completions and
-/v1/chat/completions of an endpoint in each mode. Every answer is tallied; a 5xx, or an error that is not
-OpenAI-shaped or lacks X-ACE-Request-Id, is kept as a finding."""
+"""Fuzz the gateway's bodies: valid requests with one field (or several) replaced by odd values or by the input
+classes of ace.fuzz.classes, missing or extra fields, bodies that are not JSON objects, and a body over the size
+limit, against /v1/completions and /v1/chat/completions of an endpoint in each mode. Every answer is tallied; a
+5xx, or an error that is not OpenAI-shaped or lacks X-ACE-Request-Id, is kept as a finding."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from ace.fuzz.classes import DEEP_JSON, gateway_changes
 
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 REQUEST_ID_HEADER = "X-ACE-Request-Id"
@@ -33,10 +35,10 @@ COMMON_FIELDS = [
 ]
 RAW_BODIES: list[bytes] = [
     *(b"", b"null", b"[]", b'"text"', b"{", b"\xff\xfe\x00", b"[" * 50_000, b'{"model": 5}', b'{"model": null}'),
-    *(b'{"model": "no-such-model", "prompt": "x"}', b'{"prompt": "no model"}'),
+    *(b'{"model": "no-such-model", "prompt": "x"}', b'{"prompt": "no model"}', DEEP_JSON),
 ]
 # Bodies per (mode, route): a CPU model server answers a valid request in about a second.
-QUICK_SINGLES, QUICK_MULTI = 40, 10
+QUICK_SINGLES, QUICK_MULTI, QUICK_CLASSES = 40, 10, 16
 FULL_SINGLES, FULL_MULTI = 300, 60
 OVERSIZE_BYTES = 12 * 1024 * 1024  # over ACE_MAX_BODY_BYTES' default (10 MiB)
 
@@ -59,6 +61,9 @@ def bodies(kind: str, model: str, *, rng: random.Random, quick: bool) -> Iterato
     for base in bases[:1]:
         yield json.dumps(base).encode()
     for name, value in singles:
+        yield json.dumps({**rng.choice(bases), name: value}).encode()
+    changes = gateway_changes(kind)  # the input classes (ace.fuzz.classes): all of them, or a sample
+    for name, value in changes if not quick else rng.sample(changes, QUICK_CLASSES):
         yield json.dumps({**rng.choice(bases), name: value}).encode()
     for _ in range(QUICK_MULTI if quick else FULL_MULTI):  # several fields at once
         body = dict(rng.choice(bases))

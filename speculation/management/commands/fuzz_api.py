@@ -45,11 +45,11 @@ class Command(BaseCommand):
 
     def _print(self, report: dict) -> None:
         self.stdout.write(f"{'surface':<10} {'requests':>9} {'5xx':>5}  statuses")
-        for part in ("gateway", "rest"):
+        for part in fuzz.PARTS:
             if part in report:
                 r = report[part]
                 self.stdout.write(f"{part:<10} {r['requests']:>9} {r['server_errors']:>5}  {r['statuses']}")
         self.stdout.write(f"tracebacks in ACE's log: {report['log_tracebacks']}")
-        for part in ("gateway", "rest"):
+        for part in fuzz.PARTS:
             for finding in report.get(part, {}).get("findings", [])[:10]:
                 self.stdout.write(f"  {part}: {finding}")
