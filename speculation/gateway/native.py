@@ -145,4 +145,6 @@ class NativeRecorder:
 
 async def serve(call: Call):
     before = await scrape(call)
+    if await passthrough.follow_move(call):  # the endpoint moved while its counters were read: the new one's
+        before = await scrape(call)
     return await passthrough.forward(call, observer=NativeRecorder(call, before))

@@ -7,6 +7,7 @@ finds the token count: speculation.gateway.goodput.watch).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -18,6 +19,7 @@ from fleet import netpolicy
 from speculation.gateway import goodput, upstream
 from speculation.gateway.call import Call
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_event, error_response
+from speculation.gateway.routes import route_cache
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +46,10 @@ async def forward(call: Call, *, content: bytes | None = None, observer: Observe
     request's speed is kept as a plain sample of the goodput guard)."""
     observer = goodput.watch(call, observer)
     http = upstream.client()
-    request = http.build_request(
-        "POST", call.url, content=content if content is not None else call.upstream_bytes(), headers=_headers(call)
-    )
+    content = content if content is not None else call.upstream_bytes()
+    await follow_move(call)
     try:
-        response = await _send(http, request, call)
+        response = await _send(http, call, content)
     except httpx.HTTPError as exc:
         logger.warning("request %s: endpoint %s unreachable: %s", call.request_id, call.route.name, exc)
         if observer is not None:
@@ -76,13 +77,40 @@ async def forward(call: Call, *, content: bytes | None = None, observer: Observe
     return reply
 
 
+async def follow_move(call: Call, *, reread: bool = False) -> bool:
+    """Send the request where its endpoint is routed now: a managed endpoint's blue/green switch (fleet.managed) may
+    have moved it to a new instance since the request looked its route up, and the old one stops once drained.
+    True when it moved (`reread`: see RouteCache.current)."""
+    now = await route_cache().current(call.route, reread=reread)
+    if now.base_url == call.route.base_url:
+        return False
+    logger.info("request %s: endpoint %s moved to %s; sent there", call.request_id, call.route.name, now.base_url)
+    call.route = dataclasses.replace(
+        call.route, base_url=now.base_url, api_key=now.api_key, upstream_headers=now.upstream_headers
+    )
+    return True
+
+
 # The connection dropped before any response: most often a pooled keep-alive connection the server closed as the
 # request went out (seen in a bench: vLLM healthy, one off-mode request of thousands answered 502). Sent once more on
 # a fresh connection; a completion has no side effect but the server's work.
 RESENT_AFTER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# Nothing was answered: when the endpoint has moved meanwhile (its old instance stopped after a switch this process
+# had not heard of yet), the request goes to where it is routed now.
+UNANSWERED = (httpx.ConnectError, *RESENT_AFTER)
 
 
-async def _send(http: httpx.AsyncClient, request: httpx.Request, call: Call) -> httpx.Response:
+async def _send(http: httpx.AsyncClient, call: Call, content: bytes) -> httpx.Response:
+    try:
+        return await _post(http, call, content)
+    except UNANSWERED:
+        if not await follow_move(call, reread=True):
+            raise
+        return await _post(http, call, content)
+
+
+async def _post(http: httpx.AsyncClient, call: Call, content: bytes) -> httpx.Response:
+    request = http.build_request("POST", call.url, content=content, headers=_headers(call))
     try:
         return await http.send(request, stream=call.stream)
     except RESENT_AFTER as exc:

@@ -144,6 +144,15 @@ class RouteCache:
             route = (await self.table(await self.stamp())).get(model)
         return route
 
+    async def current(self, route: Route, *, reread: bool = False) -> Route:
+        """`route`'s endpoint as it is routed now (a switch or an edit may have moved it since `route` was looked up).
+        `reread`: read the database even when no version bump was seen (at most every MISS_REBUILD_S): its server
+        refused a connection, and the bump of a move may not have reached this process yet."""
+        if reread and self._built is not None and time.monotonic() - self._built.read_at > MISS_REBUILD_S:
+            self._built = None
+        now = (await self.table()).get(route.name)
+        return now if now is not None and now.endpoint_id == route.endpoint_id else route
+
 
 _caches: dict[int, RouteCache] = {}
 
