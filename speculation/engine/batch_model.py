@@ -13,10 +13,9 @@ The cache grows (rows and positions, doubling) as slots and lengths need it, so 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from speculation.engine.model import Block, Transformer, apply_rope, rope_tables
+from speculation.engine.model import Block, Transformer, rope_tables_of
 from speculation.limits import K_MAX
 
 HEADROOM = K_MAX + 2  # positions past max_len that a padded token of a full row may write to
@@ -33,8 +32,7 @@ class BatchedModel:
         self.max_len = min(max_len or args.max_positions, args.max_positions)
         param = model.output.weight
         self.device, self.dtype = param.device, param.dtype
-        cos, sin = rope_tables(args, self.device)
-        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)  # [max_positions, D]
+        self.tables = rope_tables_of(args, self.device, self.dtype)  # per rope table: cos, sin [max_positions, R]
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.rows = self.positions = 0
@@ -115,26 +113,35 @@ class BatchedModel:
             else:
                 index = torch.tensor(rows, device=self.device)
         length = max(starts) + t  # keys 0..length-1 are read
+        keys = torch.arange(length, device=self.device)
         if bsz == 1:
             s = starts[0]
             where: Tensor | int = s
-            cos, sin = self._cos[s : s + t][None, :, None], self._sin[s : s + t][None, :, None]  # [1, T, 1, D]
+            ropes = [(cos[s : s + t], sin[s : s + t]) for cos, sin in self.tables]  # [T, R]
+            query_pos = torch.arange(s, s + t, device=self.device)
             mask = None
             if t > 1:
-                mask = torch.arange(length, device=self.device) <= torch.arange(s, s + t, device=self.device)[:, None]
+                mask = keys <= query_pos[:, None]  # [T, L]
         else:
-            pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)  # [B, T]
-            where = pos
-            rope_pos = pos.clamp_max(self._cos.shape[0] - 1)  # padded positions past the table are never read
-            cos, sin = self._cos[rope_pos][:, :, None], self._sin[rope_pos][:, :, None]  # [B, T, 1, D]
-            mask = torch.arange(length, device=self.device) <= pos[:, None, :, None]  # [B, 1, T, L]
-        x = model.tok_embeddings(tokens)  # [B, T, D]
+            query_pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)
+            where = query_pos  # [B, T]
+            rope_pos = query_pos.clamp_max(self.tables[0][0].shape[0] - 1)  # padded positions past it are never read
+            ropes = [(cos[rope_pos], sin[rope_pos]) for cos, sin in self.tables]  # [B, T, R]
+            query_pos = query_pos[:, None]  # [B, 1, T]: the masks broadcast over heads
+            mask = keys <= query_pos[..., None]  # [B, 1, T, L]
+        masks = model.layer_masks(mask, length, lambda: (query_pos, keys))
+        x = model.embed(tokens)  # [B, T, D]
         for i, layer in enumerate(model.layers):
-            h = x + self._attention(layer, i, layer.attention_norm(x), first_row, where, cos, sin, mask, length, index)
-            x = h + layer.feed_forward(layer.ffn_norm(h))
+            cos, sin = ropes[model.layer_rope[i]]
+            layer_mask = masks[model.args.window(i)]
+
+            def attention(h: Tensor, i=i, layer=layer, cos=cos, sin=sin, layer_mask=layer_mask) -> Tensor:
+                return self._attention(layer, i, h, first_row, where, cos, sin, layer_mask, length, index)
+
+            x = layer.run(x, attention)
         if last is not None:
             x = x[torch.arange(bsz, device=self.device), torch.tensor(last, device=self.device)][:, None]  # [B, 1, D]
-        logits = model.output(model.norm(x)).float()  # [B, T or 1, V]
+        logits = model.logits(model.norm(x))  # [B, T or 1, V]
         return logits[:, 0] if last is not None else logits
 
     def _attention(
@@ -154,11 +161,8 @@ class BatchedModel:
         the B inputs (None: first_row..first_row + B - 1)."""
         a, attn = self.model.args, layer.attention
         bsz, t, _ = x.shape
-        heads, kv_heads = a.n_heads, a.n_kv_heads
-        qkv = attn.wqkv(x).view(bsz, t, heads + 2 * kv_heads, a.head_dim)
-        qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k at once, [B, T, H + Hkv, D]
-        q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
-        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+        kv_heads = a.n_kv_heads
+        q, k, v = attn.project(x, cos, sin)  # [B, H, T, D], [B, Hkv, T, D]
         if index is not None:  # rows scattered over the cache: write in place, read a copy of theirs
             full_k, full_v = self.k[i], self.v[i]
             pos = where if isinstance(where, Tensor) else torch.arange(where, where + t, device=self.device)[None]
@@ -176,8 +180,4 @@ class BatchedModel:
                 cache_k.scatter_(2, scatter, k)
                 cache_v.scatter_(2, scatter, v)
             keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [B, Hkv, L, D]
-        if kv_heads != heads:
-            keys = keys.repeat_interleave(heads // kv_heads, dim=1)
-            values = values.repeat_interleave(heads // kv_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, D]
-        return attn.wo(y.transpose(1, 2).reshape(bsz, t, a.dim))
+        return attn.attend(q, keys, values, mask)
