@@ -1,7 +1,7 @@
 """JSON request bodies with a bounded nesting depth, for the REST API (DRF's default parser) and the gateway.
 
-A body nested about a thousand levels deep made Python's decoder raise RecursionError, which escaped DRF's parser
-as a 500; one a little shallower decoded, then recursed in the serializers or in the database's JSON encoder.
+Python's decoder raises RecursionError for a body nested about a thousand levels deep, which DRF's own parser
+lets escape (a 500); one a little shallower decodes, then recurses in the serializers or the JSON encoder.
 No request ACE accepts nests beyond a few levels, so a body deeper than MAX_DEPTH is refused before anything
 reads it, with a message naming the limit.
 """

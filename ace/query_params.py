@@ -30,7 +30,7 @@ def id_param(raw: str, *, name: str) -> int:
 
 def datetime_param(raw: str, *, name: str) -> datetime:
     """An ISO 8601 datetime from a query parameter, or a ValidationError on `name`: also for one that reads like a
-    date but is none (month 13, day 45: parse_datetime raises ValueError there, a 500 before)."""
+    date but is none (month 13, day 45: parse_datetime raises ValueError there)."""
     try:
         moment = parse_datetime(raw.strip())
     except ValueError:

@@ -1,7 +1,4 @@
-"""Failed sign-ins and bad API tokens are throttled: past the limit within the window, a 429 with the wait.
-
-Without it, 60 wrong passwords in 22 s were all answered 200 with the form, and bad tokens were never slowed.
-"""
+"""Failed sign-ins and bad API tokens are throttled: past the limit within the window, a 429 with the wait."""
 
 from __future__ import annotations
 

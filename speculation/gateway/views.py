@@ -111,7 +111,7 @@ async def serve(
             request_id=request_id,
         )
     url_problem = netpolicy.shape_problem(route.base_url)
-    if url_problem:  # stored before ACE checked this: httpx would refuse it (a 500), a log line would split
+    if url_problem:  # stored unchecked (an older row, SQL by hand): httpx would refuse it and a log line split
         message = f"endpoint {route.name} has a base URL ACE cannot use ({url_problem}); an operator must correct it."
         return error_response(502, message, code="upstream_misconfigured", request_id=request_id)
     if route.mode != Mode.OFF:  # off relays the server's own answer, errors included

@@ -1,9 +1,8 @@
 """A base URL holding CR, LF, TAB, a space, a broken %-escape or an invisible Unicode character is refused with a
 400 on base_url (REST and the form); one already stored never makes the gateway answer 500 nor splits a log line.
 
-Found by hand: `http://127.0.0.1:8000/a\\r\\nb` was stored (201) because urlparse drops CR/LF/TAB before the check,
-the probe ended in "internal error: InvalidURL", the worker's log line was split in two and /v1/completions for
-that endpoint answered 500; a space, `%zz` and U+202E were stored as given.
+Why: urlparse drops CR, LF and TAB before it parses, so a check of its result passes `http://127.0.0.1:8000/a\\r\\nb`;
+httpx then refuses the stored URL (InvalidURL: a failed probe, a 500 from /v1) and the newline splits log lines.
 """
 
 from __future__ import annotations
