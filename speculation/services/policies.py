@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
@@ -24,7 +25,7 @@ from speculation.models import (
     draft_kind_for,
 )
 from speculation.selectors import capabilities
-from speculation.services import model_files
+from speculation.services import model_files, target_identity
 from speculation.services.path_choice import choose_path
 
 if TYPE_CHECKING:
@@ -222,8 +223,9 @@ def _check_tree(policy: SpeculationPolicy) -> dict[str, list[str]]:
     return {"eagle_tree": problems} if problems else {}
 
 
-def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint) -> None:
-    """In every mode: target_path is a Llama-style model under the model roots, with the endpoint's tokenizer.
+def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint, *, identity: bool) -> None:
+    """In every mode: target_path is a Llama-style model under the model roots, with the endpoint's tokenizer;
+    with `identity`, one that reproduces the endpoint's served model (speculation.services.target_identity).
 
     Stores the canonical path (symlinks resolved) on the policy.
     """
@@ -239,10 +241,15 @@ def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint) -> None:
             }
         )
     policy.target_path = str(facts.directory)
+    problem = target_identity.check(endpoint=endpoint, target_path=policy.target_path).problem if identity else ""
+    if problem:
+        raise ValidationError({"target_path": [problem]})
 
 
-def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint) -> None:
-    """Raise ValidationError (keyed by field) saying why this policy cannot be applied."""
+def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint, changed: Collection[str] | None = None) -> None:
+    """Raise ValidationError (keyed by field) saying why this policy cannot be applied. changed: the fields this
+    save changes (None: any); an off policy's target_path is checked against the served model only when it
+    changes, so that turning a policy off never waits on the endpoint."""
     errors: dict[str, list[str]] = {}
     if not K_MIN <= int(policy.k) <= K_MAX:
         errors.setdefault("k", []).append(f"k must be between {K_MIN} and {K_MAX}")
@@ -259,7 +266,8 @@ def validate_policy(*, policy: SpeculationPolicy, endpoint: Endpoint) -> None:
     if errors:
         raise ValidationError(errors)
     if policy.target_path:
-        _check_target_path(policy, endpoint)
+        identity = policy.mode != Mode.OFF or changed is None or "target_path" in changed
+        _check_target_path(policy, endpoint, identity=identity)
     if policy.mode == Mode.OFF:
         return
     if policy.mode == Mode.PROD and endpoint.status != EndpointStatus.READY:
@@ -323,7 +331,7 @@ def update_policy(
             managed_services.request_switch(endpoint=endpoint, policy=policy, changes=changes, user=user)
             policy.refresh_from_db()
             return policy
-        validate_policy(policy=policy, endpoint=endpoint)
+        validate_policy(policy=policy, endpoint=endpoint, changed=changes.keys())
         _resolve_on_save(policy, endpoint, changes)
         actor = user if user is not None and user.is_authenticated else None
         policy.updated_by = actor

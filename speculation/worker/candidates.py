@@ -42,6 +42,7 @@ was given up; which candidates a request keeps rotates with the request, so shed
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import zlib
@@ -84,6 +85,7 @@ from speculation.models import (
     SpeculationPolicy,
 )
 from speculation.selectors import capabilities
+from speculation.services import target_identity
 from speculation.worker import suffix_store
 from speculation.worker.costs import current_costs
 from speculation.worker.paths import resources
@@ -118,6 +120,21 @@ def compatible_candidates(endpoint: Endpoint, *, target_path: str = "") -> list[
     if target_path:
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
+
+
+def _with_verified_target(endpoint: Endpoint, policy: SpeculationPolicy) -> SpeculationPolicy:
+    """The policy as the replays use it: a target_path that does not reproduce the endpoint's model
+    (speculation.services.target_identity) is dropped, so no candidate is measured against another model (no EAGLE
+    head candidates then, and a sampled request's target side comes from the server)."""
+    if not policy.target_path:
+        return policy
+    problem = target_identity.check(endpoint=endpoint, target_path=policy.target_path).problem
+    if not problem:
+        return policy
+    logger.warning("candidate replays of %s without the local target: %s", endpoint.name, problem)
+    unverified = copy.copy(policy)  # never saved
+    unverified.target_path = ""
+    return unverified
 
 
 def _fits(head: DraftModel, target_path: str) -> bool:
@@ -302,6 +319,7 @@ def measure_candidates(
     if budgeted and settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
         return []
     params = SamplingParams(**sampling) if sampling and float(sampling.get("temperature") or 0) > 0 else None
+    policy = _with_verified_target(endpoint, policy)
     request = Replayed(endpoint, policy, prompt_ids, output_ids, max_tokens, params, request_id=request_id)
     candidates = compatible_candidates(endpoint, target_path=policy.target_path or "")
     if not candidates:

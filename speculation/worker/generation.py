@@ -39,6 +39,7 @@ from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.selectors.autopairing import Choice
+from speculation.services import target_identity
 from speculation.worker import autopick, baseline, batching, costs, suffix_store
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
@@ -153,6 +154,9 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
     if path == VerificationPath.LOCAL:
         if not policy.target_path:
             raise PathUnavailable("path local needs the policy's target_path")
+        identity = target_identity.check(endpoint=endpoint, target_path=policy.target_path)
+        if identity.problem:  # never serve another model's text as the endpoint's
+            raise PathUnavailable(identity.problem)
         loaded = resources.model(policy.target_path)
         drafter = _drafter(policy, loaded)
         prepared = Prepared(drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model))

@@ -96,3 +96,22 @@ def gateway_client(ace_server, token):
     import openai
 
     return openai.OpenAI(base_url=ace_server.url + "/v1", api_key=token, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def other_model_dir(tiny_model_dir, tmp_path):
+    """The tiny model with perturbed weights (same tokenizer): a target that differs from the draft."""
+    import shutil
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    out = tmp_path / "tiny-target"
+    shutil.copytree(tiny_model_dir, out)
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.std())
+    model.save_pretrained(out)
+    return out

@@ -69,3 +69,18 @@ def served_reference_of(model_dir, prompt_text: str | None = None, **kwargs) -> 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = tokenizer.encode(prompt_text or CANARY_TEXT, add_special_tokens=True).ids
     return served_reference(load_causal_lm(model_dir), ids, **kwargs)
+
+
+_references: dict[str, dict] = {}
+
+
+def serves(endpoint, model_dir) -> None:
+    """Record on the endpoint what its probe would if its server ran the checkpoint in model_dir: the canary
+    reference a local target must reproduce (speculation.services.target_identity)."""
+    from fleet.models import Endpoint
+
+    key = str(model_dir)
+    if key not in _references:
+        _references[key] = served_reference_of(model_dir)
+    endpoint.capabilities = {**(endpoint.capabilities or {}), "canary_reference": _references[key]}
+    Endpoint.objects.filter(pk=endpoint.pk).update(capabilities=endpoint.capabilities)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleet.models import Endpoint, EndpointStatus
+from tests.support.models import served_reference_of
 
 pytestmark = pytest.mark.django_db
 
@@ -184,9 +185,12 @@ def test_a_policy_target_path_must_be_a_loadable_model_with_the_endpoints_tokeni
     page = admin_browser.post(f"/dashboard/endpoints/{endpoint.pk}/policy/", form)
     assert page.status_code == 400
     assert "missing or invalid shape" in page.content.decode()
-    # the endpoint's own model is accepted in off mode
+    # the endpoint's own model is accepted in off mode (the probe recorded its answers on the canary)
     Endpoint.objects.filter(pk=endpoint.pk).update(
-        capabilities={"tokenizer_fingerprint": tokenizer_fingerprint(good, field="target_path")}
+        capabilities={
+            "tokenizer_fingerprint": tokenizer_fingerprint(good, field="target_path"),
+            "canary_reference": served_reference_of(good),
+        }
     )
     response = admin_api.patch(url, {"target_path": str(good)}, format="json")
     assert response.status_code == 200, response.json()

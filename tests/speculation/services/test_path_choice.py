@@ -7,6 +7,7 @@ import pytest
 from fleet.models import Endpoint
 from speculation.models import Action, Mode, PolicyChange, SpeculationPolicy, StageRecord
 from speculation.services.policies import path_warning, reevaluate_path, resolve_path, update_policy
+from tests.support.models import serves
 
 pytestmark = pytest.mark.django_db
 
@@ -33,6 +34,7 @@ def _policy(endpoint: Endpoint) -> SpeculationPolicy:
 
 
 def _prod(endpoint: Endpoint, target_dir) -> None:
+    serves(endpoint, target_dir)
     update_policy(endpoint=endpoint, mode="prod", mechanism="ngram", k=3, target_path=str(target_dir))
 
 
@@ -51,6 +53,7 @@ def test_a_path_measured_slower_than_plain_is_never_chosen_automatically(tiny_mo
     endpoint = _endpoint(**REMOTE_CAPS)
     _measure(endpoint, path="local", multiplier=0.8)
     _measure(endpoint, path="remote", multiplier=0.3)
+    serves(endpoint, tiny_model_dir)
     update_policy(endpoint=endpoint, mechanism="ngram", target_path=str(tiny_model_dir))  # off: saved anyway
     assert _policy(endpoint).resolved_path == ""
     with pytest.raises(Exception, match="slower than plain"):

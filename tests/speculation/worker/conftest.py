@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import redis
-import torch
 
 
 @pytest.fixture
@@ -13,24 +12,6 @@ def client(redis_server):
     found = redis.Redis.from_url(redis_server.url)
     yield found
     found.close()
-
-
-@pytest.fixture
-def other_model_dir(tiny_model_dir, tmp_path):
-    """The tiny model with perturbed weights (same tokenizer): a target that differs from the draft."""
-    import shutil
-
-    from transformers import LlamaForCausalLM
-
-    out = tmp_path / "tiny-target"
-    shutil.copytree(tiny_model_dir, out)
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.std())
-    model.save_pretrained(out)
-    return out
 
 
 def local_prod_endpoint(client, *, name: str, target_dir, draft_dir):
@@ -42,8 +23,10 @@ def local_prod_endpoint(client, *, name: str, target_dir, draft_dir):
     from fleet.models import Endpoint
     from speculation.models import DraftModel, SpeculationPolicy
     from speculation.worker.baseline import _key
+    from tests.support.models import serves
 
     endpoint = Endpoint.objects.create(name=name, base_url="http://127.0.0.1:9", node_class="cpu")
+    serves(endpoint, target_dir)  # the probe's record of the served model: target_dir reproduces it
     draft = DraftModel.objects.create(name=f"{name}-draft", kind="draft_model", path=str(draft_dir))
     policy, _ = SpeculationPolicy.objects.update_or_create(
         endpoint=endpoint,

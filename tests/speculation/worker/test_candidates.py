@@ -31,6 +31,7 @@ from speculation.models import CandidateMeasurement, SpeculationPolicy, StageRec
 from speculation.services.drafts import register_draft
 from speculation.worker import candidates, suffix_store
 from speculation.worker.paths import resources
+from tests.support.models import serves
 
 pytestmark = pytest.mark.django_db
 
@@ -326,6 +327,7 @@ def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
     _eagle_head(tiny_model_dir, tmp_path / "head", fingerprint, "tiny-head")
     _eagle_head(other_model_dir, tmp_path / "other-head", fingerprint, "other-head")
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(tiny_model_dir))
+    serves(endpoint, tiny_model_dir)  # the endpoint's server runs the target
     endpoint.refresh_from_db()
     assert [c.name for c in candidates.compatible_candidates(endpoint)] == [
         "ngram",
@@ -350,6 +352,20 @@ def test_eagle_heads_of_the_target_in_the_worker_are_replayed_exactly(
     assert row.status == "measured" and row.kind == "eagle_head", row.reason
     assert row.counts == [[s.drafted_tokens, s.accepted_tokens, s.target_passes] for s in want]
     assert set(rows) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft", "tiny-head"}
+
+
+def test_a_target_path_that_is_not_the_endpoints_model_gives_no_candidate_its_features(
+    endpoint, tiny_model_dir, other_model_dir, tmp_path
+):
+    # given: the policy's target_path holds another checkpoint than the endpoint's server runs, with a head for it
+    fingerprint = endpoint.capabilities["tokenizer_fingerprint"]
+    _eagle_head(other_model_dir, tmp_path / "other-head", fingerprint, "other-head")
+    SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(other_model_dir))
+    serves(endpoint, tiny_model_dir)
+    # when
+    rows = {r.candidate: r for r in _measure(endpoint, "req-imposter")}
+    # then: the replays run without that target (no EAGLE head is measured against another model)
+    assert set(rows) == {"ngram", "suffix", "tiny-draft", "suffix+tiny-draft"}
 
 
 def _passes(target_dir, draft_dir, sequence: list[int], outputs: list[int]) -> list[float]:
@@ -381,6 +397,7 @@ def test_sampled_requests_replay_the_draft_models_in_expectation(
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(
         mechanism="draft_model", draft=DraftModel.objects.get(name="tiny-draft"), target_path=str(other_model_dir)
     )
+    serves(endpoint, other_model_dir)  # the endpoint's server runs the target
     job = _shadowed(endpoint, "req-sampled", monkeypatch, temperature=0.7, top_p=0.9, workload="chat")
     assert job["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     # when
@@ -425,6 +442,7 @@ def test_sampled_requests_replay_the_lookups_and_the_hybrid_against_the_sampled_
     suffix_store.remember(endpoint.pk, "old-1", [9, 10, 11, 8, 5])
     # and shadow on a sampled request with the target in the worker
     SpeculationPolicy.objects.filter(endpoint=endpoint).update(target_path=str(other_model_dir))
+    serves(endpoint, other_model_dir)  # the endpoint's server runs the target
     job = _shadowed(endpoint, "req-s2", monkeypatch, temperature=0.7, top_p=0.9, workload="chat")
     # when
     replay_candidates_task.apply(kwargs=job)

@@ -65,8 +65,10 @@ def auto_endpoint(db, client, tiny_model_dir, near_draft_dir, other_draft_dir):
     from speculation.models import DraftModel, SpeculationPolicy
     from speculation.worker import autopick
     from speculation.worker.baseline import _key
+    from tests.support.models import serves
 
     endpoint = Endpoint.objects.create(name="tiny-auto", base_url="http://127.0.0.1:9", node_class="cpu")
+    serves(endpoint, tiny_model_dir)  # the probe's record of the served model: the target reproduces it
     near = DraftModel.objects.create(name="near", kind="draft_model", path=str(near_draft_dir))
     other = DraftModel.objects.create(name="other", kind="draft_model", path=str(other_draft_dir))
     SpeculationPolicy.objects.update_or_create(

@@ -20,11 +20,13 @@ def eagle_job(db, client, tiny_model_dir, tmp_path):
     from speculation.engine.eagle import EagleConfig, EagleHead, init_weights
     from speculation.models import DraftModel, SpeculationPolicy
     from speculation.worker.baseline import _key
+    from tests.support.models import serves
 
     head = EagleHead(EagleConfig.for_target(tiny_model_dir))
     init_weights(head, torch.Generator().manual_seed(0))
     head.save(tmp_path / "head")
     endpoint = Endpoint.objects.create(name="tiny-eagle", base_url="http://127.0.0.1:9", node_class="cpu")
+    serves(endpoint, tiny_model_dir)  # the probe's record of the served model: the target reproduces it
     draft = DraftModel.objects.create(name="tiny-head", kind="eagle_head", path=str(tmp_path / "head"))
     SpeculationPolicy.objects.update_or_create(
         endpoint=endpoint,
