@@ -215,7 +215,10 @@ def register_demo_endpoint(
         else:
             make_demo_managed(endpoint, target_dir=target_dir, admin=admin)
         register_demo_drafts(
-            drafts={"draft": draft_dir, **(extra_drafts or {})}, eagle_dir=eagle_dir, target_name=DEMO_MODEL_NAME
+            drafts={"draft": draft_dir, **(extra_drafts or {})},
+            eagle_dir=eagle_dir,
+            target_name=DEMO_MODEL_NAME,
+            owner=admin,
         )
         _demo_policy(endpoint, target_dir=target_dir, created=created)
     except ValidationError as exc:

@@ -33,6 +33,10 @@ class DraftModelAdmin(admin.ModelAdmin):
     list_filter = ("kind", "node_class")
     search_fields = ("name", "path", "target_name", "tokenizer_fingerprint")
 
+    def get_queryset(self, request: HttpRequest):
+        # Staff who are not admins see only their own and their teams' drafts, as on the pages and the API.
+        return permissions.visible_to(request.user, super().get_queryset(request))
+
 
 class PolicyChangeInline(admin.TabularInline):
     model = PolicyChange

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Lower
 
 from fleet.models import Endpoint
 
@@ -57,9 +58,17 @@ class DraftModel(models.Model):
     target_name = models.CharField(max_length=255, blank=True, default="")
     config = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who may see and delete it (fleet.permissions, as for endpoints): its owner, its team, admins. Neither set:
+    # admins only.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_drafts"
+    )
+    team = models.ForeignKey("auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="team_drafts")
 
     class Meta:
         ordering = ["name"]
+        # One name in any letter case: "DEMO-DRAFT" beside "demo-draft" would read as the same draft.
+        constraints = [models.UniqueConstraint(Lower("name"), name="draft_name_unique_any_case")]
 
     def __str__(self) -> str:
         return self.name
@@ -293,6 +302,13 @@ class TrainingRun(models.Model):
     log = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True, default="")
     draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.SET_NULL)
+    # As a draft's: the run, its error text and the head it registers are seen by its owner, its team and admins.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_training_runs"
+    )
+    team = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="team_training_runs"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

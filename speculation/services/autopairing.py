@@ -14,8 +14,9 @@ from django.core.exceptions import ValidationError
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
-from speculation.models import LOOKUP_KINDS, DraftModel, SpeculationPolicy, VerificationPath, candidate_name
+from speculation.models import LOOKUP_KINDS, SpeculationPolicy, VerificationPath, candidate_name
 from speculation.selectors.autopairing import MIN_REQUESTS, OVERALL, Recommendation, pairing_table, recommend
+from speculation.selectors.drafts import drafts_usable_by, visible_drafts
 from speculation.services.policies import resolve_path, runnable_mechanisms, update_policy
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,11 @@ def apply_recommendation(
     recommendation = recommendation_for(endpoint=endpoint, workload=workload)
     draft = None
     if recommendation.kind not in LOOKUP_KINDS:
-        draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()
+        # Among the drafts the endpoint may use and the user may see: another team's reads as gone.
+        usable = drafts_usable_by(endpoint)
+        if user is not None:
+            usable = usable.filter(pk__in=visible_drafts(user).values("pk"))
+        draft = usable.filter(pk=recommendation.draft_id).first()
         if draft is None:
             raise ValidationError({"draft": [f"draft {recommendation.candidate!r} is no longer registered"]})
     policy = update_policy(endpoint=endpoint, user=user, mechanism=recommendation.kind, draft=draft, k=recommendation.k)
@@ -130,7 +135,7 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     why = f"{_scope(policy, endpoint)}: {why}"
     draft = None
     if recommendation.kind not in LOOKUP_KINDS:
-        draft = DraftModel.objects.filter(pk=recommendation.draft_id).first()
+        draft = drafts_usable_by(endpoint).filter(pk=recommendation.draft_id).first()
     try:
         return update_policy(
             endpoint=endpoint,

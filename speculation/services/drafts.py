@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from fleet import permissions
 from speculation.models import LOOKUP_KINDS, REGISTRABLE_KINDS, DraftKind, DraftModel
 from speculation.services.model_files import inspect_model_dir
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, Group
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +21,8 @@ HYBRID_IS_A_MECHANISM = (
     "suffix_draft is a policy's mechanism, not a kind of draft: register the draft model (kind draft_model) and set "
     "the endpoint's policy to mechanism suffix_draft with it"
 )
+# The section of config.json that makes a folder an EAGLE head (speculation.engine.eagle.EagleHead.save).
+EAGLE_CONFIG_KEY = "ace_eagle"
 # Weights plus activations and a short KV cache: a deliberately simple estimate, stated as such in the API.
 VRAM_OVERHEAD = 1.2
 
@@ -29,6 +35,7 @@ def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[s
     """
     facts = inspect_model_dir(path, field="path", llama=kind == DraftKind.DRAFT_MODEL)
     config = facts.config
+    _check_kind(facts.directory, config, kind)
     return {
         "path": str(facts.directory),
         "vocab_size": config.get("vocab_size"),
@@ -39,10 +46,54 @@ def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[s
     }
 
 
+def _check_kind(directory, config: dict[str, Any], kind: str) -> None:
+    """The kind must be what the folder holds: an EAGLE head's config.json carries its `ace_eagle` section
+    (speculation.engine.eagle), a draft model's does not. A mismatch would fall back on every prod request."""
+    is_head = isinstance(config.get(EAGLE_CONFIG_KEY), dict)
+    if kind == DraftKind.EAGLE_HEAD and not is_head:
+        raise ValidationError(
+            {
+                "path": [
+                    f"{directory} holds a plain model, not an EAGLE head (its config.json has no {EAGLE_CONFIG_KEY} "
+                    f"section): register it as kind {DraftKind.DRAFT_MODEL}"
+                ]
+            }
+        )
+    if kind == DraftKind.DRAFT_MODEL and is_head:
+        raise ValidationError(
+            {
+                "path": [
+                    f"{directory} holds an EAGLE head, which drafts from a target's hidden states: register it as "
+                    f"kind {DraftKind.EAGLE_HEAD}"
+                ]
+            }
+        )
+
+
+def _name_taken(name: str) -> ValidationError:
+    return ValidationError({"name": [f"a draft named {name!r} already exists (names are unique in any letter case)"]})
+
+
+def _check_name_free(name: str) -> None:
+    taken = DraftModel.objects.filter(name__iexact=name).values_list("name", flat=True).first()
+    if taken is not None:
+        raise _name_taken(taken)
+
+
 def register_draft(
-    *, name: str, kind: str, path: str = "", node_class: str = "cpu", target_name: str = ""
+    *,
+    name: str,
+    kind: str,
+    path: str = "",
+    node_class: str = "cpu",
+    target_name: str = "",
+    owner: AbstractBaseUser | None = None,
+    team: Group | None = None,
 ) -> DraftModel:
-    """Register a draft; its facts are read from the directory, never taken from the caller."""
+    """Register a draft; its facts are read from the directory, never taken from the caller.
+
+    `owner` and `team` decide who sees and deletes it (fleet.permissions); neither: admins only.
+    """
     if kind == DraftKind.SUFFIX_DRAFT:
         raise ValidationError({"kind": [HYBRID_IS_A_MECHANISM]})
     if kind not in DraftKind.values:
@@ -57,22 +108,29 @@ def register_draft(
             raise ValidationError({"path": [f"a {kind} needs the directory of its weights"]})
         facts = inspect_draft_dir(path, kind=kind)
         path = facts.pop("path")
-    draft = DraftModel(name=name, kind=kind, path=path, node_class=node_class, target_name=target_name, **facts)
-    try:
-        draft.full_clean()
-    except ValidationError:
-        raise
+    _check_name_free(name)
+    owner = owner if owner is not None and owner.is_authenticated else None
+    draft = DraftModel(
+        name=name, kind=kind, path=path, node_class=node_class, target_name=target_name, owner=owner, team=team, **facts
+    )
+    draft.full_clean()
     try:
         with transaction.atomic():
             draft.save()
-    except IntegrityError as exc:
-        raise ValidationError({"name": [f"a draft named {name!r} already exists"]}) from exc
+    except IntegrityError as exc:  # registered meanwhile
+        raise _name_taken(name) from exc
     logger.info("draft %s registered (%s, %s params)", name, kind, facts.get("param_count"))
     return draft
 
 
-def delete_draft(*, draft: DraftModel) -> None:
-    if draft.speculationpolicy_set.exists():
-        names = ", ".join(p.endpoint.name for p in draft.speculationpolicy_set.select_related("endpoint"))
-        raise ValidationError({"draft": [f"draft {draft.name!r} is used by the policy of {names}"]})
+def delete_draft(*, draft: DraftModel, user: AbstractBaseUser | None = None) -> None:
+    """Delete a draft no policy uses. The refusal names only the endpoints `user` may see (None: every one)."""
+    endpoints = [p.endpoint for p in draft.speculationpolicy_set.select_related("endpoint")]
+    if endpoints:
+        named = [e.name for e in endpoints if user is None or permissions.can_see(user, e)]
+        hidden = len(endpoints) - len(named)
+        users = [", ".join(named)] if named else []
+        if hidden:
+            users.append(f"{hidden} endpoint{'s' if hidden > 1 else ''} you cannot see")
+        raise ValidationError({"draft": [f"draft {draft.name!r} is in use by the policy of {' and '.join(users)}"]})
     draft.delete()

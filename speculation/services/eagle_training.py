@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
+from speculation.offline.eagle.prompts import DOCSTRINGS, SPEC_BENCH, STDLIB
 from speculation.offline.eagle.settings import (
     EpochReport,
     PipelineResult,
@@ -28,7 +29,75 @@ from speculation.offline.eagle.settings import (
 from speculation.services import model_files
 from speculation.services.drafts import register_draft
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, Group
+
 logger = logging.getLogger(__name__)
+
+# A run's bounds: far above the demo recipes (4-8 epochs), low enough that no request books a GPU for months.
+MAX_EPOCHS = 100
+MAX_SEED = 2**31 - 1  # the database column's range
+# A prompt file is read whole by the worker: 64 MiB is some 100,000 long prompts.
+PROMPTS_MAX_BYTES = 64 * 1024 * 1024
+NAMED_PROMPT_SOURCES = (SPEC_BENCH, STDLIB, DOCSTRINGS)
+# CLI options (PipelineSettings / TrainSettings fields) that size the work: (minimum, maximum).
+OPTION_BOUNDS = {
+    "max_prompts": (0, 1_000_000),
+    "new_tokens": (1, 4096),
+    "max_prompt_tokens": (1, 8192),
+    "text_windows": (0, 1_000_000),
+    "window_tokens": (1, 8192),
+    "intermediate_size": (0, 2**20),
+    "batch_size": (1, 4096),
+    "patience": (0, MAX_EPOCHS),
+}
+
+
+def _checked_prompts(prompts: str) -> str:
+    """The prompt sources, each a named one or a file under the model roots (at most PROMPTS_MAX_BYTES).
+
+    A path outside the roots gets one message whether or not it exists: the run's error must not tell a caller
+    what the server's file system holds.
+    """
+    parts = [part.strip() for part in (prompts or SPEC_BENCH).split(",")]
+    outside = ValidationError(
+        {
+            "prompts": [
+                f"each prompt source must be one of {', '.join(NAMED_PROMPT_SOURCES)} or a file under the model "
+                "roots (ACE_MODEL_ROOTS)"
+            ]
+        }
+    )
+    checked = []
+    for part in parts:
+        if part in NAMED_PROMPT_SOURCES:
+            checked.append(part)
+            continue
+        try:
+            path = model_files.under_roots(part, field="prompts")
+        except ValidationError as exc:
+            raise outside from exc
+        if not path.is_file():
+            raise ValidationError({"prompts": [f"{path} is not a file"]})
+        size = path.stat().st_size
+        if size > PROMPTS_MAX_BYTES:
+            raise ValidationError({"prompts": [f"{path} holds {size} bytes: at most {PROMPTS_MAX_BYTES}"]})
+        checked.append(str(path))
+    return ",".join(checked)
+
+
+def _check_bounds(*, epochs: int, seed: int, options: dict[str, Any]) -> None:
+    bounds = {"epochs": (1, MAX_EPOCHS), "seed": (0, MAX_SEED), **OPTION_BOUNDS}
+    values = {"epochs": epochs, "seed": seed, **options}
+    errors = {}
+    for name, value in values.items():
+        if name not in bounds:
+            continue
+        low, high = bounds[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            errors[name] = [f"must be an integer from {low} to {high}"]
+    if errors:
+        raise ValidationError(errors)
 
 
 def create_training_run(
@@ -42,16 +111,21 @@ def create_training_run(
     seed: int = 0,
     node_class: str = "cpu",
     options: dict[str, Any] | None = None,
+    owner: AbstractBaseUser | None = None,
+    team: Group | None = None,
 ) -> TrainingRun:
-    """Validate and record a training run (queued). options: PipelineSettings / TrainSettings fields."""
+    """Validate and record a training run (queued). options: PipelineSettings / TrainSettings fields.
+
+    `owner` and `team` decide who sees the run and the head it registers (fleet.permissions); neither: admins only.
+    """
     # Both under the model roots: the worker reads the target and writes (then reloads) its work files there.
     target_dir = str(model_files.inspect_model_dir(target_dir, field="target_dir", llama=True).directory)
     out_dir = str(model_files.under_roots(out_dir, field="out_dir"))
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValidationError({"out_dir": [f"{out_dir} exists and is not a directory"]})
-    if epochs < 1:
-        raise ValidationError({"epochs": ["must be at least 1"]})
     options = dict(options or {})
+    _check_bounds(epochs=epochs, seed=seed, options=options)
+    prompts = _checked_prompts(prompts)
     train_fields = set(TrainSettings.__dataclass_fields__)
     train = {k: options.pop(k) for k in list(options) if k in train_fields}
     patience = train.get("patience", 0)
@@ -74,6 +148,8 @@ def create_training_run(
         seed=seed,
         epochs=epochs,
         config=settings.as_dict(),
+        owner=owner if owner is not None and owner.is_authenticated else None,
+        team=team,
     )
     run.full_clean()
     run.save()
@@ -152,7 +228,7 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
 def register_eagle_head(*, run: TrainingRun, result: PipelineResult) -> DraftModel:
     """Register the trained head as a DraftModel of kind eagle_head through the draft registry service."""
     name = run.name
-    if DraftModel.objects.filter(name=name).exists():
+    if DraftModel.objects.filter(name__iexact=name).exists():
         name = f"{run.name[:54]}-run{run.pk}"
     draft = register_draft(
         name=name,
@@ -160,6 +236,8 @@ def register_eagle_head(*, run: TrainingRun, result: PipelineResult) -> DraftMod
         path=str(result.head_dir),
         node_class=run.node_class,
         target_name=run.target_name,
+        owner=run.owner,
+        team=run.team,
     )
     last = result.kept  # the epoch whose weights were saved (best held-out acceptance)
     draft.config = {

@@ -39,6 +39,17 @@ LLAMA_INT_FIELDS = (
     "intermediate_size",
     "max_position_embeddings",
 )
+# Upper bounds of a config's sizes, far above any released model: a larger value is a corrupt or hostile file (a
+# vocab_size of 10**12 would size the engine's buffers, and overflow the database's integer column).
+CONFIG_SIZE_LIMITS = {
+    "vocab_size": 2**21,
+    "hidden_size": 2**16,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "intermediate_size": 2**20,
+    "max_position_embeddings": 2**24,
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,9 @@ def read_config(directory: Path, *, field: str, llama: bool) -> dict[str, Any]:
         raise _refuse(field, f"{CONFIG_FILE} must be a JSON object, not a {type(config).__name__}")
     if "vocab_size" in config and not (_is_int(config["vocab_size"]) and config["vocab_size"] > 0):
         raise _refuse(field, f"{CONFIG_FILE}: vocab_size must be a positive integer, not {config['vocab_size']!r}")
+    for key, limit in CONFIG_SIZE_LIMITS.items():
+        if _is_int(config.get(key)) and config[key] > limit:
+            raise _refuse(field, f"{CONFIG_FILE}: {key} must be at most {limit}, not {config[key]}")
     if llama:
         if config.get("model_type") not in LLAMA_MODEL_TYPES:
             raise _refuse(

@@ -6,6 +6,7 @@ from django import template
 
 from speculation.models import TrainingRun
 from speculation.selectors import native_flags
+from speculation.selectors.drafts import visible_runs
 
 register = template.Library()
 
@@ -20,5 +21,6 @@ def native_flags_for(endpoint) -> dict:
 
 
 @register.simple_tag
-def recent_training_runs(limit: int = 10) -> list[TrainingRun]:
-    return list(TrainingRun.objects.select_related("draft")[:limit])
+def recent_training_runs(user, limit: int = 10) -> list[TrainingRun]:
+    """The user's latest runs: those it may see (its own, its teams', every one for admins)."""
+    return list(visible_runs(user)[:limit])

@@ -28,6 +28,7 @@ from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.models import DraftModel, SpeculationPolicy
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors import options, rollups
+from speculation.selectors.drafts import visible_drafts
 from speculation.workloads import keys as workload_keys
 
 app_name = "dashboard-api"
@@ -207,7 +208,8 @@ class PolicyOptionsView(APIView):
             policy = endpoint.policy
         except SpeculationPolicy.DoesNotExist:
             policy = SpeculationPolicy(endpoint=endpoint)
-        drafts = list(DraftModel.objects.all())
+        current = DraftModel.objects.filter(pk=policy.draft_id)
+        drafts = list((visible_drafts(request.user) | current).order_by("name"))
         return Response(
             {
                 "modes": [asdict(o) for o in options.mode_options(policy=policy, endpoint=endpoint)],

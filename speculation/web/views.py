@@ -26,6 +26,7 @@ from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.models import DraftModel, SpeculationPolicy
 from speculation.selectors import autopairing, options, rollups
 from speculation.selectors import costs as cost_selectors
+from speculation.selectors.drafts import visible_drafts
 from speculation.services import autopairing as autopairing_service
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
@@ -152,7 +153,7 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
     time_range = _time_range(request)
     workload = _workload(request)
     policy = _policy_of(endpoint)
-    drafts = list(DraftModel.objects.all())
+    drafts = _drafts_offered(request, policy)
     if form is None:
         form = PolicyForm(initial=_policy_initial(policy), draft_names=[d.name for d in drafts])
     filters = RecordFilterForm(request.GET or None)
@@ -201,6 +202,12 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
     }
 
 
+def _drafts_offered(request: HttpRequest, policy: SpeculationPolicy) -> list[DraftModel]:
+    """The drafts the user may choose on the settings form: those it can see, and the policy's own."""
+    current = DraftModel.objects.filter(pk=policy.draft_id)
+    return list((visible_drafts(request.user) | current).order_by("name"))
+
+
 def _projection_context(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
     """Shadow's projection beside prod's measurement per K, and the costs the worker measured."""
     since = time_range.since(timezone.now())
@@ -223,7 +230,7 @@ def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
 def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
     """The settings form: every field through the policy service (validated as a whole, change recorded)."""
     endpoint = endpoint_for(request.user, pk, operate=True, queryset=Endpoint.objects.select_related("policy__draft"))
-    form = PolicyForm(request.POST, draft_names=list(DraftModel.objects.values_list("name", flat=True)))
+    form = PolicyForm(request.POST, draft_names=[d.name for d in _drafts_offered(request, _policy_of(endpoint))])
     if form.is_valid():
         fields = dict(form.cleaned_data)
         fields["draft"] = fields["draft"] or None
@@ -316,13 +323,13 @@ def draft_list(request: HttpRequest) -> HttpResponse:
     form = DraftRegisterForm(request.POST or None, initial={"node_class": "cpu"})
     if request.method == "POST" and form.is_valid():
         try:
-            draft = draft_service.register_draft(**form.cleaned_data)
+            draft = draft_service.register_draft(**form.cleaned_data, owner=request.user)
         except ValidationError as exc:
             form.apply_service_errors(exc)
         else:
             messages.success(request, f"Draft {draft.name} registered.")
             return redirect("speculation:draft-list")
-    drafts = list(DraftModel.objects.all())
+    drafts = list(visible_drafts(request.user))
     endpoints = list(visible_endpoints(request.user).order_by("name"))
     matrix = [
         {

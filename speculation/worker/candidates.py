@@ -85,6 +85,7 @@ from speculation.models import (
     SpeculationPolicy,
 )
 from speculation.selectors import capabilities
+from speculation.selectors.drafts import drafts_usable_by
 from speculation.services import target_identity
 from speculation.worker import suffix_store
 from speculation.worker.costs import current_costs
@@ -113,7 +114,7 @@ def compatible_candidates(endpoint: Endpoint, *, target_path: str = "") -> list[
     fingerprint = capabilities.tokenizer_fingerprint(endpoint)
     if not fingerprint:
         return found
-    same = DraftModel.objects.filter(tokenizer_fingerprint=fingerprint).order_by("name")
+    same = drafts_usable_by(endpoint).filter(tokenizer_fingerprint=fingerprint).order_by("name")
     models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
     found += [Candidate(d.name, d.kind, d) for d in models]
     found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]

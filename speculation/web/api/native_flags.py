@@ -13,6 +13,7 @@ from ace.query_params import id_param, is_ascii_digits
 from fleet.permissions import endpoint_for
 from speculation.models import DraftModel
 from speculation.selectors import native_flags
+from speculation.selectors.drafts import visible_drafts
 
 _RESPONSE = inline_serializer(
     "NativeFlags",
@@ -29,11 +30,12 @@ _RESPONSE = inline_serializer(
 )
 
 
-def _draft_from(value: str | None) -> DraftModel | None:
+def _draft_from(value: str | None, user) -> DraftModel | None:
+    """The draft named by id or name, among those the user may see (another team's reads as no draft)."""
     if not value:
         return None
     lookup = {"pk": id_param(value, name="draft")} if is_ascii_digits(value.strip()) else {"name": value}
-    draft = DraftModel.objects.filter(**lookup).first()
+    draft = visible_drafts(user).filter(**lookup).first()
     if draft is None:
         raise NotFound({"draft": [f"no draft {value!r}"]})
     return draft
@@ -63,7 +65,7 @@ class NativeFlagsView(APIView):
     )
     def get(self, request: Request, pk: int) -> Response:
         endpoint = endpoint_for(request.user, pk)
-        draft = _draft_from(request.query_params.get("draft"))
+        draft = _draft_from(request.query_params.get("draft"), request.user)
         k = _k_from(request.query_params.get("k"))
         try:
             flags = native_flags.flags_for_endpoint(endpoint=endpoint, draft=draft, k=k)

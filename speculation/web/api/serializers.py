@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import Group
 from rest_framework import serializers
 
 from ace.api import RejectUnknownFieldsMixin
+from fleet.permissions import ROLES
 from speculation.models import REGISTRABLE_KINDS, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
 
 
@@ -26,6 +28,15 @@ class PolicySerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         help_text="What the latest probe or measurements would change (re-evaluate to apply); empty if nothing."
     )
     updated_by = serializers.CharField(source="updated_by.username", read_only=True, default=None)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        user = self.context.get("user")
+        if user is not None:  # a draft the user cannot see reads as one that does not exist (its current one stays)
+            from speculation.selectors.drafts import visible_drafts
+
+            current = DraftModel.objects.filter(pk=getattr(self.instance, "draft_id", None))
+            self.fields["draft"].queryset = visible_drafts(user) | current
 
     class Meta:
         model = SpeculationPolicy
@@ -70,8 +81,16 @@ class PolicyChangeSerializer(serializers.ModelSerializer):
         fields = ["id", "changed_at", "changed_by", "changes"]
 
 
-class DraftSerializer(serializers.ModelSerializer):
+class DraftSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=REGISTRABLE_KINDS)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    team = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Group.objects.exclude(name__in=ROLES),
+        required=False,
+        allow_null=True,
+        help_text="A team (Django group) whose members may see and use the draft too; null for none.",
+    )
 
     class Meta:
         model = DraftModel
@@ -87,6 +106,8 @@ class DraftSerializer(serializers.ModelSerializer):
             "param_count",
             "vram_bytes",
             "config",
+            "owner",
+            "team",
             "created_at",
         ]
         read_only_fields = ["tokenizer_fingerprint", "vocab_size", "param_count", "vram_bytes", "config", "created_at"]

@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ace.api import RejectUnknownFieldsMixin
+from fleet.permissions import ROLES, check_team
 from speculation.models import TrainingRun
+from speculation.selectors.drafts import visible_runs
 from speculation.services.eagle_training import start_training_run
 
 
-class TrainingRunSerializer(serializers.ModelSerializer):
+class TrainingRunSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    """A run; POST with a field it does not know answers 400 naming it (a misspelt setting is never dropped)."""
+
     draft = serializers.SlugRelatedField(slug_field="name", read_only=True)
     progress = serializers.FloatField(read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    team = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Group.objects.exclude(name__in=ROLES),
+        required=False,
+        allow_null=True,
+        help_text="A team (Django group) whose members may see the run and its head too; null for none.",
+    )
 
     class Meta:
         model = TrainingRun
         fields = [
             "id", "name", "target_dir", "target_name", "out_dir", "prompts", "node_class", "seed", "epochs",
             "status", "stage", "epoch", "progress", "loss", "alpha", "mean_accepted_len", "log", "error", "draft",
-            "config", "created_at", "started_at", "finished_at", "updated_at",
+            "config", "owner", "team", "created_at", "started_at", "finished_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = [
             "status", "stage", "epoch", "loss", "alpha", "mean_accepted_len", "log", "error", "draft", "config",
@@ -39,13 +53,17 @@ class TrainingRunViewSet(
     """
 
     serializer_class = TrainingRunSerializer
-    queryset = TrainingRun.objects.select_related("draft")
+
+    def get_queryset(self):
+        # Only the runs the user may see: another team's run (and its error text) answers 404.
+        return visible_runs(self.request.user)
 
     def create(self, request: Request, *args, **kwargs) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
+            check_team(request.user, data.get("team"))
             run = start_training_run(
                 target_dir=data["target_dir"],
                 out_dir=data["out_dir"],
@@ -55,6 +73,8 @@ class TrainingRunViewSet(
                 epochs=data.get("epochs", 4),
                 seed=data.get("seed", 0),
                 node_class=data.get("node_class", "cpu"),
+                owner=request.user,
+                team=data.get("team"),
             )
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}) from exc

@@ -11,8 +11,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ace.query_params import datetime_param, id_param
-from fleet.permissions import endpoint_for, visible_endpoints
+from fleet.permissions import check_team, endpoint_for, visible_endpoints
 from speculation.models import Action, DraftModel, Mode, StageRecord
+from speculation.selectors.drafts import visible_drafts
 from speculation.services import drafts as draft_service
 from speculation.services import policies as policy_service
 from speculation.web.api.serializers import (
@@ -39,7 +40,7 @@ class PolicyView(APIView):
     def _change(self, request: Request, pk: int, *, partial: bool) -> Response:
         endpoint = endpoint_for(request.user, pk, operate=True)
         policy = policy_service.get_policy(endpoint=endpoint)
-        serializer = PolicySerializer(policy, data=request.data, partial=partial)
+        serializer = PolicySerializer(policy, data=request.data, partial=partial, context={"user": request.user})
         serializer.is_valid(raise_exception=True)
         try:
             policy = policy_service.update_policy(endpoint=endpoint, user=request.user, **serializer.validated_data)
@@ -88,19 +89,25 @@ class DraftViewSet(
     """Draft registry. Create reads vocab size, parameter count, VRAM and tokenizer fingerprint from `path`."""
 
     serializer_class = DraftSerializer
-    queryset = DraftModel.objects.all()
+
+    def get_queryset(self):
+        # Only what the user may see: another team's draft answers 404 (read or delete), as if it did not exist.
+        return visible_drafts(self.request.user)
 
     def create(self, request: Request, *args, **kwargs) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
+            check_team(request.user, data.get("team"))
             draft = draft_service.register_draft(
                 name=data["name"],
                 kind=data["kind"],
                 path=data.get("path", ""),
                 node_class=data.get("node_class", "cpu"),
                 target_name=data.get("target_name", ""),
+                owner=request.user,
+                team=data.get("team"),
             )
         except DjangoValidationError as exc:
             raise _as_drf(exc) from exc
@@ -108,7 +115,7 @@ class DraftViewSet(
 
     def perform_destroy(self, instance: DraftModel) -> None:
         try:
-            draft_service.delete_draft(draft=instance)
+            draft_service.delete_draft(draft=instance, user=self.request.user)
         except DjangoValidationError as exc:
             raise _as_drf(exc) from exc
 

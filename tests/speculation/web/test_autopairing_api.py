@@ -34,7 +34,9 @@ def endpoint():
         capabilities={"tokenizer_fingerprint": FP}, team=Group.objects.get_or_create(name=TEAM)[0],
     )  # fmt: skip
     SpeculationPolicy.objects.create(endpoint=endpoint, mode="shadow", mechanism="ngram", k=5)
-    draft = DraftModel.objects.create(name="small", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint=FP)
+    draft = DraftModel.objects.create(
+        name="small", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint=FP, team=endpoint.team
+    )  # the team's: a draft of no team is for admins only
     # the draft wins at K = 3 (1.6x) over n-gram (1.1x) on 6 requests of workload "chat"
     for i in range(6):
         for name, kind, the_draft, peak in (("small", "draft_model", draft, 1.6), ("ngram", "ngram", None, 1.1)):
@@ -93,3 +95,16 @@ def test_the_endpoint_page_shows_the_table_and_applies_with_one_click(client, en
     assert "<b>small</b> at K = <b>3</b>" in page and 'id="apply-pairing"' in page
     assert applied.status_code == 302
     assert SpeculationPolicy.objects.get(endpoint=endpoint).draft.name == "small"
+
+
+def test_a_draft_the_team_cannot_see_is_not_applied(endpoint):
+    # given the winning draft belongs to nobody (admins only)
+    DraftModel.objects.filter(name="small").update(team=None)
+
+    response = _client(OPERATOR).post(
+        f"/api/v1/endpoints/{endpoint.pk}/autopairing/apply/", {"workload": "chat"}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "no longer registered" in response.json()["draft"][0]
+    assert SpeculationPolicy.objects.get(endpoint=endpoint).draft is None

@@ -1,0 +1,80 @@
+"""A draft's kind is what its folder holds, its sizes are bounded, and its name is unique in any letter case.
+
+Before: a plain model's folder registered as `eagle_head` (prod then fell back on every request), a config.json with
+`vocab_size` 10**12 was accepted, and `DEMO-DRAFT` was registered beside `demo-draft`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from speculation.models import DraftModel
+
+pytestmark = pytest.mark.django_db
+
+DRAFTS = "/api/v1/drafts/"
+
+
+def _copy(tiny_model_dir: Path, tmp_path: Path, name: str, **config_changes) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return folder
+
+
+def test_a_plain_model_registered_as_an_eagle_head_is_refused(api, tiny_model_dir):
+    response = api.post(DRAFTS, {"name": "h", "kind": "eagle_head", "path": str(tiny_model_dir)}, format="json")
+
+    assert response.status_code == 400
+    message = response.json()["path"][0]
+    assert "not an EAGLE head" in message and "draft_model" in message
+    assert not DraftModel.objects.exists()
+
+
+def test_an_eagle_head_registered_as_a_draft_model_is_refused(api, tiny_model_dir, tmp_path):
+    head = _copy(tiny_model_dir, tmp_path, "head", ace_eagle={"format": 1, "hidden_size": 32})
+
+    wrong = api.post(DRAFTS, {"name": "d", "kind": "draft_model", "path": str(head)}, format="json")
+    right = api.post(DRAFTS, {"name": "h", "kind": "eagle_head", "path": str(head)}, format="json")
+
+    assert wrong.status_code == 400
+    assert "an EAGLE head" in wrong.json()["path"][0] and "eagle_head" in wrong.json()["path"][0]
+    assert right.status_code == 201, right.content
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("vocab_size", 10**12), ("hidden_size", 10**9), ("num_hidden_layers", 100_000), ("intermediate_size", 10**10)],
+)
+def test_a_config_with_an_impossible_size_is_a_400_naming_the_bound(api, tiny_model_dir, tmp_path, key, value):
+    folder = _copy(tiny_model_dir, tmp_path, "huge", **{key: value})
+
+    response = api.post(DRAFTS, {"name": "huge", "kind": "draft_model", "path": str(folder)}, format="json")
+
+    assert response.status_code == 400
+    message = response.json()["path"][0]
+    assert key in message and "at most" in message
+    assert not DraftModel.objects.exists()
+
+
+def test_draft_names_are_unique_in_any_letter_case(api):
+    first = api.post(DRAFTS, {"name": "demo-draft", "kind": "ngram"}, format="json")
+    second = api.post(DRAFTS, {"name": "DEMO-DRAFT", "kind": "ngram"}, format="json")
+
+    assert first.status_code == 201
+    assert second.status_code == 400
+    assert "already exists" in second.json()["name"][0]
+    assert DraftModel.objects.count() == 1
+
+
+def test_the_database_refuses_a_draft_name_differing_only_in_case():
+    DraftModel.objects.create(name="demo-draft", kind="ngram")
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DraftModel.objects.create(name="Demo-Draft", kind="ngram")
