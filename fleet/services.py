@@ -38,7 +38,7 @@ def _validate_name(name: str, *, exclude_pk: int | None = None) -> str:
     name = (name or "").strip()
     if not name:
         raise ValidationError("A name is required.")
-    if not SLUG_RE.match(name):
+    if not SLUG_RE.fullmatch(name):
         raise ValidationError(
             "Use 1-64 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit."
         )
@@ -89,7 +89,7 @@ def _validate_kind(kind: str) -> str:
 
 def _validate_node_class(node_class: str) -> str:
     node_class = (node_class or "").strip()
-    if not NODE_CLASS_RE.match(node_class):
+    if not NODE_CLASS_RE.fullmatch(node_class):
         raise ValidationError("Use 1-64 lowercase letters, digits, '-' or '_' (it names the queue gpu.<node class>).")
     return node_class
 
@@ -97,7 +97,7 @@ def _validate_node_class(node_class: str) -> str:
 def _validate_api_key(api_key: str) -> str:
     if len(api_key) > API_KEY_MAX_LEN:
         raise ValidationError(f"The API key is longer than {API_KEY_MAX_LEN} characters.")
-    if not API_KEY_RE.match(api_key):
+    if not API_KEY_RE.fullmatch(api_key):
         raise ValidationError("The API key may only hold printable characters without spaces.")
     return api_key
 

@@ -58,7 +58,7 @@ def _validate_model_dir(model_dir: str) -> str:
 
 def _validate_served_name(served_name: str) -> str:
     served_name = (served_name or "").strip()
-    if not SERVED_NAME_RE.match(served_name):
+    if not SERVED_NAME_RE.fullmatch(served_name):
         raise ValidationError("Use 1-255 letters, digits, '.', '_', '-', '/' or ':' (the model id clients send).")
     clash = Endpoint.objects.filter(served_model=served_name).first()
     if clash is not None:

@@ -171,3 +171,12 @@ def test_reprobe_queues_a_new_probe():
     assert probe.endpoint_id == endpoint.pk
     assert probe.status == ProbeStatus.QUEUED
     assert Probe.objects.filter(endpoint=endpoint).count() == 2
+
+
+@pytest.mark.parametrize("api_key", ["sk-abc\n", "sk-abc\r\n", "sk-\u00e4bc"])
+def test_it_refuses_an_api_key_ending_in_a_line_break_or_not_ascii(api_key):
+    # `$` in a pattern matches before a trailing newline: the key would go out as a header line of its own
+    with pytest.raises(ValidationError) as exc_info:
+        _register(api_key=api_key)
+    assert set(_errors(exc_info)) == {"api_key"}
+    assert not Endpoint.objects.exists()
