@@ -31,6 +31,7 @@ CAPABILITY_LABELS = {
     "tokenizer_fingerprint": "Tokenizer fingerprint",
     "canary_token_ids": "Canary token ids",
     "canary_version": "Canary version",
+    "canary_reference": "Served model's answers on the canary (a local target must reproduce them)",
     "native_speculation": "Native speculative decoding",
     "native_speculation_method": "Native speculation method",
     "native_speculation_k": "Native speculation K",
@@ -41,7 +42,7 @@ CAPABILITY_LABELS = {
     "latency_output_tokens": "Output tokens timed",
 }
 # Long values shown as a summary rather than in full.
-SUMMARISED_CAPABILITIES = {"canary_token_ids"}
+SUMMARISED_CAPABILITIES = {"canary_token_ids", "canary_reference"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,14 @@ def _format_value(value: Any) -> str:
 
 
 def _summarise(value: Any) -> str:
+    if isinstance(value, dict) and isinstance(value.get("token_ids"), list):  # canary_reference
+        greedy = len(value["token_ids"]) - int(value.get("prompt_len") or 0)
+        top = value.get("top_logprobs")
+        if not top:
+            why = value.get("greedy_only") or "no log-probabilities"
+            return f"greedy continuation of {greedy} tokens alone ({why})"
+        width = max((len(p) for p in top if p), default=0)
+        return f"greedy continuation of {greedy} tokens; top {width} log-probabilities at {len(top) - 1} positions"
     if isinstance(value, list | tuple):
         return f"{len(value)} ids: {_format_value(list(value[:8]))}{' …' if len(value) > 8 else ''}"
     return _format_value(value)

@@ -23,3 +23,14 @@ def test_a_server_that_cannot_continue_token_ids_records_no_reference(http_stub)
     stub = http_stub(openai_routes())
     report = adapter_for("openai", base_url=stub.base_url).probe()
     assert report.errors == [] and report.capabilities["canary_reference"] is None
+
+
+def test_the_endpoint_page_summarises_the_reference_instead_of_listing_it():
+    from fleet import selectors
+
+    reference = {"token_ids": list(range(30)), "prompt_len": 14, "top_logprobs": [None] + [[[1, -0.1]] * 5] * 29}
+    greedy_only = {**reference, "top_logprobs": None, "greedy_only": "no scoring"}
+    [row] = selectors.capability_rows({"canary_reference": reference})
+    assert row.value == "greedy continuation of 16 tokens; top 5 log-probabilities at 29 positions"
+    [row] = selectors.capability_rows({"canary_reference": greedy_only})
+    assert row.value == "greedy continuation of 16 tokens alone (no scoring)"
