@@ -7,6 +7,10 @@ records the served model's greedy continuation of the canary and its top log-pro
 (which states them and the measurements behind them). Where the server returns no log-probabilities the greedy
 continuation alone is compared, and the verdict says so.
 
+A managed endpoint's server is started by ACE from its model directory: that directory is its model by
+construction (the reference of a server started from an earlier build would refuse a rebuilt one before the new
+server runs).
+
 Checked at policy save (speculation.services.policies), when the worker builds the local path
 (speculation.worker.generation), and for the candidates auto-pairing replays with the target. The verdict is kept
 per endpoint, reference, folder and the files' sizes and modification times, so it is computed once, not per
@@ -50,10 +54,10 @@ class Identity:
 
 def check(*, endpoint: Endpoint, target_path: str) -> Identity:
     """Whether the model in target_path reproduces the endpoint's served model (cached verdict)."""
+    if _managed_from(endpoint, target_path):  # ACE starts the endpoint's server from these very files
+        return Identity("", "the endpoint's managed server runs target_path itself")
     reference, why_none = _reference(endpoint)
     if reference is None:
-        if _managed_from(endpoint, target_path):  # ACE's own server runs these very files
-            return Identity("", "the endpoint's managed server serves target_path itself")
         return Identity(f"cannot check that target_path holds the endpoint's model: {why_none}")
     key = _cache_key(endpoint, target_path, reference)
     found = cache.get(key)

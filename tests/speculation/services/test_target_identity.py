@@ -130,3 +130,15 @@ def test_a_process_without_torch_checks_in_a_child_process_with_the_same_verdict
         child = target_identity._run_in_child(str(directory), reference)
         assert child == here
     assert here["mismatch"] is not None  # the other checkpoint
+
+
+def test_a_managed_endpoints_own_model_directory_needs_no_reference(tiny_model_dir):
+    from fleet.managed.models import ManagedServer
+
+    # given: a managed endpoint not started yet (no probe, no reference) whose server ACE starts from tiny_model_dir
+    endpoint = Endpoint.objects.create(name="managed", base_url="http://127.0.0.1:9", kind="vllm")
+    ManagedServer.objects.create(endpoint=endpoint, model_dir=str(tiny_model_dir), served_name="m")
+    # then: that directory is its model; another is not checked against nothing
+    assert target_identity.check(endpoint=endpoint, target_path=str(tiny_model_dir)).problem == ""
+    other = target_identity.check(endpoint=endpoint, target_path=str(tiny_model_dir.parent)).problem
+    assert other.startswith("cannot check that target_path holds the endpoint's model")
