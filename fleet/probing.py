@@ -50,7 +50,7 @@ def run_probe(probe_id: int) -> Probe | None:
     report = _probe_endpoint(endpoint)
     duration_ms = (time.perf_counter() - t0) * 1000
     outcome, reason = summarize(report)
-    conflict = served_model_conflict(endpoint_id=endpoint.pk, served_model=_served_model(report)) if report.ok else ""
+    conflict = served_model_conflict(endpoint=endpoint, served_model=_served_model(report)) if report.ok else ""
     if conflict:  # routed by name only (speculation.gateway.routes); shown as a problem on the endpoint
         report.errors.append({"step": "routing", "kind": "ambiguous_model", "message": conflict})
         reason = f"{reason}; routing problem: {conflict}"

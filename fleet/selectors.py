@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.contrib.auth.models import Group
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
 from fleet.models import Endpoint, EndpointStatus, Probe, ProbeStatus
@@ -73,26 +74,52 @@ def endpoint_get(*, pk: int) -> Endpoint:
     return get_object_or_404(Endpoint, pk=pk)
 
 
-def served_model_conflict(*, endpoint_id: int, served_model: str) -> str:
-    """Why the gateway cannot route `served_model` to this endpoint alone ("" when it can).
+def routing_peers(*, owner_id: int | None, team_id: int | None, exclude_pk: int | None = None) -> QuerySet[Endpoint]:
+    """The endpoints a model id of an endpoint with this owner and team may be confused with: its owner's own and
+    its owner's teams', and its team's (neither: the other endpoints with neither). The gateway resolves a model id
+    among the caller's own and its teams' endpoints first (speculation.gateway.routes.resolve), so another tenant's
+    endpoint never conflicts with it."""
+    if owner_id is None and team_id is None:
+        peers = Q(owner__isnull=True, team__isnull=True)
+    else:
+        peers = Q(pk__in=[])
+        if owner_id is not None:
+            peers |= Q(owner_id=owner_id) | Q(team__in=Group.objects.filter(user__pk=owner_id))
+        if team_id is not None:
+            peers |= Q(team_id=team_id)
+    return Endpoint.objects.filter(peers).exclude(pk=exclude_pk)
 
-    Names and served model ids are one namespace: the id may be another endpoint's name, or served by another
-    endpoint too. Either way the gateway routes the id to no endpoint (each stays reachable by its own name).
+
+def peer_label(other: Endpoint, *, team_id: int | None) -> str:
+    """How a message to whoever sees an endpoint of `team_id` names a peer: by name when every one of them may see
+    it (no team: its owner and admins, who see every peer; a team: the team's peers), else neutrally."""
+    if team_id is None or other.team_id == team_id:
+        return f"endpoint {other.name!r}"
+    return "another endpoint of its owner"
+
+
+def served_model_conflict(*, endpoint: Endpoint, served_model: str) -> str:
+    """Why the gateway cannot route `served_model` to this endpoint alone among its peers ("" when it can).
+
+    Names and served model ids are one namespace: the id may be a peer's name, or served by a peer too. Either way
+    the gateway routes the id to no endpoint of the peers (each stays reachable by its own name). The text is
+    stored on the endpoint, so it names only what everyone who sees the endpoint may see.
     """
     if not served_model:
         return ""
-    others = Endpoint.objects.exclude(pk=endpoint_id)
-    named = others.filter(name=served_model).values_list("name", flat=True).first()
-    if named:
+    peers = routing_peers(owner_id=endpoint.owner_id, team_id=endpoint.team_id, exclude_pk=endpoint.pk)
+    named = peers.filter(name=served_model).first()
+    if named is not None:
+        label = peer_label(named, team_id=endpoint.team_id)
         return (
-            f"the served model id {served_model!r} is the name of endpoint {named!r}: requests for it go to "
-            f"{named!r}, never here; call this endpoint by its own name"
+            f"the served model id {served_model!r} is the name of {label}: requests for it go there, never here; "
+            "call this endpoint by its own name"
         )
-    also = others.filter(served_model=served_model).values_list("name", flat=True).first()
-    if also:
+    also = peers.filter(served_model=served_model).first()
+    if also is not None:
         return (
-            f"endpoint {also!r} serves the same model id {served_model!r}: the gateway routes that id to neither; "
-            "call each endpoint by its own name"
+            f"{peer_label(also, team_id=endpoint.team_id)} serves the same model id {served_model!r}: the gateway "
+            "routes that id to neither; call each endpoint by its own name"
         )
     return ""
 

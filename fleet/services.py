@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from fleet import selectors
 from fleet.models import Endpoint, Probe, ServerKind
 from fleet.netpolicy import URLNotAllowed, check_url
 
@@ -34,7 +35,9 @@ UNCHANGED = object()
 _PROBE_RELEVANT = ("base_url", "kind", "api_key")
 
 
-def _validate_name(name: str, *, exclude_pk: int | None = None) -> str:
+def _validate_name(
+    name: str, *, exclude_pk: int | None = None, owner_id: int | None = None, team_id: int | None = None
+) -> str:
     name = (name or "").strip()
     if not name:
         raise ValidationError("A name is required.")
@@ -45,13 +48,15 @@ def _validate_name(name: str, *, exclude_pk: int | None = None) -> str:
     others = Endpoint.objects.exclude(pk=exclude_pk) if exclude_pk is not None else Endpoint.objects.all()
     if others.filter(name=name).exists():
         raise ValidationError(f"An endpoint named {name!r} already exists.")
-    # Names and served model ids are one namespace for the gateway: a name equal to another endpoint's served
-    # model id would take that model's traffic (prompts included).
-    shadowed = others.filter(served_model=name).first()
+    # Names and served model ids are one namespace for the gateway: a name equal to the served model id of an
+    # endpoint of the same owner or team would take that model's traffic (prompts included). Another tenant's
+    # endpoints are no concern of the gateway's for this caller (speculation.gateway.routes.resolve), nor named.
+    peers = selectors.routing_peers(owner_id=owner_id, team_id=team_id, exclude_pk=exclude_pk)
+    shadowed = peers.filter(served_model=name).first()
     if shadowed is not None:
         raise ValidationError(
-            f"{name!r} is the model id served by endpoint {shadowed.name!r}: the gateway routes model names to "
-            "exactly one endpoint, so choose another name."
+            f"{name!r} is the model id served by {selectors.peer_label(shadowed, team_id=team_id)}: the gateway "
+            "routes model names to exactly one endpoint, so choose another name."
         )
     return name
 
@@ -67,6 +72,11 @@ def normalise_base_url(base_url: str) -> tuple[str, str]:
         url = stripped[: -len(V1_SUFFIX)]
         return url, f"The trailing /v1 was removed from the base URL ({url}): ACE adds /v1/... itself."
     return url, ""
+
+
+def _peers_of(owner: AbstractBaseUser | None, team: Group | None) -> dict[str, int | None]:
+    """The owner and team a name is checked against (fleet.selectors.routing_peers)."""
+    return {"owner_id": owner.pk if owner is not None else None, "team_id": team.pk if team is not None else None}
 
 
 def _validate_base_url(base_url: str) -> str:
@@ -137,8 +147,9 @@ def create_endpoint(
 
     Its owner is the user who registers it; `team` (a Django group) lets the team's members operate it too.
     """
+    owner = created_by if created_by is not None and created_by.is_authenticated else None
     checks: dict[str, tuple] = {
-        "name": (_validate_name, name, {}),
+        "name": (_validate_name, name, _peers_of(owner, team)),
         "base_url": (_validate_base_url, base_url, {}),
         "kind": (_validate_kind, kind, {}),
         "node_class": (_validate_node_class, node_class or settings.DEFAULT_NODE_CLASS, {}),
@@ -192,7 +203,8 @@ def update_endpoint(
     """
     checks: dict[str, tuple] = {}
     if name is not None:
-        checks["name"] = (_validate_name, name, {"exclude_pk": endpoint.pk})
+        new_team = endpoint.team if team is UNCHANGED else team
+        checks["name"] = (_validate_name, name, {"exclude_pk": endpoint.pk, **_peers_of(endpoint.owner, new_team)})
     if base_url is not None:
         checks["base_url"] = (_validate_base_url, base_url, {})
     if kind is not None:

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 from fleet.managed import canary
 from fleet.managed.args import ServerArgsError, validate_server_args
@@ -56,13 +57,17 @@ def _validate_model_dir(model_dir: str) -> str:
     return str(directory)
 
 
-def _validate_served_name(served_name: str) -> str:
+def _validate_served_name(served_name: str, *, owner_id: int | None = None, team_id: int | None = None) -> str:
     served_name = (served_name or "").strip()
     if not SERVED_NAME_RE.fullmatch(served_name):
         raise ValidationError("Use 1-255 letters, digits, '.', '_', '-', '/' or ':' (the model id clients send).")
-    clash = Endpoint.objects.filter(served_model=served_name).first()
+    # Within the owner's and the team's endpoints only: the gateway resolves a model id among the caller's own first.
+    peers = fleet_selectors.routing_peers(owner_id=owner_id, team_id=team_id)
+    clash = peers.filter(served_model=served_name).first()
     if clash is not None:
-        raise ValidationError(f"{served_name!r} is already served by endpoint {clash.name!r}.")
+        raise ValidationError(
+            f"{served_name!r} is already served by {fleet_selectors.peer_label(clash, team_id=team_id)}."
+        )
     return served_name
 
 
@@ -85,16 +90,17 @@ def create_managed_endpoint(
     team: Group | None = None,
 ) -> Endpoint:
     """Register an endpoint whose server ACE runs; the node class's supervisor starts it."""
+    user = created_by if created_by is not None and created_by.is_authenticated else None
+    peers = fleet_services._peers_of(user, team)
     checks: dict[str, tuple] = {
-        "name": (fleet_services._validate_name, name, {}),
+        "name": (fleet_services._validate_name, name, peers),
         "kind": (_validate_kind, kind, {}),
         "node_class": (fleet_services._validate_node_class, node_class or settings.DEFAULT_NODE_CLASS, {}),
         "model_dir": (_validate_model_dir, model_dir, {}),
-        "served_name": (_validate_served_name, served_name or name, {}),
+        "served_name": (_validate_served_name, served_name or name, peers),
         "server_args": (_validate_args, server_args, {}),
     }
     cleaned = fleet_services._collect(checks)
-    user = created_by if created_by is not None and created_by.is_authenticated else None
     endpoint = Endpoint(
         name=cleaned["name"],
         base_url=NOT_STARTED_URL,

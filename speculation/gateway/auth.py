@@ -32,18 +32,23 @@ MAX_ENTRIES = 10_000
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's user and the endpoint ids it may call (None: every endpoint, an admin's)."""
+    """Who is calling: the token's user, the endpoint ids it may call (None: every endpoint, an admin's) and the
+    user's groups (its teams: a model id resolves among its own and its teams' endpoints first)."""
 
     user_id: int
     callable_ids: frozenset[int] | None
+    team_ids: frozenset[int] = frozenset()
 
     def may_call(self, endpoint_id: int) -> bool:
         return self.callable_ids is None or endpoint_id in self.callable_ids
 
+    def owns(self, owner_id: int | None, team_id: int | None) -> bool:
+        return owner_id == self.user_id or (team_id is not None and team_id in self.team_ids)
+
 
 def _load(key: str) -> Principal | None:
-    # The token with its user and scope in one query, the user's role in one more, and unless it is an admin's
-    # unscoped token, the ids it may call in a third.
+    # The token with its user and scope in one query, the user's role and groups in two more, and unless it is an
+    # admin's unscoped token, the ids it may call in a fourth.
     row = Token.objects.select_related("user", "ace_scope").filter(key=key).first()
     if row is None or not row.user.is_active:
         return None
@@ -52,12 +57,13 @@ def _load(key: str) -> Principal | None:
     except GatewayTokenScope.DoesNotExist:
         scope = None
     listed = None if scope is None or scope.all_visible else scope.endpoints.values_list("pk", flat=True)
+    teams = frozenset(row.user.groups.values_list("pk", flat=True))
     if listed is None and role_of(row.user) == ADMIN:
-        return Principal(user_id=row.user.pk, callable_ids=None)
+        return Principal(user_id=row.user.pk, callable_ids=None, team_ids=teams)
     visible = visible_endpoints(row.user)
     if listed is not None:
         visible = visible.filter(pk__in=listed)
-    return Principal(user_id=row.user.pk, callable_ids=frozenset(visible.values_list("pk", flat=True)))
+    return Principal(user_id=row.user.pk, callable_ids=frozenset(visible.values_list("pk", flat=True)), team_ids=teams)
 
 
 def _key_from_header(header: str) -> str:

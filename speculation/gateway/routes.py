@@ -1,5 +1,9 @@
 """The gateway's routing table: model name -> endpoint + policy, cached per process.
 
+A model name is an endpoint's name or a model id its server serves (the probe's served_model). It resolves per
+caller (`resolve`), among the endpoints the caller's token may call only, its own and its teams' first: another
+tenant's endpoint named like, or serving, the same id never takes the caller's traffic nor makes its id ambiguous.
+
 Built from the database in one query batch and reused while the gateway version is unchanged (read once per
 request for the table and the token alike, from Redis or, in the lean /v1 app, from the bumps it follows:
 speculation.gateway.freshness) and for at most MAX_AGE_S; while Redis is unreachable the table lives 0.25 s, so
@@ -12,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
@@ -49,20 +53,55 @@ class Route:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # Managed endpoints: tok/s without speculation per concurrency bucket (fleet.managed.baseline).
     native_baseline: dict[str, float] = field(default_factory=dict)
+    # Whose it is (fleet.permissions): a model id resolves among the caller's own and its teams' endpoints first.
+    owner_id: int | None = None
+    team_id: int | None = None
 
 
-def _build_table() -> dict[str, Route]:
+@dataclass(frozen=True)
+class RouteTable:
+    """Every endpoint by name, and the endpoints serving each model id (each id by any number of them)."""
+
+    by_name: dict[str, Route] = field(default_factory=dict)
+    by_model: dict[str, tuple[Route, ...]] = field(default_factory=dict)
+
+    def values(self):
+        return self.by_name.values()
+
+
+class Caller(Protocol):
+    def may_call(self, endpoint_id: int) -> bool: ...
+
+    def owns(self, owner_id: int | None, team_id: int | None) -> bool: ...
+
+
+def resolve(table: RouteTable, model: str, caller: Caller) -> Route | None:
+    """The endpoint `model` names for this caller, or None (unknown, not callable, or ambiguous).
+
+    Among the endpoints the caller may call, its own and its teams' first, then (an admin's) everyone else's: in each
+    tier an endpoint's name wins, then a model id served by exactly one endpoint; an id served by several endpoints
+    of one tier routes to none of them (each stays reachable by its name; the probe reports the conflict).
+    """
+    named = table.by_name.get(model)
+    if named is not None and not caller.may_call(named.endpoint_id):
+        named = None
+    serving = [r for r in table.by_model.get(model, ()) if r is not named and caller.may_call(r.endpoint_id)]
+    for own in (True, False):
+        if named is not None and caller.owns(named.owner_id, named.team_id) == own:
+            return named
+        tier = [r for r in serving if caller.owns(r.owner_id, r.team_id) == own]
+        if tier:
+            return tier[0] if len(tier) == 1 else None
+    return None
+
+
+def _build_table() -> RouteTable:
     from speculation.services.policies import resolve_path
 
     policies = {p.endpoint_id: p for p in SpeculationPolicy.objects.select_related("draft").all()}
     baselines = dict(ManagedServer.objects.values_list("endpoint_id", "baseline"))
     endpoints = list(Endpoint.objects.all())
-    names = {endpoint.name for endpoint in endpoints}
-    served_by: dict[str, int] = {}
-    for endpoint in endpoints:
-        if endpoint.served_model:
-            served_by[endpoint.served_model] = served_by.get(endpoint.served_model, 0) + 1
-    table: dict[str, Route] = {}
+    table = RouteTable()
     for endpoint in endpoints:
         policy = policies.get(endpoint.pk)
         try:
@@ -96,14 +135,13 @@ def _build_table() -> dict[str, Route]:
             capabilities=dict(endpoint.capabilities or {}),
             upstream_headers=headers,
             native_baseline=dict((baselines.get(endpoint.pk) or {}).get("buckets") or {}),
+            owner_id=endpoint.owner_id,
+            team_id=endpoint.team_id,
             **extra,
         )
-        table[endpoint.name] = route
-        # A served model id routes only when exactly one endpoint serves it and no endpoint is named so: a model
-        # name never resolves to two endpoints (the probe records the conflict on the endpoint).
-        model = endpoint.served_model
-        if model and model != endpoint.name and served_by[model] == 1 and model not in names:
-            table[model] = route
+        table.by_name[endpoint.name] = route
+        if endpoint.served_model and endpoint.served_model != endpoint.name:
+            table.by_model[endpoint.served_model] = (*table.by_model.get(endpoint.served_model, ()), route)
     return table
 
 
@@ -111,7 +149,7 @@ class RouteCache:
     """The table and the version reader of one event loop."""
 
     def __init__(self) -> None:
-        self._table: dict[str, Route] | None = None
+        self._table: RouteTable | None = None
         self._built: Stamp | None = None
         self._versions = VersionReader()
         self._lock = asyncio.Lock()
@@ -124,7 +162,7 @@ class RouteCache:
         """The gateway version now (one Redis GET): read once per request, for the table and the token alike."""
         return await self._versions.stamp()
 
-    async def table(self, stamp: Stamp | None = None) -> dict[str, Route]:
+    async def table(self, stamp: Stamp | None = None) -> RouteTable:
         stamp = stamp or await self.stamp()
         if self._table is not None and self._built is not None and stamp.keeps(self._built, max_age_s=MAX_AGE_S):
             return self._table
@@ -135,13 +173,14 @@ class RouteCache:
             self._built = stamp
             return self._table
 
-    async def lookup(self, model: str, stamp: Stamp | None = None) -> Route | None:
+    async def lookup(self, model: str, caller: Caller, stamp: Stamp | None = None) -> Route | None:
+        """The route `model` names for this caller (`resolve`)."""
         stamp = stamp or await self.stamp()
-        route = (await self.table(stamp)).get(model)
+        route = resolve(await self.table(stamp), model, caller)
         if route is None and self._built is not None and time.monotonic() - self._built.read_at > MISS_REBUILD_S:
             # An unknown name may be an endpoint registered a moment ago (its version bump not seen yet).
             self._built = None
-            route = (await self.table(await self.stamp())).get(model)
+            route = resolve(await self.table(await self.stamp()), model, caller)
         return route
 
     async def current(self, route: Route, *, reread: bool = False) -> Route:
@@ -150,7 +189,7 @@ class RouteCache:
         refused a connection, and the bump of a move may not have reached this process yet."""
         if reread and self._built is not None and time.monotonic() - self._built.read_at > MISS_REBUILD_S:
             self._built = None
-        now = (await self.table()).get(route.name)
+        now = (await self.table()).by_name.get(route.name)
         return now if now is not None and now.endpoint_id == route.endpoint_id else route
 
 

@@ -101,8 +101,8 @@ async def serve(
         return error_response(
             400, "The body must be a JSON object naming a model.", code="invalid_request", request_id=request_id
         )
-    route = await cache.lookup(body["model"], stamp)
-    if route is None or not principal.may_call(route.endpoint_id):
+    route = await cache.lookup(body["model"], principal, stamp)
+    if route is None:
         # Outside the token's scope reads exactly like an unknown name: other teams' endpoints stay unseen.
         return error_response(
             404,
