@@ -1,9 +1,9 @@
 """Routing by served model id considers only the endpoints the caller may call, its own first: one tenant's
 registration never takes another's model id down.
 
-Before: a user of another team registering a server that also serves `ace-demo-target` made the admin's
-`model=ace-demo-target` answer 404 until it was deleted, and the probe's conflict message named the other
-tenant's endpoint.
+Why: were a model id resolved over every endpoint, any tenant registering a server that also serves
+`ace-demo-target` would make the admin's `model=ace-demo-target` ambiguous (404), and the conflict message would
+name the other tenant's endpoint.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A draft's kind is what its folder holds, its sizes are bounded, and its name is unique in any letter case.
 
-Before: a plain model's folder registered as `eagle_head` (prod then fell back on every request), a config.json with
-`vocab_size` 10**12 was accepted, and `DEMO-DRAFT` was registered beside `demo-draft`.
+Why: a plain model registered as `eagle_head` makes prod fall back on every request, a `vocab_size` of 10**12 sizes
+buffers and overflows the database's integer column, and `DEMO-DRAFT` beside `demo-draft` reads as one draft.
 """
 
 from __future__ import annotations

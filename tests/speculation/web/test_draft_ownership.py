@@ -1,9 +1,9 @@
 """Drafts and training runs belong to an owner and a team, as endpoints do: another team neither sees nor deletes
 them, and no message names an endpoint or a draft the caller cannot see.
 
-Before: drafts and training runs had no owner; an operator of another team deleted a team's draft (204), the
-training-run list (with its error texts) was global, a policy could name any draft, and deleting a draft in use
-named the endpoints using it, whoever owned them.
+Why: a draft is a company's model and a run's error text speaks of the server's files; without an owner any
+operator could delete another team's draft, read every run's error, point a policy at any draft, and learn from a
+refusal which endpoints use a draft.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A training run's input: prompts from the named sources or a file under the model roots, bounded numbers, and no
 unknown field ignored.
 
-Before: `prompts: "/etc/shadow"` was accepted (201) and the run's error told whether the file existed and was
-empty; `epochs: 1000000000` was accepted; a misspelt field was dropped silently.
+Why: the worker reads the prompt file, so a path outside the roots would read any file and the run's error tell
+whether it exists (`/etc/shadow`); an unbounded epoch count books a GPU forever; a misspelt field dropped silently
+trains with settings nobody asked for.
 """
 
 from __future__ import annotations
