@@ -214,7 +214,8 @@ class OpenAICompatibleAdapter:
                 reference["top_logprobs"] = [
                     None if p is None else [[t.token_id, t.logprob] for t in p.top] for p in positions
                 ]
-        caps["canary_reference"] = reference
+        if continued and continued.token_ids or reference["top_logprobs"]:  # else nothing a local model could match
+            caps["canary_reference"] = reference
 
     def measure_latency(self, client: ServerClient, caps: dict[str, Any]) -> None:
         body = {

@@ -56,6 +56,8 @@ class Reference:
             if len(raw) != len(ids):
                 raise ValueError(f"top_logprobs has {len(raw)} positions for {len(ids)} token ids")
             top = [None if p is None else {int(t): float(lp) for t, lp in p} for p in raw]
+        if prompt_len == len(ids) and not any(top or ()):
+            raise ValueError("the reference holds neither a continuation nor log-probabilities: nothing to compare")
         return cls(ids, prompt_len, top)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from speculation.engine.identity import (
@@ -72,3 +73,8 @@ def test_a_token_outside_the_local_vocabulary_is_a_mismatch():
     reference = Reference(token_ids=[*PROMPT, 500], prompt_len=len(PROMPT))
     verdict = compare(reference, local_logprobs(tiny_model(seed=0), reference.token_ids))
     assert verdict.mismatch is not None and verdict.mismatch.kind == "vocab"
+
+
+def test_a_reference_with_nothing_to_compare_is_refused():
+    with pytest.raises(ValueError, match="nothing to compare"):
+        Reference.from_json({"token_ids": PROMPT, "prompt_len": len(PROMPT), "top_logprobs": None})
