@@ -1,7 +1,8 @@
 """ACE's speculative decoding engine: pure PyTorch + stdlib + safetensors (no Django, Celery or settings).
 
 Entry points:
-- ``load_causal_lm(dir)`` -> ``Transformer`` (Llama-format HF checkpoint, static KV cache);
+- ``load_causal_lm(dir)`` -> ``Transformer`` (an HF checkpoint of Llama, Mistral, Qwen 2/3, Gemma 2/3 or Phi-3,
+  ``engine/families.py``; static KV cache);
   ``Transformer.forward(tokens, start, return_hidden=False)`` -> logits [T, V] (+ hidden [T, D]).
 - targets: ``LocalTarget(model)``; proposers: ``DraftModelProposer(model, target_vocab_size=...)``,
   ``NgramProposer()``, ``SuffixProposer(SuffixIndex())`` (suffix decoding over earlier responses),

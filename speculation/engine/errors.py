@@ -28,4 +28,4 @@ class ContextLengthError(SpecDecodeError):
 
 
 class ModelFormatError(SpecDecodeError):
-    """A model directory is not a Llama-style Hugging Face checkpoint this engine can load."""
+    """A model directory is not a Hugging Face checkpoint of a family this engine runs (engine/families.py)."""

@@ -21,6 +21,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from speculation.engine.errors import ModelFormatError
+from speculation.engine.families import args_from_config, refusal
+
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 # safetensors' own limit on the JSON header; a larger length field is a corrupt (or hostile) file.
@@ -29,9 +32,9 @@ DTYPE_BYTES = {
     **{"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1},
     **{"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1},
 }
-# What speculation.engine.loader needs from a Llama-style config.json (the engine loads targets and drafts).
-LLAMA_MODEL_TYPES = ("llama", "mistral")
-LLAMA_INT_FIELDS = (
+# What speculation.engine.loader needs from a config.json (the engine loads targets and drafts); which families and
+# variants it runs is speculation.engine.families' to say.
+ENGINE_INT_FIELDS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
@@ -107,17 +110,18 @@ def read_config(directory: Path, *, field: str, llama: bool) -> dict[str, Any]:
         if _is_int(config.get(key)) and config[key] > limit:
             raise _refuse(field, f"{CONFIG_FILE}: {key} must be at most {limit}, not {config[key]}")
     if llama:
-        if config.get("model_type") not in LLAMA_MODEL_TYPES:
-            raise _refuse(
-                field,
-                f"{CONFIG_FILE}: model_type {config.get('model_type')!r} is not supported "
-                f"(Llama-style: {', '.join(LLAMA_MODEL_TYPES)})",
-            )
-        for key in LLAMA_INT_FIELDS:
+        reason = refusal(config)
+        if reason:
+            raise _refuse(field, f"{CONFIG_FILE}: {reason}")
+        for key in ENGINE_INT_FIELDS:
             if not (_is_int(config.get(key)) and config[key] > 0):
                 raise _refuse(field, f"{CONFIG_FILE}: {key} must be a positive integer, not {config.get(key)!r}")
-        if config["hidden_size"] % config["num_attention_heads"]:
+        if not config.get("head_dim") and config["hidden_size"] % config["num_attention_heads"]:
             raise _refuse(field, f"{CONFIG_FILE}: hidden_size is not a multiple of num_attention_heads")
+        try:
+            args_from_config(config)  # rope scaling, activation, biases: what the engine would refuse at load
+        except ModelFormatError as exc:
+            raise _refuse(field, f"{CONFIG_FILE}: {exc}") from exc
     return config
 
 
@@ -215,7 +219,8 @@ def tokenizer_fingerprint(directory: Path, *, field: str) -> str:
 def inspect_model_dir(path: str, *, field: str, llama: bool) -> ModelFacts:
     """Check a model directory under the roots: config.json, safetensors headers, tokenizer.json.
 
-    llama: the engine loads it as a Llama-style model (targets and draft models), so its config must say how.
+    llama: the engine loads it (targets and draft models): its config must be of a family the engine runs
+    (speculation.engine.families: Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3).
     """
     directory = under_roots(path, field=field)
     if not directory.is_dir():

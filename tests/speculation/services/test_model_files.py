@@ -82,6 +82,16 @@ def string_vocab_size(d: Path) -> None:
     (d / "config.json").write_text(json.dumps({**config, "vocab_size": "300"}))
 
 
+def mixture_of_experts(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_moe", "num_experts": 8}))
+
+
+def quantized(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+
+
 def shorter_than_8_bytes(d: Path) -> None:
     _weights(d).write_bytes(b"\x01\x02")
 
@@ -94,6 +104,8 @@ MALFORMED = [
     (config_is_a_list, "config.json", "must be a JSON object, not a list"),
     (string_vocab_size, "config.json", "vocab_size must be a positive integer, not '300'"),
     (shorter_than_8_bytes, "model.safetensors", "truncated: shorter than the 8-byte header length"),
+    (mixture_of_experts, "config.json", "mixture-of-experts models are not supported"),
+    (quantized, "config.json", "quantized checkpoints are not supported (quantization_config: gptq)"),
 ]
 
 
@@ -126,6 +138,18 @@ def test_a_good_folder_under_the_roots_registers(admin_api, tiny_model_dir, root
                               format="json")  # fmt: skip
     assert response.status_code == 201, response.json()
     assert response.json()["path"] == str(folder)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "phi3"])
+def test_a_folder_of_another_family_the_engine_runs_registers(admin_api, tiny_model_dir, root, family):
+    # given a folder whose config.json is of a non-Llama family (its own keys: an explicit head_dim)
+    folder = _copy(tiny_model_dir, root, family)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": family, "head_dim": 48}))
+    # when it is registered, then it is accepted
+    response = admin_api.post("/api/v1/drafts/", {"name": family, "kind": "draft_model", "path": str(folder)},
+                              format="json")  # fmt: skip
+    assert response.status_code == 201, response.json()
 
 
 def test_paths_outside_the_roots_get_one_message_whether_or_not_they_exist(admin_api, root, tmp_path, tiny_model_dir):
