@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speculation.bench.families import build_checkpoint as build
 from speculation.engine import (
     BatchDecoder,
     DraftModelProposer,
@@ -33,9 +34,8 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 384
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-GEMMA_LAYERS = ["sliding_attention", "full_attention"]
-# family -> (config class name, what the family's real checkpoints set); windows of 12 are shorter than prompt +
-# output, so sliding layers really slide
+# family -> (config class name, what the family's real checkpoints set; alternate: sliding and full layers alternate);
+# windows of 12 are shorter than prompt + output, so sliding layers really slide
 FAMILIES = {
     "llama3": (
         "LlamaConfig",
@@ -59,14 +59,14 @@ FAMILIES = {
             head_dim=16,
             sliding_window=12,
             query_pre_attn_scalar=24,
-            layer_types=GEMMA_LAYERS,
+            alternate=True,
             attn_logit_softcapping=20.0,
             final_logit_softcapping=15.0,
         ),
     ),  # fmt: skip
     "gemma3": (
         "Gemma3TextConfig",
-        dict(head_dim=16, sliding_window=12, layer_types=GEMMA_LAYERS, tie_word_embeddings=False),
+        dict(head_dim=16, sliding_window=12, alternate=True, tie_word_embeddings=False),
     ),
     "phi3": ("Phi3Config", dict(partial_rotary_factor=0.5, pad_token_id=0, eos_token_id=2)),
 }
@@ -101,19 +101,9 @@ MIN_GAP = 1e-3  # top-2 logit gap; float32 differences between the two implement
 def build_checkpoint(directory: Path, family: str, *, seed: int, layers: int = 2) -> torch.nn.Module:
     """A tiny random checkpoint of the family, saved in shards; returns transformers' model (eager attention)."""
     class_name, extra = {**FAMILIES, **ROPES}[family]
-    extra = {**extra, "layer_types": extra["layer_types"][:layers]} if "layer_types" in extra else extra
-    config = getattr(transformers, class_name)(**{**SHAPE, "num_hidden_layers": layers, **extra})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():  # logits far apart (no near-ties); q/k norms and biases away from their init
-        for name, param in model.named_parameters():
-            wide = "lm_head" in name or "embed_tokens" in name
-            param.copy_(
-                torch.randn_like(param) * (2.0 if wide else 0.3 if "norm" in name or param.dim() == 1 else 0.12)
-            )
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    model.save_pretrained(directory, max_shard_size="100KB")
+    shape = {**SHAPE, "num_hidden_layers": layers}
+    model = build(directory, class_name, extra, shape, seed=seed, shard="100KB")
+    model.set_attn_implementation("eager")
     return model
 
 
