@@ -12,12 +12,13 @@ from django.http import HttpRequest, HttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers
-from rest_framework.exceptions import APIException
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from ace.json_body import BodyTooLarge
 
 API_PREFIX = "/api/v1/"
 
@@ -37,17 +38,11 @@ class RejectUnknownFieldsMixin:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class BodyTooLarge(APIException):
-    status_code = 413
-    default_code = "request_too_large"
-
-
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     """DRF's handler, and a body over ACE_MAX_BODY_BYTES answered as a JSON 413 (Django alone would send its HTML
     400 page and log a traceback)."""
     if isinstance(exc, RequestDataTooBig):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        exc = BodyTooLarge(f"The body is larger than {limit} bytes (ACE_MAX_BODY_BYTES).")
+        exc = BodyTooLarge.over_limit()
     return drf_exception_handler(exc, context)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework import parsers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.utils import json as drf_json
 
 MAX_DEPTH = 64
@@ -48,15 +48,29 @@ def loads(raw: bytes | str, *, limit: int = MAX_DEPTH, **options: Any) -> Any:
     return value
 
 
+class BodyTooLarge(APIException):
+    status_code = 413
+    default_code = "request_too_large"
+
+    @classmethod
+    def over_limit(cls) -> BodyTooLarge:
+        return cls(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (ACE_MAX_BODY_BYTES).")
+
+
 class JSONParser(parsers.JSONParser):
     """DRF's JSON parser, bounded: a body nested deeper than MAX_DEPTH is a 400 naming the limit (never a
-    RecursionError). Its size is bounded before it gets here (ace.api.exception_handler: a JSON 413)."""
+    RecursionError), and one over ACE_MAX_BODY_BYTES a 413. Django refuses a larger Content-Length before this
+    reads anything (ace.api.exception_handler answers that as the same JSON 413); a chunked body has none."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        raw = stream.read()
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(raw) > limit:
+            raise BodyTooLarge.over_limit()
         try:
             strict = {"parse_constant": drf_json.strict_constant} if self.strict else {}
-            return loads(stream.read().decode(encoding), **strict)
+            return loads(raw.decode(encoding), **strict)
         except TooDeep as exc:
             raise ParseError(f"JSON parse error - {exc}.") from None
         except ValueError as exc:

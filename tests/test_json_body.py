@@ -97,3 +97,15 @@ def test_loads_reports_depth_at_any_depth_without_recursing():
         json_body.loads("[" * 65 + "]" * 65)
     with pytest.raises(json_body.TooDeep):
         json_body.loads(VERY_DEEP)
+
+
+def test_it_answers_a_chunked_body_over_the_size_limit_with_a_json_413(settings):
+    # no Content-Length, so Django's own check does not apply: the parser counts what it read
+    from rest_framework.test import APIRequestFactory
+
+    from ace.json_body import BodyTooLarge, JSONParser
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
+    request = APIRequestFactory().post("/", b"[" + b"1," * 4000 + b"1]", content_type="application/json")
+    with pytest.raises(BodyTooLarge, match="ACE_MAX_BODY_BYTES"):
+        JSONParser().parse(request, parser_context={})
