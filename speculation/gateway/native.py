@@ -5,11 +5,11 @@ drafts: exact for one request at a time, a share of the server's acceptance unde
 
 from __future__ import annotations
 
-import json
 import logging
 
 import httpx
 
+from ace import json_body
 from fleet.adapters import Unsupported, wire_for
 from fleet.adapters.wire import REQUESTS_RUNNING
 from fleet.managed.baseline import pick
@@ -69,7 +69,7 @@ class NativeRecorder:
 
     def on_body(self, status: int, body: bytes) -> bytes:
         try:
-            payload = json.loads(body)
+            payload = json_body.loads(body)  # nested too deep: TooDeep, a ValueError
         except ValueError:
             return body
         if isinstance(payload, dict):

@@ -12,11 +12,11 @@ and never reaches the client.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from typing import Any
 
+from ace import json_body
 from fleet.adapters import ServerWire, Unsupported, WireError, wire_for
 from speculation.gateway import background, passthrough
 from speculation.gateway import sampling as request_sampling
@@ -58,7 +58,7 @@ class ShadowCapture:
         if status != 200:
             return body
         try:
-            payload = json.loads(body)
+            payload = json_body.loads(body)  # nested too deep: TooDeep, a ValueError
         except ValueError:
             return body
         if isinstance(payload, dict) and self._take(payload):

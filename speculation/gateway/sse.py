@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ace import json_body
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -42,7 +44,7 @@ def payload_of(raw_event: bytes) -> dict[str, Any] | None:
             if data == b"[DONE]":
                 return None
             try:
-                value = json.loads(data)
+                value = json_body.loads(data)  # nested too deep: TooDeep, a ValueError
             except ValueError:
                 return None
             return value if isinstance(value, dict) else None

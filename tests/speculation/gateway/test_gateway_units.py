@@ -147,3 +147,9 @@ def test_shadow_capture_relays_unreadable_ids_untouched_and_measures_nothing():
     capture = ShadowCapture(call=None, injected=True, wire=wire_for("vllm"))  # type: ignore[arg-type]
     assert capture.on_body(200, broken) == broken
     assert capture.unreadable
+
+
+def test_an_answer_nested_too_deep_from_the_server_is_passed_over_not_a_recursion_error():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert payload_of(b"data: " + deep + b"\n\n") is None
+    assert payload_of(b'data: {"choices": []}\n\n') == {"choices": []}
