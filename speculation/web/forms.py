@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 
 from ace.query_params import is_ascii_digits
+from fleet import permissions
 from speculation.limits import K_MAX, K_MIN
 from speculation.models import REGISTRABLE_KINDS, Action, Mechanism, Mode, VerificationPath
 from speculation.selectors.rollups import RANGES
@@ -87,6 +88,17 @@ class DraftRegisterForm(forms.Form):
     target_name = forms.CharField(
         required=False, max_length=255, help_text="EAGLE heads: the target it was trained for."
     )
+
+    def __init__(self, *args, user=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        teams = permissions.teams_for(user)
+        if teams.exists():  # offered only to users with a team to give
+            self.fields["team"] = forms.ModelChoiceField(
+                queryset=teams,
+                required=False,
+                empty_label="— no team (only you and admins) —",
+                help_text="Members of this team may see and use the draft too.",
+            )
 
     apply_service_errors = PolicyForm.apply_service_errors
 

@@ -281,8 +281,8 @@ def endpoint_apply_pairing(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _float_param(request: HttpRequest, name: str) -> float | None:
     try:
-        value = float(request.GET.get(name, ""))
-    except ValueError:
+        value = number_param(request.GET.get(name, ""), name=name)
+    except ValidationError:  # DRF's, from number_param: the page ignores a bad value
         return None
     return value if value >= 0 else None
 

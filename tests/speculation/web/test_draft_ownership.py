@@ -166,3 +166,17 @@ def test_a_queued_run_belongs_to_its_creator_and_the_team_it_names(alice, tiny_m
     run = TrainingRun.objects.get()
     assert (run.owner, run.team.name) == (alice, "ml")
     assert response.json()["owner"] == "alice"
+
+
+def test_the_register_page_gives_a_draft_to_one_of_the_users_teams_only(alice):
+    research = Group.objects.create(name="research")
+    browser = browser_as(alice)
+    form = {"name": "page-lookup", "kind": "ngram", "node_class": "cpu"}
+
+    foreign = browser.post("/dashboard/drafts/", {**form, "team": research.pk})
+    own = browser.post("/dashboard/drafts/", {**form, "team": Group.objects.get(name="ml").pk})
+
+    assert foreign.status_code == 400 and "Select a valid choice" in foreign.content.decode()
+    assert own.status_code == 302
+    draft = DraftModel.objects.get(name="page-lookup")
+    assert (draft.owner, draft.team.name) == (alice, "ml")
