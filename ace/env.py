@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -51,6 +53,22 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         raise ConfigError(f"{name}={raw!r} is not a number") from exc
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def env_duration(name: str, default: str, *, minimum: timedelta | None = None) -> timedelta:
+    """A duration written as a number and a unit: s, m, h or d (`90m`, `36h`, `7d`)."""
+    raw = os.environ.get(name) or default
+    match = _DURATION.match(raw)
+    if match is None:
+        raise ConfigError(f"{name}={raw!r} is not a duration (a number and a unit: 90m, 36h, 7d)")
+    value = timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
     return value
 
 

@@ -14,7 +14,17 @@ from pathlib import Path
 
 import dj_database_url
 
-from ace.env import ConfigError, env_bool, env_float, env_int, env_networks, env_paths, env_str, env_url
+from ace.env import (
+    ConfigError,
+    env_bool,
+    env_duration,
+    env_float,
+    env_int,
+    env_networks,
+    env_paths,
+    env_str,
+    env_url,
+)
 from ace.logs import one_line_messages
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -203,6 +213,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ACE_MAX_BODY_BYTES", 10 * 1024 * 1024, mi
 # The gateway keeps what each API token may call in memory; a change made through ACE (token deleted, user
 # deactivated, role or team changed) applies on the next request, any other change within this many seconds.
 GATEWAY_AUTH_TTL_S = env_float("ACE_GATEWAY_AUTH_TTL", 5.0, minimum=0.0)
+# Stage records: the web process's write queue (speculation.services.records drops a record beyond it, counted), how
+# long raw records are kept, and per-minute rollups (older minutes are kept as hourly sums; the dashboard's longest
+# range, a week, always reads per-minute ones). Pruned by beat's prune_records_task
+# (speculation.services.records_retention).
+RECORD_QUEUE_ROWS = env_int("ACE_RECORD_QUEUE", 10_000, minimum=1)
+RECORD_RETENTION = env_duration("ACE_RECORD_RETENTION", "7d", minimum=timedelta(hours=1))
+ROLLUP_RETENTION = env_duration("ACE_ROLLUP_RETENTION", "90d", minimum=timedelta(days=7))
 
 # Throttles (ace.throttle, per web process): failed sign-ins per username and client address, and bad API tokens
 # (REST and /v1) per client address, within ACE_THROTTLE_WINDOW seconds before a 429; 0 turns one off.
@@ -285,6 +302,11 @@ CELERY_BEAT_SCHEDULE = {
     "refresh-rollups": {
         "task": "speculation.tasks.refresh_rollups_task",
         "schedule": timedelta(seconds=60),
+        "options": {"queue": "control"},
+    },
+    "prune-records": {
+        "task": "speculation.tasks.prune_records_task",
+        "schedule": timedelta(minutes=10),
         "options": {"queue": "control"},
     },
 }

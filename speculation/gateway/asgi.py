@@ -46,6 +46,22 @@ class ClientGone(Exception):
     pass
 
 
+async def _lifespan(receive: Receive, send: Send) -> None:
+    from speculation.services import records
+
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            try:
+                await records.aflush()
+            except Exception:  # noqa: BLE001 - shutdown goes on; what could not be written is logged
+                logger.exception("stage records not written at shutdown")
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def _client(scope: Scope) -> str:
     """The caller's address (what the bad-token throttle counts by; ace.throttle)."""
     return str((scope.get("client") or ("",))[0])
@@ -63,7 +79,8 @@ def _security_headers() -> list[tuple[bytes, bytes]]:
 
 
 class GatewayApp:
-    """Serves PATHS itself and hands every other request (and lifespan events) to `fallback` (Django)."""
+    """Serves PATHS itself and hands every other request to `fallback` (Django); answers the lifespan protocol
+    itself (Django does not), writing the queued stage records at shutdown."""
 
     def __init__(self, fallback: ASGIApp) -> None:
         self.fallback = fallback
@@ -74,6 +91,9 @@ class GatewayApp:
         self.allowed_hosts = allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
         if scope["type"] != "http" or scope["path"] not in PATHS:
             await self.fallback(scope, receive, send)
             return

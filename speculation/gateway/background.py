@@ -12,7 +12,7 @@ logger = logging.getLogger(__name__)
 _pending: set[asyncio.Task] = set()
 
 
-def spawn(coro: Coroutine[Any, Any, Any], *, what: str) -> None:
+def spawn(coro: Coroutine[Any, Any, Any], *, what: str) -> asyncio.Task:
     task = asyncio.get_running_loop().create_task(coro)
     _pending.add(task)
 
@@ -22,3 +22,4 @@ def spawn(coro: Coroutine[Any, Any, Any], *, what: str) -> None:
             logger.error("background %s failed: %r", what, t.exception())
 
     task.add_done_callback(_done)
+    return task

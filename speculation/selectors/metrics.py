@@ -7,6 +7,8 @@
 - `ace_acceptance_rate`, `ace_mean_accepted_length`, `ace_multiplier` (histograms, per endpoint and mode: prod
   measured, shadow projected) and `ace_drafted_tokens_total` / `ace_accepted_tokens_total` (vLLM's
   `spec_decode_num_draft_tokens` / `num_accepted_tokens` counterparts), from every stage record.
+- `ace_stage_record_write_failures_total` and `ace_stage_records_dropped_total`: records the database refused, and
+  records dropped because the web process's write queue was full (speculation.services.records).
 - `ace_fallbacks_total{endpoint, reason}` and `ace_skips_total{endpoint, reason}`: the record's free-text reason
   reduced to a fixed set of labels (`reason_class`), so the series stay bounded.
 
@@ -86,6 +88,12 @@ SKIPS = Counter(
 RECORD_WRITE_FAILURES = Counter(
     "ace_stage_record_write_failures",
     "Stage records that could not be written (logged with the request id).",
+    registry=REGISTRY,
+)
+RECORDS_DROPPED = Counter(
+    "ace_stage_records_dropped",
+    "Stage records dropped because the web process's write queue was full (ACE_RECORD_QUEUE); their requests "
+    "still count in ace_requests_total.",
     registry=REGISTRY,
 )
 

@@ -1,14 +1,27 @@
-"""Stage records: one row per request the speculative_decoding stage saw (never for off mode)."""
+"""Stage records: one row per request the speculative_decoding stage saw (never for off mode).
+
+The gateway writes behind the request, in batches (`keep_record`): a record is appended to a process-wide bounded
+queue and the response goes on; a flusher task on the event loop writes what has queued every FLUSH_INTERVAL_S, or
+at once when BATCH_ROWS wait, with one INSERT per batch. Under overload (settings.RECORD_QUEUE_ROWS waiting) a record
+is dropped rather than anyone waiting, and counted in ace_stage_records_dropped_total; its request still counts in
+the other metrics. What is queued is written on shutdown (the ASGI lifespan's shutdown awaits `aflush`; an atexit
+hook writes what is left) and whenever `flush` / `aflush` is called (tests, benches).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import OperationalError, transaction
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.utils import timezone
 
 from fleet.models import Endpoint
 from speculation.models import StageRecord
@@ -16,7 +29,12 @@ from speculation.selectors import metrics
 
 logger = logging.getLogger(__name__)
 
-_FIELDS = {f.name for f in StageRecord._meta.get_fields() if f.concrete and f.name not in ("id", "created_at")}
+_FIELDS = {f.attname for f in StageRecord._meta.concrete_fields if f.name not in ("id", "created_at")}
+
+# Cost: one INSERT of 500 rows takes about as much CPU as 10 single-row ones; 0.5 s keeps a record's delay short.
+BATCH_ROWS = 500
+FLUSH_INTERVAL_S = 0.5
+WRITE_ATTEMPTS = 4
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -50,19 +68,12 @@ def _endpoint_label(endpoint_id: int) -> str:
     return name
 
 
-async def _aendpoint_label(endpoint_id: int) -> str:
-    name = _cached_name(endpoint_id)
-    if name is None:
-        try:
-            name = await Endpoint.objects.filter(pk=endpoint_id).values_list("name", flat=True).afirst()
-        except Exception:  # noqa: BLE001 - as above
-            name = None
-        name = name or str(endpoint_id)
-        _names[endpoint_id] = (name, time.monotonic())
-    return name
+def _observe(row: dict[str, Any], label: str) -> None:
+    metrics.observe_record(endpoint=label, mode=row["mode"], action=row["action"], fields=row)
 
 
 def record_stage(*, endpoint_id: int, request_id: str, mode: str, action: str, **fields: Any) -> StageRecord:
+    """Write one record now (the worker's shadow measurements)."""
     record = StageRecord.objects.create(
         endpoint_id=endpoint_id, request_id=request_id, mode=mode, action=action, **_clean(fields)
     )
@@ -70,69 +81,32 @@ def record_stage(*, endpoint_id: int, request_id: str, mode: str, action: str, *
     return record
 
 
-WRITE_ATTEMPTS = 4
+def write_batch(rows: list[dict[str, Any]]) -> int:
+    """Write rows in one transaction, retried while the database is busy; a batch that fails otherwise is written
+    row by row, so that one bad row costs only its own record (logged with its request id). Every row counts in the
+    metrics, a failed one in ace_stage_record_write_failures too. Returns the rows written."""
+    written = _write(rows)
+    for row, ok in zip(rows, written, strict=True):
+        if not ok:
+            metrics.RECORD_WRITE_FAILURES.inc()
+        _observe(row, _endpoint_label(row["endpoint_id"]))
+    return sum(written)
 
 
-async def arecord_stage(*, endpoint_id: int, request_id: str, mode: str, action: str, **fields: Any) -> None:
-    """The gateway's write, retried while the database is busy; a final failure is logged with the request id.
-
-    The request counts in the metrics either way (a failed write counts in ace_stage_record_write_failures)."""
-    row = dict(endpoint_id=endpoint_id, request_id=request_id, mode=mode, action=action, **_clean(fields))
-    written = await _group_write(row)
-    if not written:
-        metrics.RECORD_WRITE_FAILURES.inc()
-    metrics.observe_record(endpoint=await _aendpoint_label(endpoint_id), mode=mode, action=action, fields=fields)
-
-
-# Group commit: the records of the requests that end while a write is under way are written together when it is done,
-# in one transaction of one database call; a request that ends alone is written at once, as before. Under load that is
-# one hop to Django's database thread and one commit for several requests (alone, a plain prod request's record cost
-# the web process 0.7 ms of CPU: docs/BENCHMARKS.md, the eleventh session). Per event loop: its futures are its own.
-_queued: dict[int, list[tuple[dict[str, Any], asyncio.Future]]] = {}
-_writing: dict[int, asyncio.AbstractEventLoop] = {}  # the loop itself is held, so its id is not reused meanwhile
-
-
-async def _group_write(row: dict[str, Any]) -> bool:
-    loop = asyncio.get_running_loop()
-    key = id(loop)
-    done: asyncio.Future = loop.create_future()
-    _queued.setdefault(key, []).append((row, done))
-    if key in _writing:  # the write under way takes this one with its next group
-        return await done
-    _writing[key] = loop
-    group: list[tuple[dict[str, Any], asyncio.Future]] = []
-    try:
-        while _queued.get(key):
-            group = _queued.pop(key)
-            results = await _awrite([r for r, _ in group])
-            for (_, future), result in zip(group, results, strict=True):
-                future.set_result(result)
-            group = []
-    finally:
-        _writing.pop(key, None)
-        # only when this task was cancelled (its loop is stopping): the records it held are not written
-        for _, future in [*group, *_queued.pop(key, [])]:
-            if not future.done():
-                future.set_result(False)
-    return await done
-
-
-async def _awrite(rows: list[dict[str, Any]]) -> list[bool]:
-    """Write the rows in one transaction, retried while the database is busy; which were written. A group that fails
-    otherwise is written row by row, so that one bad row costs only its own record."""
+def _write(rows: list[dict[str, Any]]) -> list[bool]:
     for attempt in range(WRITE_ATTEMPTS):
         try:
-            await sync_to_async(_insert, thread_sensitive=True)(rows)
+            _insert(rows)
             return [True] * len(rows)
         except OperationalError:
             if attempt == WRITE_ATTEMPTS - 1:
                 for row in rows:
                     logger.exception("stage record for request %s (%s/%s) not written", *_what(row))
                 return [False] * len(rows)
-            await asyncio.sleep(0.05 * 2**attempt)
+            time.sleep(0.05 * 2**attempt)
         except Exception:  # noqa: BLE001 - a record must never break a response; it is logged with the request id
             if len(rows) > 1:
-                return [(await _awrite([row]))[0] for row in rows]
+                return [_write([row])[0] for row in rows]
             logger.exception("stage record for request %s (%s/%s) could not be written", *_what(rows[0]))
             return [False]
     return [False] * len(rows)
@@ -143,16 +117,115 @@ def _what(row: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _insert(rows: list[dict[str, Any]]) -> None:
-    if len(rows) == 1:
-        StageRecord.objects.create(**rows[0])
-        return
-    with transaction.atomic():
-        StageRecord.objects.bulk_create([StageRecord(**row) for row in rows])
+    """One INSERT executed for every row (executemany): Django's bulk_create prepares each value through its field
+    and splits the rows into batches of SQLite's parameter limit, about 200 us of CPU per record; this is 10-20."""
+    db = connections[DEFAULT_DB_ALIAS]  # looked up once per batch: the proxy `connection` costs a lookup per use
+    with transaction.atomic(), db.cursor() as cursor:
+        cursor.executemany(_insert_sql(db), [_params(row, db) for row in rows])
+
+
+_COLUMNS = [f for f in StageRecord._meta.concrete_fields if f.name != "id"]
+_DEFAULTS = {f.attname: f.get_default() for f in _COLUMNS}
+_PREPARED = {f.attname: f for f in _COLUMNS if f.get_internal_type() in ("JSONField", "DateTimeField")}
+
+
+def _insert_sql(db: Any) -> str:
+    quote = db.ops.quote_name
+    names = ", ".join(quote(f.column) for f in _COLUMNS)
+    marks = ", ".join(["%s"] * len(_COLUMNS))
+    return f"INSERT INTO {quote(StageRecord._meta.db_table)} ({names}) VALUES ({marks})"
+
+
+def _params(row: dict[str, Any], db: Any) -> list[Any]:
+    if "endpoint_id" not in row:
+        raise ValueError("a stage record names its endpoint")
+    values = []
+    for field in _COLUMNS:
+        name = field.attname
+        value = row.get(name, _DEFAULTS[name])
+        if value is None and name == "created_at":
+            value = timezone.now()
+        if name in _PREPARED:
+            value = _PREPARED[name].get_db_prep_save(value, db)
+        values.append(value)
+    return values
+
+
+async def arecord_stage(*, endpoint_id: int, request_id: str, mode: str, action: str, **fields: Any) -> None:
+    """Write one record now, from async code (a failed write is logged and counted, never raised)."""
+    row = dict(endpoint_id=endpoint_id, request_id=request_id, mode=mode, action=action, **_clean(fields))
+    row["created_at"] = timezone.now()
+    await sync_to_async(write_batch, thread_sensitive=True)([row])
+
+
+# --- the gateway's batched writes -----------------------------------------------------------------------------
+
+_queue: deque[dict[str, Any]] = deque()
+_flusher: asyncio.Task | None = None
+_wake: asyncio.Event | None = None
 
 
 def keep_record(**fields: Any) -> None:
-    """Write a record from the gateway without tying it to the request's task: a client that disconnects
-    right after the last byte cancels its request task, and the record must still be written."""
-    from speculation.gateway.background import spawn
+    """Queue a record from the gateway; it is written by the flusher, never by the request (a client that
+    disconnects right after the last byte does not lose it). Never blocks: a full queue drops it (counted)."""
+    global _flusher, _wake
+    row = _clean(fields)
+    row["created_at"] = timezone.now()  # when the request ended, not when its batch is written
+    if len(_queue) >= settings.RECORD_QUEUE_ROWS:
+        metrics.RECORDS_DROPPED.inc()
+        _observe(row, _cached_name(row["endpoint_id"]) or str(row["endpoint_id"]))
+        return
+    _queue.append(row)
+    loop = asyncio.get_running_loop()
+    if _flusher is None or _flusher.done() or _flusher.get_loop() is not loop:
+        from speculation.gateway.background import spawn
 
-    spawn(arecord_stage(**fields), what=f"stage record {fields.get('request_id')}")
+        _wake = asyncio.Event()
+        _flusher = spawn(_flush_loop(_wake), what="stage records")
+    elif len(_queue) >= BATCH_ROWS and _wake is not None:
+        _wake.set()
+
+
+async def _flush_loop(wake: asyncio.Event) -> None:
+    while _queue:
+        if len(_queue) < BATCH_ROWS:
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), FLUSH_INTERVAL_S)
+        batch = _take()
+        if batch:
+            await sync_to_async(write_batch, thread_sensitive=True)(batch)
+
+
+def _take() -> list[dict[str, Any]]:
+    batch: list[dict[str, Any]] = []
+    with contextlib.suppress(IndexError):  # another thread's flush may empty the queue meanwhile
+        while len(batch) < BATCH_ROWS:
+            batch.append(_queue.popleft())
+    return batch
+
+
+def flush() -> int:
+    """Write every queued record now, from sync code; returns the rows written."""
+    written = 0
+    while batch := _take():
+        written += write_batch(batch)
+    return written
+
+
+async def aflush() -> int:
+    """Write every queued record now, from async code (the lifespan's shutdown, tests)."""
+    return await sync_to_async(flush, thread_sensitive=True)()
+
+
+def queued() -> int:
+    return len(_queue)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if _queue:
+        try:
+            flush()
+        except Exception:  # noqa: BLE001 - at exit, a lost record is logged, never a traceback on shutdown
+            logger.exception("%d stage records not written at exit", len(_queue))

@@ -1,9 +1,9 @@
-"""The gateway's stage records: written together when requests end together, none lost to a busy database or a bad
-neighbour in the same group (speculation.services.records)."""
+"""The gateway's stage records: queued behind the request and written in batches, none lost to a busy database or a
+bad neighbour in the same batch, flushed on shutdown, dropped (and counted) only when the queue is full
+(speculation.services.records)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -11,7 +11,10 @@ from asgiref.sync import async_to_sync
 from django.db import OperationalError
 
 from fleet.models import Endpoint
+from speculation.gateway import background
+from speculation.gateway.asgi import GatewayApp
 from speculation.models import StageRecord
+from speculation.selectors import metrics
 from speculation.services import records
 
 
@@ -34,31 +37,94 @@ def inserts(monkeypatch):
     return sizes
 
 
+@pytest.fixture(autouse=True)
+def empty_queue():
+    records._queue.clear()
+    yield
+    records._queue.clear()
+
+
 def _record(endpoint_id: int, request_id: str, **fields) -> dict:
     return dict(endpoint_id=endpoint_id, request_id=request_id, mode="prod", action="skipped", reason="r", **fields)
 
 
+def _dropped() -> float:
+    return metrics.REGISTRY.get_sample_value("ace_stage_records_dropped_total") or 0.0
+
+
+async def _settle() -> None:
+    import asyncio
+
+    while background._pending:
+        await asyncio.gather(*list(background._pending), return_exceptions=True)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_records_of_requests_that_end_together_are_written_in_one_call_after_the_first(endpoint, inserts):
+def test_records_kept_by_many_requests_are_written_in_one_insert_behind_them(endpoint, inserts):
     async def run():
-        # when: ten requests end at once (their records spawned in the same moment)
-        await asyncio.gather(
-            *(records.arecord_stage(**_record(endpoint.pk, f"r{i}", output_tokens=i)) for i in range(10))
-        )
-        # and: one ends alone afterwards
-        await records.arecord_stage(**_record(endpoint.pk, "alone"))
+        # when: 600 requests end, none of them waiting for its record
+        for i in range(600):
+            records.keep_record(**_record(endpoint.pk, f"r{i}", output_tokens=i))
+        queued_after_requests = records.queued()
+        await _settle()
+        return queued_after_requests
+
+    queued = async_to_sync(run)()
+
+    # then: nothing was written while the requests ran; then one insert per full batch, the rest in one more
+    assert queued == 600
+    assert inserts == [records.BATCH_ROWS, 600 - records.BATCH_ROWS]
+    kept = dict(StageRecord.objects.values_list("request_id", "output_tokens"))
+    assert kept == {f"r{i}": i for i in range(600)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_full_queue_drops_records_and_counts_them_without_blocking(endpoint, settings, inserts):
+    settings.RECORD_QUEUE_ROWS = 5
+    before = _dropped()
+
+    async def run():
+        for i in range(8):
+            records.keep_record(**_record(endpoint.pk, f"r{i}"))  # returns at once even when full
+        await _settle()
 
     async_to_sync(run)()
 
-    # then: every record is there with its fields
-    kept = dict(StageRecord.objects.values_list("request_id", "output_tokens"))
-    assert kept == {**{f"r{i}": i for i in range(10)}, "alone": 0}
-    # the first is written at once, the nine that ended while it was written in one call, the last alone
-    assert inserts == [1, 9, 1]
+    assert StageRecord.objects.count() == 5
+    assert _dropped() - before == 3
+    assert any(m.name == "ace_stage_records_dropped" for m in metrics.REGISTRY.collect())
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_busy_database_is_retried_and_a_bad_row_costs_only_its_own_record(endpoint, inserts, monkeypatch, caplog):
+def test_the_lifespan_shutdown_writes_what_is_queued(endpoint, monkeypatch):
+    monkeypatch.setattr(records, "FLUSH_INTERVAL_S", 3600.0)  # the flusher would not write before shutdown
+    app = GatewayApp(fallback=None)
+    sent: list[dict] = []
+
+    async def run():
+        for i in range(3):
+            records.keep_record(**_record(endpoint.pk, f"r{i}"))
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+        async def receive():
+            return next(messages)
+
+        async def send(message):
+            sent.append(message)
+
+        await app({"type": "lifespan"}, receive, send)
+        queued_at_end = records.queued()
+        for task in list(background._pending):
+            task.cancel()
+        return queued_at_end
+
+    assert async_to_sync(run)() == 0
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert sorted(StageRecord.objects.values_list("request_id", flat=True)) == ["r0", "r1", "r2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_database_is_retried_and_a_bad_row_costs_only_its_own_record(endpoint, monkeypatch, caplog):
     busy = {"left": 1}
     insert = records._insert
 
@@ -69,22 +135,28 @@ def test_a_busy_database_is_retried_and_a_bad_row_costs_only_its_own_record(endp
         return insert(rows)
 
     monkeypatch.setattr(records, "_insert", once_busy)
+    failures = metrics.REGISTRY.get_sample_value("ace_stage_record_write_failures_total") or 0.0
 
     async def run():
-        # when: a group of three ends together after one alone, one of the three naming no endpoint
-        first = records.arecord_stage(**_record(endpoint.pk, "first"))
-        group = [
-            records.arecord_stage(**_record(endpoint.pk, "good-1")),
-            records.arecord_stage(**_record(endpoint.pk + 999, "bad")),
-            records.arecord_stage(**_record(endpoint.pk, "good-2")),
-        ]
-        await asyncio.gather(first, *group)
+        # when: one batch of three, one of them naming no endpoint, meets a busy database
+        for request_id, endpoint_id in (("good-1", endpoint.pk), ("bad", endpoint.pk + 999), ("good-2", endpoint.pk)):
+            records.keep_record(**_record(endpoint_id, request_id))
+        await _settle()
 
     with caplog.at_level(logging.ERROR, logger="speculation.services.records"):
         async_to_sync(run)()
 
     # then: the busy database was waited out, the good rows written, the bad one logged with its request id
-    assert set(StageRecord.objects.values_list("request_id", flat=True)) == {"first", "good-1", "good-2"}
+    assert set(StageRecord.objects.values_list("request_id", flat=True)) == {"good-1", "good-2"}
     assert [r.getMessage() for r in caplog.records] == [
         "stage record for request bad (prod/skipped) could not be written"
     ]
+    assert metrics.REGISTRY.get_sample_value("ace_stage_record_write_failures_total") - failures == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flush_writes_what_is_queued_from_sync_code(endpoint):
+    records._queue.extend(_record(endpoint.pk, f"r{i}") for i in range(3))
+    assert records.flush() == 3
+    assert records.queued() == 0
+    assert StageRecord.objects.count() == 3
