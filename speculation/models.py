@@ -190,18 +190,21 @@ class StageRecord(models.Model):
 
 
 class StageRollup(models.Model):
-    """Stage records summed per endpoint, minute, mode, action and workload (selectors.rollup_store fills it).
+    """Stage records summed per endpoint, minute, mode, action, workload and K (selectors.rollup_store fills it).
 
     Only sums and counts, so buckets add up to any coarser bucket; the charts read these rows plus the raw
     records of the last minutes that are not rolled up yet. p1..p16 (K_MAX): per-position acceptance rate times
     target passes, summed (the passes-weighted rate is p_i / passes); h0..h16: accepted-length histogram.
+    Minutes older than settings.ROLLUP_RETENTION are merged into one row per hour (`seconds` 3600).
     """
 
     endpoint = models.ForeignKey(Endpoint, related_name="stage_rollups", on_delete=models.CASCADE)
     bucket_start = models.DateTimeField()
+    seconds = models.PositiveIntegerField(default=60)  # the bucket's width: 60, or 3600 once merged into hours
     mode = models.CharField(max_length=8, choices=Mode.choices)
     action = models.CharField(max_length=16, choices=Action.choices)
     workload = models.CharField(max_length=64, blank=True, default="")
+    k = models.PositiveSmallIntegerField(default=0)  # the records' K; 0: none (skipped, fell back)
     n = models.PositiveIntegerField(default=0)
     n_spec = models.PositiveIntegerField(default=0)  # records that drafted something
     drafted = models.BigIntegerField(default=0)
@@ -256,7 +259,7 @@ class StageRollup(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["endpoint", "bucket_start", "mode", "action", "workload"], name="stage_rollup_workload_key"
+                fields=["endpoint", "bucket_start", "mode", "action", "workload", "k"], name="stage_rollup_key"
             )
         ]
         indexes = [models.Index(fields=["bucket_start", "endpoint"])]

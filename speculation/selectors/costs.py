@@ -2,7 +2,7 @@
 
 c = draft step / target step and v(K) = verify(K + 1 tokens) / target step, as speculation.worker.costs measured
 them on the endpoint's node class (repeated timings, refreshed). `projection_vs_prod` puts shadow's
-projected multiplier and prod's measured one side by side per K, each averaged in the database.
+projected multiplier and prod's measured one side by side per K, from the per-K rollups (rollup_store.sums).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Avg, Count
 from django.utils import timezone
 
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts, project
-from speculation.models import Action, CostCalibration, StageRecord
+from speculation.models import Action, CostCalibration
+from speculation.selectors.rollup_store import SPECULATIVE_ACTIONS, sums
 
 
 def fresh_calibration(
@@ -116,21 +116,20 @@ def step_costs(*, endpoint: Any) -> StepCosts | None:
 def projection_vs_prod(*, endpoint: Any, since: datetime, alpha: float | None = None) -> list[dict]:
     """Per K: shadow's mean projected multiplier, prod's mean measured multiplier (each with its record count),
     their ratio, and the projection from the measured alpha and costs at that K."""
-    rows = (
-        StageRecord.objects.filter(
-            endpoint_id=endpoint.pk,
-            action__in=(Action.WOULD_SPECULATE, Action.SPECULATED),
-            created_at__gte=since,
-            multiplier__gt=0,
-            k__isnull=False,
-        )
-        .values("action", "k")
-        .annotate(n=Count("id"), multiplier=Avg("multiplier"))
+    totals = sums(
+        since=since,
+        until=timezone.now(),
+        group=["action", "k"],
+        endpoint_ids=[endpoint.pk],
+        actions=SPECULATIVE_ACTIONS,
     )
     by_k: dict[int, dict] = {}
-    for row in rows:
-        side = "shadow" if row["action"] == Action.WOULD_SPECULATE else "prod"
-        by_k.setdefault(row["k"], {})[side] = {"n": row["n"], "multiplier": round(row["multiplier"], 3)}
+    for (action, k), row in totals.items():  # from the rollups: one row per action and K
+        if not k or not row["mult_n"]:
+            continue
+        side = "shadow" if action == Action.WOULD_SPECULATE else "prod"
+        mean = round(row["mult_sum"] / row["mult_n"], 3)
+        by_k.setdefault(k, {})[side] = {"n": int(row["mult_n"]), "multiplier": mean}
     costs = step_costs(endpoint=endpoint)
     curve = {p.k: p.multiplier for p in costs.curve(alpha=min(1.0, alpha))} if costs and alpha is not None else {}
     table = []

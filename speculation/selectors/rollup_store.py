@@ -20,7 +20,7 @@ from typing import Any
 from django.db import NotSupportedError, transaction
 from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from speculation.limits import K_MAX
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 MAX_K = K_MAX  # per-position acceptance p1..p16, accepted-length histogram h0..h16: every K a policy may use
 GRACE = timedelta(minutes=2)
 ROLLUP_SECONDS = 60
+HOUR_SECONDS = 3600  # the width of rollups older than settings.ROLLUP_RETENTION
 STATE_NAME = "stage_records"
 SPECULATIVE_ACTIONS = (Action.WOULD_SPECULATE, Action.SPECULATED)
 SPEC = Q(action__in=SPECULATIVE_ACTIONS, drafted_tokens__gt=0)
@@ -134,8 +135,8 @@ def refresh_rollups(*, now: datetime | None = None) -> int:
             return 0
         rows = (
             StageRecord.objects.filter(created_at__gte=start, created_at__lt=cutoff)
-            .annotate(bucket=EpochBucket("created_at", seconds=ROLLUP_SECONDS))
-            .values("endpoint_id", "bucket", "mode", "action", "workload")
+            .annotate(bucket=EpochBucket("created_at", seconds=ROLLUP_SECONDS), kk=Coalesce("k", 0))
+            .values("endpoint_id", "bucket", "mode", "action", "workload", "kk")
             .annotate(**RAW_COLUMNS)
             .order_by()
         )
@@ -146,9 +147,10 @@ def refresh_rollups(*, now: datetime | None = None) -> int:
                 mode=row["mode"],
                 action=row["action"],
                 workload=row["workload"],
+                k=row["kk"],
                 **{c: _value(c, row[c]) for c in COLUMNS},
             )
-            for row in rows  # one per (endpoint, minute, mode, action, workload), not per record
+            for row in rows  # one per (endpoint, minute, mode, action, workload, K), not per record
         ]
         StageRollup.objects.bulk_create(objects, batch_size=500)
         state.rolled_until = cutoff
@@ -165,11 +167,64 @@ def _value(column: str, value: Any) -> Any:
 
 
 def rebuild_rollups() -> int:
-    """Forget and recompute every rollup (after records were imported with past timestamps)."""
+    """Recompute the rollups from the oldest raw record on (after records were imported with past timestamps);
+    older rollups, whose records retention has pruned, are kept."""
+    first = StageRecord.objects.order_by("created_at").values_list("created_at", flat=True).first()
     with transaction.atomic():
-        StageRollup.objects.all().delete()
+        old = StageRollup.objects.all()
+        if first is not None:
+            old = old.filter(bucket_start__gte=_floor(first))
+        old.delete()
         RollupState.objects.filter(name=STATE_NAME).update(rolled_until=None)
     return refresh_rollups()
+
+
+def merge_into_hours(*, before: datetime, days_per_transaction: int = 1) -> int:
+    """Merge the per-minute rollups older than `before` (floored to the hour) into one row per hour: the same sums,
+    60 times fewer rows. A day per transaction, so writers wait for one day's merge at most; returns hourly rows
+    written. A minute rolled up late into an already merged hour (a rebuild) is merged with that hour's row."""
+    cutoff = _floor(before, HOUR_SECONDS)
+    written = 0
+    while True:
+        first = (
+            StageRollup.objects.filter(seconds=ROLLUP_SECONDS, bucket_start__lt=cutoff)
+            .order_by("bucket_start")
+            .values_list("bucket_start", flat=True)
+            .first()
+        )
+        if first is None:
+            return written
+        start = _floor(first, HOUR_SECONDS)
+        stop = min(start + timedelta(days=days_per_transaction), cutoff)
+        with transaction.atomic():
+            rows = StageRollup.objects.filter(bucket_start__gte=start, bucket_start__lt=stop)
+            merged = (
+                rows.annotate(hour=EpochBucket("bucket_start", seconds=HOUR_SECONDS))
+                .values("endpoint_id", "hour", "mode", "action", "workload", "k")
+                .annotate(**{c: Sum(c) for c in COLUMNS})
+                .order_by()
+            )
+            hours = [
+                StageRollup(
+                    endpoint_id=row["endpoint_id"],
+                    bucket_start=datetime.fromtimestamp(row["hour"], tz=UTC),
+                    seconds=HOUR_SECONDS,
+                    mode=row["mode"],
+                    action=row["action"],
+                    workload=row["workload"],
+                    k=row["k"],
+                    **{c: _value(c, row[c]) for c in COLUMNS},
+                )
+                for row in merged
+            ]
+            rows.delete()
+            StageRollup.objects.bulk_create(hours, batch_size=500)
+        written += len(hours)
+
+
+def rolled_until() -> datetime | None:
+    """Every record created before this is in the rollups (None: nothing rolled up yet)."""
+    return RollupState.objects.filter(name=STATE_NAME).values_list("rolled_until", flat=True).first()
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -188,8 +243,10 @@ def sums(
     refresh: bool = True,
 ) -> dict[tuple, dict[str, float]]:
     """Sums of every column over records with since <= created_at <= until, grouped by `group` (any of
-    endpoint_id, mode, action, workload) and, with bucket_s (a multiple of 60), by time bucket (epoch seconds,
-    first in the key). Reads StageRollup where it covers the range and raw records elsewhere."""
+    endpoint_id, mode, action, workload, k) and, with bucket_s (a multiple of 60), by time bucket (epoch seconds,
+    first in the key). Reads StageRollup where it covers the range and raw records elsewhere (records without a K
+    group as K 0, as in the rollup). Beyond settings.ROLLUP_RETENTION the rollup holds hours: a bucket narrower
+    than an hour there gets the whole hour at the hour's start."""
     if bucket_s is not None and bucket_s % ROLLUP_SECONDS:
         raise ValueError(f"bucket width must be a multiple of {ROLLUP_SECONDS} s")
     if refresh:
@@ -201,6 +258,7 @@ def sums(
     if b < a:
         a = b = since
     keys = (["bucket"] if bucket_s else []) + list(group)
+    raw_keys = ["k_or_0" if key == "k" else key for key in keys]
     filters = Q()
     if endpoint_ids is not None:
         filters &= Q(endpoint_id__in=list(endpoint_ids))
@@ -213,9 +271,9 @@ def sums(
 
     result: dict[tuple, dict[str, float]] = {}
 
-    def add(rows: Iterable[dict]) -> None:
+    def add(rows: Iterable[dict], names: list[str]) -> None:
         for row in rows:  # aggregated rows: one per group, never one per record
-            key = tuple(row[k] for k in keys)
+            key = tuple(row[k] for k in names)
             into = result.setdefault(key, dict.fromkeys(COLUMNS, 0))
             for c in COLUMNS:
                 into[c] += row[c] or 0
@@ -224,14 +282,16 @@ def sums(
         rolled = StageRollup.objects.filter(filters, bucket_start__gte=a, bucket_start__lt=b)
         if bucket_s:
             rolled = rolled.annotate(bucket=EpochBucket("bucket_start", seconds=bucket_s))
-        add(rolled.values(*keys).annotate(**{c: Sum(c) for c in COLUMNS}).order_by())
+        add(rolled.values(*keys).annotate(**{c: Sum(c) for c in COLUMNS}).order_by(), keys)
     # two range queries rather than one OR: each edge is a short index range scan (an OR of two ranges
     # makes SQLite scan the whole table)
     for edge in (Q(created_at__gte=since, created_at__lt=a), Q(created_at__gte=b, created_at__lte=until)):
         raw = StageRecord.objects.filter(filters, edge)
+        if "k" in keys:
+            raw = raw.annotate(k_or_0=Coalesce("k", 0))
         if bucket_s:
             raw = raw.annotate(bucket=EpochBucket("created_at", seconds=bucket_s))
-        add(raw.values(*keys).annotate(**RAW_COLUMNS).order_by())
+        add(raw.values(*raw_keys).annotate(**RAW_COLUMNS).order_by(), raw_keys)
     return result
 
 

@@ -406,7 +406,7 @@ def stage_records(
     until: datetime | None = None,
     workload: str | None = None,
 ):
-    """Newest first, filtered, only the columns the table shows (paginate the result; it is lazy)."""
+    """Newest first, filtered, only the columns the table shows (lazy: page it with `record_page`)."""
     qs = StageRecord.objects.filter(endpoint_id=endpoint_id)
     if workload is not None:
         qs = qs.filter(workload=workload)
@@ -419,3 +419,30 @@ def stage_records(
     if until:
         qs = qs.filter(created_at__lte=until)
     return qs.only(*RECORD_COLUMNS).order_by("-created_at", "-id")
+
+
+@dataclass(frozen=True)
+class RecordPage:
+    """One page of the records table, by keyset: `newer` / `older` are the record ids to page from (None at the
+    ends). No COUNT(*): each page is one index range read, however many records the range holds."""
+
+    object_list: list
+    newer: int | None
+    older: int | None
+
+
+def record_page(records: Any, *, before: int | None = None, after: int | None = None, size: int = 25) -> RecordPage:
+    """The `size` records of `records` (newest first, as stage_records orders them) just older than record `before`,
+    just newer than record `after`, or the newest; an unknown cursor gives the newest page."""
+    cursor = before if before is not None else after
+    anchor = StageRecord.objects.filter(pk=cursor).values_list("created_at", flat=True).first() if cursor else None
+    if anchor is None:
+        rows = list(records[: size + 1])
+        return RecordPage(rows[:size], None, rows[size - 1].pk if len(rows) > size else None)
+    if before is not None:
+        rows = list(records.filter(created_at__lte=anchor).exclude(created_at=anchor, id__gte=before)[: size + 1])
+        return RecordPage(rows[:size], rows[0].pk if rows else None, rows[size - 1].pk if len(rows) > size else None)
+    newer_first = records.filter(created_at__gte=anchor).exclude(created_at=anchor, id__lte=after)
+    rows = list(newer_first.order_by("created_at", "id")[: size + 1])
+    page = rows[:size][::-1]
+    return RecordPage(page, page[0].pk if len(rows) > size else None, page[-1].pk if page else None)

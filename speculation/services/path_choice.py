@@ -25,6 +25,7 @@ from speculation.selectors import capabilities
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet
+SCAN_WINDOW = 2000  # newest records per action looked through for those
 PRIOR_ORDER = (VerificationPath.NATIVE, VerificationPath.LOCAL, VerificationPath.REMOTE)
 PROJECTED_PATHS = (VerificationPath.NATIVE, VerificationPath.LOCAL)
 
@@ -72,15 +73,27 @@ class PathChoice:
         return f"auto -> {chosen}; " + "; ".join(e.summary() for e in self.evidence)
 
 
-def _median_multiplier(endpoint: Endpoint, **filters) -> tuple[float | None, int]:
-    values = list(
-        StageRecord.objects.filter(endpoint=endpoint, multiplier__isnull=False, **filters)
-        .order_by("-id")
-        .values_list("multiplier", flat=True)[:MEASURED_WINDOW]
-    )
+def _median(values: list[float]) -> tuple[float | None, int]:
+    values = values[:MEASURED_WINDOW]
     if len(values) < MIN_MEASURED:
         return None, len(values)
     return round(statistics.median(values), 4), len(values)
+
+
+def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]]:
+    """Multipliers, newest first, per (mode, path) of shadow replays and prod runs, from the newest SCAN_WINDOW
+    records of each action: an index range read that stays short however many records the endpoint has."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for action in (Action.WOULD_SPECULATE, Action.SPECULATED):
+        rows = (
+            StageRecord.objects.filter(endpoint=endpoint, action=action)
+            .order_by("-created_at")
+            .values_list("mode", "path", "multiplier")[:SCAN_WINDOW]
+        )
+        for mode, path, multiplier in rows:
+            if multiplier is not None:
+                found.setdefault((mode, path if mode == Mode.PROD.value else ""), []).append(multiplier)
+    return found
 
 
 def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
@@ -102,11 +115,12 @@ def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
 
 def choose_path(*, policy: SpeculationPolicy, endpoint: Endpoint) -> PathChoice:
     """The fastest eligible path for this policy on this endpoint now, with the evidence for every path."""
-    projected, projected_n = _median_multiplier(endpoint, mode=Mode.SHADOW, action=Action.WOULD_SPECULATE)
+    newest = _newest_multipliers(endpoint)
+    projected, projected_n = _median(newest.get((Mode.SHADOW.value, ""), []))
     evidence = []
     for path in PRIOR_ORDER:
         why = _why_not(path, policy, endpoint)
-        measured, measured_n = _median_multiplier(endpoint, mode=Mode.PROD, action=Action.SPECULATED, path=path)
+        measured, measured_n = _median(newest.get((Mode.PROD.value, path.value), []))
         proj = path in PROJECTED_PATHS
         evidence.append(
             PathEvidence(

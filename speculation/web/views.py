@@ -10,7 +10,6 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -149,6 +148,12 @@ def _workload(request: HttpRequest) -> str | None:
         return None
 
 
+def _id_param(request: HttpRequest, name: str) -> int | None:
+    """A record id the records table pages from; anything else: none (the newest page)."""
+    value = request.GET.get(name, "")
+    return int(value) if value.isdigit() and len(value) < 19 else None
+
+
 def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:
     time_range = _time_range(request)
     workload = _workload(request)
@@ -166,9 +171,12 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         since=record_range.since(timezone.now()),
         workload=workload,
     )
-    page = Paginator(records, RECORDS_PER_PAGE).get_page(request.GET.get("page"))
+    page = rollups.record_page(
+        records, before=_id_param(request, "before"), after=_id_param(request, "after"), size=RECORDS_PER_PAGE
+    )
     query = request.GET.copy()
-    query.pop("page", None)
+    for cursor in ("before", "after", "page"):
+        query.pop(cursor, None)
     probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
     charts = _chart_data(endpoint, time_range, workload)
     return {

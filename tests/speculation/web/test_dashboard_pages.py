@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -140,8 +142,26 @@ def test_endpoint_page_embeds_chart_data_and_paginates_records(client_in, endpoi
     assert charts["histogram"]["shadow"] == [0, 30, 30]
     body = response.content.decode()
     assert 'id="chart-data"' in body and "vendor/plotly.min.js" in body
-    assert "page 1 of 2 (30 records)" in body
     assert "capabilit" in body.lower()  # the fleet detail part (probe results) is on the same page
+    # the records table: the 25 newest, then the 5 older ones by keyset, and back
+    first = response.context["page"]
+    assert len(first.object_list) == 25 and first.newer is None and f"before={first.older}" in body
+    older = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"before": first.older})
+    second = older.context["page"]
+    assert len(second.object_list) == 5 and second.older is None
+    assert {r.pk for r in first.object_list}.isdisjoint(r.pk for r in second.object_list)
+    newer = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"after": second.newer})
+    assert [r.pk for r in newer.context["page"].object_list] == [r.pk for r in first.object_list]
+
+
+def test_the_records_table_never_counts_the_records(client_in, endpoint):
+    add_records(endpoint, 3)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"before": "junk"})
+
+    assert response.status_code == 200 and len(response.context["page"].object_list) == 3
+    assert not [q["sql"] for q in queries.captured_queries if "COUNT(*)" in q["sql"]]
 
 
 def test_records_filter_by_action(client_in, endpoint):
