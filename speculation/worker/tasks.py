@@ -198,3 +198,12 @@ def refresh_rollups_task() -> int:
     from speculation.selectors.rollup_store import refresh_rollups
 
     return refresh_rollups()
+
+
+@shared_task(name="speculation.tasks.prune_records_task", ignore_result=True)
+def prune_records_task() -> int:
+    """Beat runs this on the control queue every 10 minutes: raw stage records past ACE_RECORD_RETENTION are
+    deleted in small batches, per-minute rollups past ACE_ROLLUP_RETENTION merged into hours."""
+    from speculation.services.records_retention import prune
+
+    return prune().records
