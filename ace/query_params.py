@@ -6,6 +6,7 @@ refuses: a 500) and int() reads "１" and "٣" as numbers."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from django.utils.dateparse import parse_datetime
@@ -38,6 +39,24 @@ def datetime_param(raw: str, *, name: str) -> datetime:
     if moment is None:
         raise ValidationError({name: ["must be an ISO 8601 datetime with a time zone, e.g. 2026-01-31T12:00:00Z"]})
     return moment
+
+
+def finite_number(raw: str) -> float | None:
+    """The number `raw` writes, or None: float() also reads "nan" and "inf", which no computation here means and
+    JSON cannot carry (DRF's renderer raises on them: a 500)."""
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def number_param(raw: str, *, name: str) -> float:
+    """A finite number from a query parameter, or a ValidationError on `name`."""
+    value = finite_number(raw)
+    if value is None:
+        raise ValidationError({name: ["must be a finite number"]})
+    return value
 
 
 class BoundedLimitOffsetPagination(LimitOffsetPagination):

@@ -80,3 +80,24 @@ def test_it_refuses_an_impossible_or_unreadable_date_naming_it(admin_api, name, 
 def test_a_real_date_still_filters(admin_api):
     response = admin_api.get("/api/v1/stage-records/", {"since": "2026-01-31T12:00:00Z", "until": "2026-02-01T00:00Z"})
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("name", ["c", "v"])
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999", "\u00b2", "x"])
+def test_it_refuses_a_projection_cost_that_is_no_finite_number_naming_it(admin_api, name, value):
+    # float() reads "nan" and "inf"; JSON cannot carry them (the renderer raised: a 500)
+    from fleet import services
+
+    endpoint = services.create_endpoint(name="proj", base_url="http://127.0.0.1:9")
+    response = admin_api.get(f"/api/v1/endpoints/{endpoint.pk}/projection/", {name: value})
+    assert response.status_code == 400
+    assert "finite number" in response.json()[name][0]
+
+
+def test_the_projection_page_ignores_a_cost_that_is_no_finite_number(admin_api, client, django_user_model):
+    from fleet import services
+
+    endpoint = services.create_endpoint(name="proj", base_url="http://127.0.0.1:9")
+    client.force_login(django_user_model.objects.get(username="qp-admin"))
+    for value in ("nan", "inf", "1e999"):
+        assert client.get(f"/dashboard/endpoints/{endpoint.pk}/projection/", {"c": value}).status_code == 200

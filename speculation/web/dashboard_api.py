@@ -23,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ace.query_params import number_param
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.models import DraftModel, SpeculationPolicy
@@ -160,10 +161,7 @@ class ProjectionView(APIView):
         overrides = {}
         for name in ("c", "v"):
             if name in request.query_params:
-                try:
-                    overrides[name] = float(request.query_params[name])
-                except ValueError as exc:
-                    raise ValidationError({name: ["must be a number"]}) from exc
+                overrides[name] = number_param(request.query_params[name], name=name)
                 if overrides[name] < 0 or (name == "v" and overrides[name] == 0):
                     raise ValidationError({name: ["must be positive"]})
         what_if = cost_selectors.projection(endpoint=endpoint, alpha=measured["alpha"], **overrides)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from ace.query_params import finite_number
 from fleet import permissions
 from fleet import selectors as fleet_selectors
 from fleet.models import Endpoint
@@ -288,11 +289,8 @@ def endpoint_apply_pairing(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _float_param(request: HttpRequest, name: str) -> float | None:
-    try:
-        value = number_param(request.GET.get(name, ""), name=name)
-    except ValidationError:  # DRF's, from number_param: the page ignores a bad value
-        return None
-    return value if value >= 0 else None
+    value = finite_number(request.GET.get(name, ""))
+    return value if value is not None and value >= 0 else None
 
 
 @login_required
