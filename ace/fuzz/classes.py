@@ -2,7 +2,8 @@
 
 - deep nesting: JSON arrays about 1,000 deep (Python's decoder raises RecursionError) and values 100 deep;
 - Unicode digits and look-alikes: superscripts, fullwidth, Arabic-Indic, circled and mathematical digits
-  (str.isdigit() accepts some that int() refuses, and int() reads others as numbers);
+  (str.isdigit() accepts some that int() refuses, and int() reads others as numbers), and "nan", "inf" and
+  "1e999", which float() reads as numbers JSON cannot carry;
 - impossible dates: month 13, 30 February, hour 25 (they match the ISO pattern, then datetime() raises);
 - control and invisible characters: CR/LF, TAB, NUL, ESC, DEL, a space, a broken %-escape, U+202E, U+2028,
   zero-width space and BOM, in every string field and query parameter.
@@ -31,12 +32,18 @@ def nested(depth: int) -> list:
 
 
 UNICODE_DIGITS = ["\u00b2", "\uff11\uff12", "\u0663", "\u2460", "1\u00b2", "\U0001d7d9", "\u2077", "\uff17"]
+NUMBER_WORDS = ["nan", "inf", "-inf", "1e999"]  # float() reads them; JSON cannot carry the result
 IMPOSSIBLE_DATES = ["2026-13-45T00:00:00Z", "2026-02-30T00:00:00Z", "2026-01-01T25:61:61Z", "0000-00-00T00:00:00Z"]
 CONTROL_STRINGS = [
     *("a\r\nb", "a\tb", "a\x00b", "\x1b[31mred", "a\x7f", "a b", "a%zzb", "\u202egnp.exe"),
     *("a\u2028b", "a\u200bb", "\ufeffa", "http://127.0.0.1:9/a\r\nb"),
 ]
-QUERY_VALUES: list[str] = [*UNICODE_DIGITS, *IMPOSSIBLE_DATES, *(s for s in CONTROL_STRINGS if "\x00" not in s)]
+QUERY_VALUES: list[str] = [
+    *UNICODE_DIGITS,
+    *NUMBER_WORDS,
+    *IMPOSSIBLE_DATES,
+    *(s for s in CONTROL_STRINGS if "\x00" not in s),
+]
 FIELD_VALUES: list[Any] = [*CONTROL_STRINGS, *UNICODE_DIGITS, *IMPOSSIBLE_DATES[:1], nested(100)]
 WRITES = ("post", "put", "patch")
 
