@@ -3,68 +3,26 @@ tests run again with DATABASE_URL pointing at it (in a subprocess, since setting
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
-import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from ace.processes import REPO_ROOT, free_port
+from ace.processes import REPO_ROOT
+from speculation.bench.postgres import bin_dir, throwaway_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-PG_START_TIMEOUT_S = 60
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(found[-1]).parent if found else None
-
-
-def _as_postgres_user(argv: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: drop to Debian's `postgres` user when we are root."""
-    if os.geteuid() != 0:
-        return argv
-    return ["runuser", "-u", "postgres", "--", *argv]
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    bin_dir = _pg_bin()
-    if bin_dir is None:
+    if bin_dir() is None:
         pytest.fail("PostgreSQL server binaries are missing: run scripts/setup.sh (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="ace-pg-"))
-    data, log = root / "data", REPO_ROOT / "test-artifacts" / "postgres.log"
-    log.parent.mkdir(exist_ok=True)
-    log.write_text("")  # fresh for this run: a test reads it
-    if os.geteuid() == 0:
-        user = pwd.getpwnam("postgres")
-        os.chown(root, user.pw_uid, user.pw_gid)
-        os.chown(log, user.pw_uid, user.pw_gid)
-    port = free_port()
-    run = {"check": True, "capture_output": True, "text": True, "timeout": PG_START_TIMEOUT_S}
-    subprocess.run(
-        _as_postgres_user([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"]),
-        **run,
-    )
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    options += " -c log_connections=on"  # the log shows which databases the tests used
-    pg_ctl = str(bin_dir / "pg_ctl")
-    subprocess.run(_as_postgres_user([pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "start"]), **run)
-    try:
-        subprocess.run(_as_postgres_user([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "ace"]), **run)
-        yield f"postgresql://postgres@127.0.0.1:{port}/ace"
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            subprocess.run(_as_postgres_user([pg_ctl, "-D", str(data), "-m", "immediate", "stop"]), **run)
-        shutil.rmtree(root, ignore_errors=True)
+    log = REPO_ROOT / "test-artifacts" / "postgres.log"  # fresh for this run: a test reads it
+    with throwaway_server(log=log, options="-c log_connections=on") as url:  # the log shows the databases used
+        yield url
 
 
 def _with_database(url: str) -> dict[str, str]:

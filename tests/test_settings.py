@@ -86,6 +86,10 @@ def test_environment_values_are_used(tmp_path):
         ("ACE_PROBE_TIMEOUT", "0"),
         ("ACE_SECRET_KEY", "short"),
         ("ACE_ENCRYPTION_KEY", "not-a-fernet-key"),
+        ("ACE_RECORD_RETENTION", "7"),  # no unit
+        ("ACE_RECORD_RETENTION", "30m"),  # under an hour
+        ("ACE_ROLLUP_RETENTION", "2d"),  # shorter than the dashboard's week
+        ("ACE_RECORD_QUEUE", "0"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, variable, value):
@@ -99,3 +103,16 @@ def test_a_database_password_is_not_echoed_in_the_error(tmp_path):
     result = start_up(tmp_path, DATABASE_URL="mysql://user:hunter2secret@h/db")
     assert result.returncode != 0
     assert "hunter2secret" not in result.stderr
+
+
+def test_durations_read_with_their_unit():
+    from datetime import timedelta
+
+    from ace.env import env_duration
+
+    os.environ["ACE_TEST_DURATION"] = "36h"
+    try:
+        assert env_duration("ACE_TEST_DURATION", "7d") == timedelta(hours=36)
+    finally:
+        del os.environ["ACE_TEST_DURATION"]
+    assert env_duration("ACE_TEST_DURATION", "7d") == timedelta(days=7)
