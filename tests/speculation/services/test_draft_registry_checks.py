@@ -78,3 +78,23 @@ def test_the_database_refuses_a_draft_name_differing_only_in_case():
 
     with pytest.raises(IntegrityError), transaction.atomic():
         DraftModel.objects.create(name="Demo-Draft", kind="ngram")
+
+
+def test_the_migration_renames_drafts_differing_only_in_case_keeping_the_oldest():
+    # given drafts registered before names were unique in any case (the database refuses them now: plain objects)
+    import importlib
+    from types import SimpleNamespace
+
+    migration = importlib.import_module("speculation.migrations.0017_draft_and_run_ownership")
+    saved = []
+    rows = [SimpleNamespace(pk=pk, name=name) for pk, name in ((1, "demo-draft"), (2, "other"), (3, "DEMO-DRAFT"))]
+    for row in rows:
+        row.save = lambda update_fields, row=row: saved.append((row.pk, row.name, update_fields))
+    model = SimpleNamespace(objects=SimpleNamespace(order_by=lambda field: sorted(rows, key=lambda r: r.pk)))
+
+    # when the migration's data step runs
+    migration.rename_case_duplicates(SimpleNamespace(get_model=lambda app, name: model), None)
+
+    # then the oldest keeps its name, the later one gets its id
+    assert [r.name for r in rows] == ["demo-draft", "other", "DEMO-DRAFT-3"]
+    assert saved == [(3, "DEMO-DRAFT-3", ["name"])]
