@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ace import processes
-from ace.demo_drafts import DEMO_DRAFT, eagle_ready, eagle_training_argv, register_demo_drafts
+from ace.demo_drafts import DEMO_DRAFT, DEMO_EAGLE, eagle_ready, eagle_training_argv, register_demo_drafts
 
 logger = logging.getLogger("ace.launcher")
 
@@ -56,7 +56,7 @@ class Launcher:
         from speculation.offline.demo import ensure_demo_pair
         from speculation.offline.eagle.demo_head import default_head_dir
 
-        say("building or locating the demo model pair (first run: a few minutes)")
+        say("locating the demo models (installed from the repository's models/ on a first run)")
         pair = ensure_demo_pair()
         say(f"demo target: {pair.target_dir}")
 
@@ -191,8 +191,9 @@ def register_demo_endpoint(
     that server); one registered by URL by an earlier run becomes managed. Also its candidates (ace.demo_drafts:
     the demo draft, the version's other drafts by label, the EAGLE head in `eagle_dir` when built), and the
     target's directory on the policy (shadow replays sampled requests exactly with it). A new demo endpoint's
-    policy drafts with `demo-draft` and `draft: auto` (prod runs each workload's best candidate once shadow has
-    measured them). Returns the endpoint, or None (the reason printed) when it cannot be registered."""
+    policy drafts with `demo-eagle` at dynamic K (`demo-draft` where no head is registered) and `draft: auto`
+    (prod runs each workload's best candidate once shadow has measured them). Returns the endpoint, or None (the
+    reason printed) when it cannot be registered."""
     from django.contrib.auth import get_user_model
     from django.core.exceptions import ValidationError
 
@@ -241,8 +242,12 @@ def _demo_policy(endpoint, *, target_dir: str, created: bool) -> None:
         if policy.mode != "prod" and policy.path == "auto":
             fields["path"] = "local"
     if created:
-        draft = DraftModel.objects.get(name=DEMO_DRAFT)
-        fields.update(mechanism=DraftKind.DRAFT_MODEL, draft=draft, auto_pairing=True)
+        head = DraftModel.objects.filter(name=DEMO_EAGLE, kind=DraftKind.EAGLE_HEAD).first()
+        if head is not None:  # the shipped head: its chain at dynamic K is the demo's fastest pairing on a CPU
+            fields.update(mechanism=DraftKind.EAGLE_HEAD, draft=head, dynamic_k=True, auto_pairing=True)
+        else:
+            draft = DraftModel.objects.get(name=DEMO_DRAFT)
+            fields.update(mechanism=DraftKind.DRAFT_MODEL, draft=draft, auto_pairing=True)
     if fields:
         update_policy(endpoint=endpoint, **fields)
 

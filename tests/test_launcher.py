@@ -113,13 +113,24 @@ def test_the_demo_gets_every_candidate_and_a_new_demo_drafts_with_auto(demo_pair
     assert (drafts[DEMO_EAGLE].kind, drafts[DEMO_EAGLE].target_name) == ("eagle_head", DEMO_MODEL_NAME)
     # the same tokenizer: shadow replays both drafts as candidates of the demo endpoint
     assert drafts[DEMO_DRAFT].tokenizer_fingerprint == drafts["demo-draft-code"].tokenizer_fingerprint
+    # a new demo drafts with the EAGLE head's chain at dynamic K (the demo's fastest pairing on a CPU)
     policy = get_policy(endpoint=endpoint)
-    assert (policy.mechanism, policy.draft.name, policy.auto_pairing, policy.path) == (
-        "draft_model",
-        DEMO_DRAFT,
+    assert (policy.mechanism, policy.draft.name, policy.dynamic_k, policy.auto_pairing, policy.path) == (
+        "eagle_head",
+        DEMO_EAGLE,
+        True,
         True,
         "local",
     )
+
+
+def test_a_new_demo_without_a_head_drafts_with_the_demo_draft(demo_pair, admin, tmp_path):
+    endpoint = register_demo_endpoint(
+        target_dir=str(demo_pair.target_dir), draft_dir=str(demo_pair.draft_dir), eagle_dir=str(tmp_path / "none")
+    )
+
+    policy = get_policy(endpoint=endpoint)
+    assert (policy.mechanism, policy.draft.name, policy.auto_pairing) == ("draft_model", DEMO_DRAFT, True)
 
 
 def test_a_head_not_built_yet_is_trained_in_the_background_and_registered_later(demo_pair, admin, tmp_path):
