@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
@@ -63,7 +64,7 @@ def _validate_served_name(served_name: str, *, owner_id: int | None = None, team
         raise ValidationError("Use 1-255 letters, digits, '.', '_', '-', '/' or ':' (the model id clients send).")
     # Within the owner's and the team's endpoints only: the gateway resolves a model id among the caller's own first.
     peers = fleet_selectors.routing_peers(owner_id=owner_id, team_id=team_id)
-    clash = peers.filter(served_model=served_name).first()
+    clash = peers.filter(Q(served_model=served_name) | Q(managed__served_name=served_name)).first()
     if clash is not None:
         raise ValidationError(
             f"{served_name!r} is already served by {fleet_selectors.peer_label(clash, team_id=team_id)}."

@@ -211,3 +211,21 @@ def test_vllms_cpu_build_runs_in_one_process_with_one_openmp_thread_unless_told_
     assert server_env("vllm")["OMP_NUM_THREADS"] == "2"
     monkeypatch.setenv("ACE_VLLM_OMP_THREADS", "0")  # vLLM's own default
     assert "OMP_NUM_THREADS" not in server_env("vllm")
+
+
+def test_a_served_name_clashes_only_with_the_owners_and_teams_endpoints_and_names_none_of_another_tenants(
+    api, user, model_dir
+):
+    # given another tenant's endpoint serving "llama"
+    bob = get_user_model().objects.create_user(username="bob", password="pw-bob-123456")
+    Endpoint.objects.create(name="bobs-llama", base_url="http://127.0.0.1:9", served_model="llama", owner=bob)
+
+    # when the operator registers a managed endpoint serving "llama", then a second one
+    first = api.post(URL, _body(model_dir), format="json")
+    second = api.post(URL, _body(model_dir, name="managed-llama-2"), format="json")
+
+    # then the first is accepted (routing is per tenant), the second refused naming the operator's own endpoint
+    assert first.status_code == 201, first.content
+    assert second.status_code == 400
+    assert "'managed-llama'" in second.json()["served_name"][0]
+    assert "bobs-llama" not in second.content.decode()
