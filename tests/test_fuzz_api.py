@@ -117,3 +117,22 @@ def test_the_rest_classes_over_this_schema_get_no_5xx(client, django_user_model)
         answers[case.label] = response.status_code
     assert len(answers) > 300
     assert [label for label, status in answers.items() if status >= 500] == []
+
+
+def test_a_server_that_drops_the_connection_on_a_body_counts_as_its_own_failure():
+    import socket
+    import threading
+
+    # given a server that reads a request and closes the connection without answering
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def drop() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.close()
+
+    threading.Thread(target=drop, daemon=True).start()
+    assert Upstream(f"http://127.0.0.1:{port}", "m").also_fails("/v1/completions", b'{"model": "x"}', 5)
+    listener.close()

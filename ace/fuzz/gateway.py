@@ -113,6 +113,9 @@ def _note(report: GatewayReport, problem: str, mode: str, path: str, body: bytes
         report.findings.append({"problem": problem, "mode": mode, "path": path, "status": status, "body": shown})
 
 
+DROPPED = (httpx.RemoteProtocolError, httpx.ReadError)
+
+
 @dataclass(frozen=True)
 class Upstream:
     """The model server behind the endpoints, asked directly to tell its own 5xx from ACE's."""
@@ -130,6 +133,8 @@ class Upstream:
         request["model"] = self.served_model
         try:
             return httpx.post(self.url + path, json=request, timeout=timeout_s).status_code >= 500
+        except DROPPED:  # the server closed the connection on this body: ACE's 502 relays the server's failure
+            return True
         except httpx.HTTPError:
             return False
 
