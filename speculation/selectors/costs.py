@@ -113,16 +113,22 @@ def step_costs(*, endpoint: Any) -> StepCosts | None:
     return row.step_costs() if row is not None else None
 
 
-def projection_vs_prod(*, endpoint: Any, since: datetime, alpha: float | None = None) -> list[dict]:
+def projection_vs_prod(*, endpoint: Any, since: datetime, alpha: float | None = None, totals: Any = None) -> list[dict]:
     """Per K: shadow's mean projected multiplier, prod's mean measured multiplier (each with its record count),
-    their ratio, and the projection from the measured alpha and costs at that K."""
-    totals = sums(
-        since=since,
-        until=timezone.now(),
-        group=["action", "k"],
-        endpoint_ids=[endpoint.pk],
-        actions=SPECULATIVE_ACTIONS,
-    )
+    their ratio, and the projection from the measured alpha and costs at that K (`totals`: rollups.endpoint_totals'
+    rows for the same window, read once for the page)."""
+    if totals is None:
+        totals = sums(
+            since=since,
+            until=timezone.now(),
+            group=["action", "k"],
+            endpoint_ids=[endpoint.pk],
+            actions=SPECULATIVE_ACTIONS,
+        )
+    else:
+        from speculation.selectors.rollups import regroup
+
+        totals = regroup(totals, by=("action", "k"), actions=SPECULATIVE_ACTIONS)
     by_k: dict[int, dict] = {}
     for (action, k), row in totals.items():  # from the rollups: one row per action and K
         if not k or not row["mult_n"]:

@@ -282,7 +282,7 @@ def sums(
         rolled = StageRollup.objects.filter(filters, bucket_start__gte=a, bucket_start__lt=b)
         if bucket_s:
             rolled = rolled.annotate(bucket=EpochBucket("bucket_start", seconds=bucket_s))
-        add(rolled.values(*keys).annotate(**{c: Sum(c) for c in COLUMNS}).order_by(), keys)
+        add(_grouped(rolled, keys, {c: Sum(c) for c in COLUMNS}), keys)
     # two range queries rather than one OR: each edge is a short index range scan (an OR of two ranges
     # makes SQLite scan the whole table)
     for edge in (Q(created_at__gte=since, created_at__lt=a), Q(created_at__gte=b, created_at__lte=until)):
@@ -291,8 +291,16 @@ def sums(
             raw = raw.annotate(k_or_0=Coalesce("k", 0))
         if bucket_s:
             raw = raw.annotate(bucket=EpochBucket("created_at", seconds=bucket_s))
-        add(raw.values(*raw_keys).annotate(**RAW_COLUMNS).order_by(), raw_keys)
+        add(_grouped(raw, raw_keys, RAW_COLUMNS), raw_keys)
     return result
+
+
+def _grouped(rows: Any, keys: list[str], columns: dict[str, Any]) -> Iterable[dict]:
+    """The column sums per group of `keys`; no keys: one row of totals (`values()` without fields would group by
+    every column: a row per rollup row or record)."""
+    if not keys:
+        return [rows.aggregate(**columns)]
+    return rows.values(*keys).annotate(**columns).order_by()
 
 
 def ratio(numerator: float, denominator: float, digits: int = 4) -> float | None:

@@ -306,9 +306,34 @@ def accepted_length_histogram(
     return _histogram(_per_mode(endpoint_id=endpoint_id, since=since, until=until, workload=workload))
 
 
-def workloads_seen(*, endpoint_id: int, since: datetime, limit: int = 50) -> list[str]:
+ENDPOINT_GROUPS = ("mode", "action", "workload", "k")  # the key of endpoint_totals' rows
+
+
+def endpoint_totals(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> Totals:
+    """One read for the endpoint page's figures beside its charts: sums per (mode, action, workload, K); pass it
+    as `totals` to workloads_seen, measured_acceptance and costs.projection_vs_prod instead of a read each."""
+    return sums(since=since, until=until or timezone.now(), group=ENDPOINT_GROUPS, endpoint_ids=[endpoint_id])
+
+
+def regroup(totals: Totals, *, by: tuple[str, ...], actions: tuple[str, ...] | None = None) -> Totals:
+    """endpoint_totals' rows summed again by some of ENDPOINT_GROUPS, keeping only `actions` (None: all)."""
+    where = [ENDPOINT_GROUPS.index(name) for name in by]
+    out: Totals = {}
+    for key, row in totals.items():  # aggregated rows, not records
+        if actions is not None and key[1] not in actions:
+            continue
+        into = out.setdefault(tuple(key[i] for i in where), dict.fromkeys(COLUMNS, 0))
+        for column in COLUMNS:
+            into[column] += row[column]
+    return out
+
+
+def workloads_seen(*, endpoint_id: int, since: datetime, limit: int = 50, totals: Totals | None = None) -> list[str]:
     """The workload keys of an endpoint's records since `since`, most requests first (the charts' filter)."""
-    totals = sums(since=since, until=timezone.now(), group=["workload"], endpoint_ids=[endpoint_id])
+    if totals is None:
+        totals = sums(since=since, until=timezone.now(), group=["workload"], endpoint_ids=[endpoint_id])
+    else:
+        totals = regroup(totals, by=("workload",))
     ranked = sorted(((row["n"], key[0]) for key, row in totals.items() if key[0]), key=lambda t: (-t[0], t[1]))
     return [name for _, name in ranked[:limit]]
 
@@ -354,12 +379,17 @@ def fleet_summary(*, endpoint_ids: list[int] | None = None, now: datetime | None
     }
 
 
-def measured_acceptance(*, endpoint_id: int, since: datetime, until: datetime | None = None) -> dict:
+def measured_acceptance(
+    *, endpoint_id: int, since: datetime, until: datetime | None = None, totals: Totals | None = None
+) -> dict:
     """What shadow measured over a window: records, drafted/accepted tokens, acceptance rate, mean alpha,
-    mean E[N], mean projected multiplier and the mean K the measurements used."""
-    totals = sums(
-        since=since, until=until or timezone.now(), endpoint_ids=[endpoint_id], actions=(Action.WOULD_SPECULATE,)
-    )
+    mean E[N], mean projected multiplier and the mean K the measurements used (`totals`: endpoint_totals')."""
+    if totals is None:
+        totals = sums(
+            since=since, until=until or timezone.now(), endpoint_ids=[endpoint_id], actions=(Action.WOULD_SPECULATE,)
+        )
+    else:
+        totals = regroup(totals, by=(), actions=(Action.WOULD_SPECULATE,))
     row = totals.get((), {})
     get = row.get
     return {

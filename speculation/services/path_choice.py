@@ -25,7 +25,7 @@ from speculation.selectors import capabilities
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet
-SCAN_WINDOW = 2000  # newest records per action looked through for those
+SCAN_WINDOW = 200  # newest records per action looked through for those (ten times MEASURED_WINDOW)
 PRIOR_ORDER = (VerificationPath.NATIVE, VerificationPath.LOCAL, VerificationPath.REMOTE)
 PROJECTED_PATHS = (VerificationPath.NATIVE, VerificationPath.LOCAL)
 

@@ -7,6 +7,8 @@ timeseries API by static/js/dashboard.js.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -180,6 +182,8 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         query.pop(cursor, None)
     probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
     charts = _chart_data(endpoint, time_range, workload)
+    since = time_range.since(timezone.now())
+    totals = rollups.endpoint_totals(endpoint_id=endpoint.pk, since=since)  # the figures beside the charts, one read
     return {
         # what fleet/endpoint_detail.html needs (capabilities and probe history, with live probe progress)
         "endpoint": endpoint,
@@ -200,14 +204,14 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
         "ranges": list(rollups.RANGES),
         "workload": workload or "",
         "pairing": autopairing.pairing_table(endpoint_id=endpoint.pk),
-        "workloads": rollups.workloads_seen(endpoint_id=endpoint.pk, since=time_range.since(timezone.now())),
+        "workloads": rollups.workloads_seen(endpoint_id=endpoint.pk, since=since, totals=totals),
         "charts": charts,
         "has_chart_data": any(s["y"] for m in CHART_METRICS for s in charts[m]["series"]),
         "filters": filters,
         "page": page,
         "page_query": query.urlencode(),
         "timeseries_url": reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk]),
-        **_projection_context(endpoint, time_range),
+        **_projection_context(endpoint, since=since, totals=totals),
     }
 
 
@@ -217,13 +221,14 @@ def _drafts_offered(request: HttpRequest, policy: SpeculationPolicy) -> list[Dra
     return list((visible_drafts(request.user) | current).order_by("name"))
 
 
-def _projection_context(endpoint: Endpoint, time_range: rollups.TimeRange) -> dict:
+def _projection_context(endpoint: Endpoint, *, since: datetime, totals: dict) -> dict:
     """Shadow's projection beside prod's measurement per K, and the costs the worker measured."""
-    since = time_range.since(timezone.now())
-    alpha = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=since).get("alpha")
+    alpha = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=since, totals=totals).get("alpha")
     return {
         "calibration": cost_selectors.measured_costs(endpoint=endpoint),
-        "projection_rows": cost_selectors.projection_vs_prod(endpoint=endpoint, since=since, alpha=alpha),
+        "projection_rows": cost_selectors.projection_vs_prod(
+            endpoint=endpoint, since=since, alpha=alpha, totals=totals
+        ),
     }
 
 
