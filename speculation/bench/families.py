@@ -125,7 +125,7 @@ def time_it(run) -> tuple[float, object]:
 def bench_family(name: str, root: Path, prompts: list[list[int]], max_new: int) -> dict:
     class_name, extra = FAMILY_CONFIGS[name]
     target_dir, draft_dir = root / f"{name}-target", root / f"{name}-draft"
-    hf = build_checkpoint(target_dir, class_name, extra, SHAPE, seed=0, shard="2MB", quiet_layers=0.3)
+    hf = build_checkpoint(target_dir, class_name, extra, SHAPE, seed=0, shard="2MB", quiet_layers=0.1)
     first_layer_draft(target_dir, draft_dir)
     target_model = load_causal_lm(target_dir)
     target = LocalTarget(target_model)
