@@ -50,8 +50,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.offset:  # Gemma: (x * rsqrt(mean(x^2) + eps)) * (1 + w) in float32, then cast, as transformers
-            normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
-            return (normed * (self.offset + self.weight.float())).type_as(x)
+            return F.rms_norm(x.float(), (x.shape[-1],), self.offset + self.weight.float(), self.eps).type_as(x)
         # x * rsqrt(mean(x^2) + eps) * weight, as Hugging Face's LlamaRMSNorm, in one call (bitwise the same here)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
