@@ -27,6 +27,7 @@ from speculation.engine import (
     load_causal_lm,
 )
 from speculation.engine.families import args_from_config, refusal
+from speculation.engine.loader import default_dtype
 from speculation.engine.prefix_cache import PrefixCache
 
 transformers = pytest.importorskip("transformers")
@@ -228,10 +229,16 @@ def test_it_drafts_from_multi_layer_features_in_chains_and_trees_as_plain(checkp
             assert result.tokens == plain, (family, tree)
 
 
-def test_it_keeps_half_precision_weights_in_their_dtype_when_asked_and_float32_on_the_cpu(checkpoints):
+def test_it_loads_a_bf16_checkpoint_as_float32_on_the_cpu_and_keeps_bf16_for_cuda(checkpoints, tmp_path):
+    # given a checkpoint saved in bfloat16 (as released ones are)
     directory, _ = checkpoints("qwen3")
-    assert load_causal_lm(directory).output.weight.dtype == torch.float32
-    assert load_causal_lm(directory, dtype=torch.bfloat16).layers[0].attention.wqkv.weight.dtype == torch.bfloat16
+    transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    # then: float32 on the CPU, its own bfloat16 for CUDA, and bfloat16 on the CPU when asked
+    assert load_causal_lm(tmp_path).output.weight.dtype == torch.float32
+    assert default_dtype(config, torch.device("cuda")) == torch.bfloat16
+    assert default_dtype(config, torch.device("cpu")) == torch.float32
+    assert load_causal_lm(tmp_path, dtype=torch.bfloat16).layers[0].attention.wqkv.weight.dtype == torch.bfloat16
 
 
 def test_it_ties_the_lm_head_to_the_embedding_as_one_tensor(checkpoints):
