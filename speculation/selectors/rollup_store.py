@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
-from django.db import NotSupportedError, transaction
-from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
+from django.db import NotSupportedError, connection, transaction
+from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
@@ -259,16 +261,12 @@ def sums(
         a = b = since
     keys = (["bucket"] if bucket_s else []) + list(group)
     raw_keys = ["k_or_0" if key == "k" else key for key in keys]
-    filters = Q()
-    if endpoint_ids is not None:
-        filters &= Q(endpoint_id__in=list(endpoint_ids))
-    if actions is not None:
-        filters &= Q(action__in=list(actions))
-    if modes is not None:
-        filters &= Q(mode__in=list(modes))
-    if workloads is not None:
-        filters &= Q(workload__in=list(workloads))
-
+    lists = {
+        "endpoint_id": None if endpoint_ids is None else list(endpoint_ids),
+        "action": None if actions is None else list(actions),
+        "mode": None if modes is None else list(modes),
+        "workload": None if workloads is None else list(workloads),
+    }
     result: dict[tuple, dict[str, float]] = {}
 
     def add(rows: Iterable[dict], names: list[str]) -> None:
@@ -276,31 +274,97 @@ def sums(
             key = tuple(row[k] for k in names)
             into = result.setdefault(key, dict.fromkeys(COLUMNS, 0))
             for c in COLUMNS:
-                into[c] += row[c] or 0
+                value = row[c]
+                if value:
+                    into[c] += value if not isinstance(value, Decimal) else _value(c, value)
 
     if a < b:
-        rolled = StageRollup.objects.filter(filters, bucket_start__gte=a, bucket_start__lt=b)
-        if bucket_s:
-            rolled = rolled.annotate(bucket=EpochBucket("bucket_start", seconds=bucket_s))
-        add(_grouped(rolled, keys, {c: Sum(c) for c in COLUMNS}), keys)
+        add(_fetch(_Query("rollup", tuple(keys), bucket_s, False), a, b, lists), keys)
     # two range queries rather than one OR: each edge is a short index range scan (an OR of two ranges
     # makes SQLite scan the whole table)
-    for edge in (Q(created_at__gte=since, created_at__lt=a), Q(created_at__gte=b, created_at__lte=until)):
-        raw = StageRecord.objects.filter(filters, edge)
-        if "k" in keys:
-            raw = raw.annotate(k_or_0=Coalesce("k", 0))
-        if bucket_s:
-            raw = raw.annotate(bucket=EpochBucket("created_at", seconds=bucket_s))
-        add(_grouped(raw, raw_keys, RAW_COLUMNS), raw_keys)
+    for lo, hi, closed in ((since, a, False), (b, until, True)):
+        add(_fetch(_Query("raw", tuple(raw_keys), bucket_s, closed), lo, hi, lists), raw_keys)
     return result
 
 
-def _grouped(rows: Any, keys: list[str], columns: dict[str, Any]) -> Iterable[dict]:
-    """The column sums per group of `keys`; no keys: one row of totals (`values()` without fields would group by
-    every column: a row per rollup row or record)."""
-    if not keys:
-        return [rows.aggregate(**columns)]
-    return rows.values(*keys).annotate(**columns).order_by()
+@dataclass(frozen=True)
+class _Query:
+    """The shape of one of sums()'s queries: which table, grouped how, the upper bound closed or not."""
+
+    table: str  # "rollup" or "raw"
+    keys: tuple[str, ...]
+    bucket_s: int | None
+    closed: bool
+
+    def build(self, lo: Any, hi: Any, lists: dict[str, list | None]) -> Any:
+        filters = Q(**{f"{name}__in": values for name, values in lists.items() if values is not None})
+        if self.table == "rollup":
+            rows = StageRollup.objects.filter(filters, bucket_start__gte=lo, bucket_start__lt=hi)
+            columns: dict[str, Any] = {c: Sum(c) for c in COLUMNS}
+            time_field = "bucket_start"
+        else:
+            upper = "created_at__lte" if self.closed else "created_at__lt"
+            rows = StageRecord.objects.filter(filters, created_at__gte=lo, **{upper: hi})
+            columns, time_field = RAW_COLUMNS, "created_at"
+            if "k_or_0" in self.keys:
+                rows = rows.annotate(k_or_0=Coalesce("k", 0))
+        if self.bucket_s:
+            rows = rows.annotate(bucket=EpochBucket(time_field, seconds=self.bucket_s))
+        if not self.keys:  # one row of totals (`values()` without fields would group by every column)
+            return rows.annotate(everything=Value(0)).values("everything").annotate(**columns).order_by()
+        return rows.values(*self.keys).annotate(**columns).order_by()
+
+
+# Compiled once per shape and process: Django takes longer to build and compile the 50 aggregates of a query than
+# the database takes to run it on a page's rollup rows. The shape is compiled with stand-in values, and each call
+# puts its own in their places; a shape whose stand-ins cannot all be found is not cached (compiled every time).
+_COMPILED: dict[tuple, tuple[str, list, list[tuple[int, str, int]]] | None] = {}
+_STAND_IN_LO = datetime(1901, 1, 1, 0, 0, 1, tzinfo=UTC)
+_STAND_IN_HI = datetime(1901, 1, 1, 0, 0, 2, tzinfo=UTC)
+
+
+def _fetch(query: _Query, lo: datetime, hi: datetime, lists: dict[str, list | None]) -> list[dict]:
+    if any(values is not None and not values for values in lists.values()):
+        return []  # filtered by an empty list: no rows
+    shape = (connection.vendor, query, tuple(None if v is None else len(v) for v in lists.values()))
+    if shape not in _COMPILED:
+        _COMPILED[shape] = _compile(query, lists)
+    compiled = _COMPILED[shape]
+    if compiled is None:
+        return list(query.build(lo, hi, lists))
+    sql, params, places = compiled
+    params = list(params)
+    bounds = [connection.ops.adapt_datetimefield_value(lo), connection.ops.adapt_datetimefield_value(hi)]
+    for position, name, index in places:
+        params[position] = bounds[index] if name == "bounds" else lists[name][index]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _compile(query: _Query, lists: dict[str, list | None]) -> tuple[str, list, list[tuple[int, str, int]]] | None:
+    stand_ins: dict[Any, tuple[str, int]] = {}
+    fake: dict[str, list | None] = {}
+    for n, (name, values) in enumerate(lists.items()):
+        if values is None:
+            fake[name] = None
+            continue
+        if name == "endpoint_id":
+            fake[name] = [-(10**9) - 1000 * n - i for i in range(len(values))]
+        else:
+            fake[name] = [f"\x01stand-in {n}.{i}" for i in range(len(values))]
+        stand_ins.update({value: (name, i) for i, value in enumerate(fake[name])})
+    for index, moment in enumerate((_STAND_IN_LO, _STAND_IN_HI)):
+        stand_ins[connection.ops.adapt_datetimefield_value(moment)] = ("bounds", index)
+    sql, params = query.build(_STAND_IN_LO, _STAND_IN_HI, fake).query.sql_with_params()
+    places = []
+    for position, param in enumerate(params):
+        if isinstance(param, int | str | datetime) and not isinstance(param, bool) and param in stand_ins:
+            places.append((position, *stand_ins[param]))
+    if sorted(place[1:] for place in places) != sorted(stand_ins.values()):
+        return None
+    return sql, list(params), places
 
 
 def ratio(numerator: float, denominator: float, digits: int = 4) -> float | None:
