@@ -16,6 +16,9 @@ re-probe never moves traffic by itself (`path_warning` says when it would).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,9 +83,25 @@ def _median(values: list[float]) -> tuple[float | None, int]:
     return round(statistics.median(values), 4), len(values)
 
 
+_remembered: ContextVar[dict[int, dict] | None] = ContextVar("path_evidence", default=None)
+
+
+@contextmanager
+def remembered() -> Iterator[None]:
+    """Within this block each endpoint's evidence is read once (a page asks for it per mode and path option)."""
+    token = _remembered.set({})
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
+
+
 def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]]:
     """Multipliers, newest first, per (mode, path) of shadow replays and prod runs, from the newest SCAN_WINDOW
     records of each action: an index range read that stays short however many records the endpoint has."""
+    memo = _remembered.get()
+    if memo is not None and endpoint.pk in memo:
+        return memo[endpoint.pk]
     found: dict[tuple[str, str], list[float]] = {}
     for action in (Action.WOULD_SPECULATE, Action.SPECULATED):
         rows = (
@@ -93,6 +112,8 @@ def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]
         for mode, path, multiplier in rows:
             if multiplier is not None:
                 found.setdefault((mode, path if mode == Mode.PROD.value else ""), []).append(multiplier)
+    if memo is not None:
+        memo[endpoint.pk] = found
     return found
 
 

@@ -31,6 +31,7 @@ from speculation.selectors import costs as cost_selectors
 from speculation.selectors.drafts import visible_drafts
 from speculation.services import autopairing as autopairing_service
 from speculation.services import drafts as draft_service
+from speculation.services import path_choice
 from speculation.services import policies as policy_service
 from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm, tree_text
 from speculation.workloads import keys as workload_keys
@@ -67,6 +68,7 @@ def _back(request: HttpRequest, default: str) -> str:
 
 @login_required
 @require_GET
+@path_choice.remembered()
 def overview(request: HttpRequest) -> HttpResponse:
     endpoints = list(visible_endpoints(request.user, Endpoint.objects.select_related("policy__draft")).order_by("name"))
     summary = rollups.fleet_summary(endpoint_ids=[e.pk for e in endpoints])
@@ -157,6 +159,7 @@ def _id_param(request: HttpRequest, name: str) -> int | None:
     return int(value) if value.isdigit() and len(value) < 19 else None
 
 
+@path_choice.remembered()
 def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:
     time_range = _time_range(request)
     workload = _workload(request)
