@@ -212,6 +212,44 @@ def endpoint_charts(
     time_range = get_range(range_name)
     now = now or timezone.now()
     totals = _bucketed(endpoint_id=endpoint_id, time_range=time_range, now=now, workload=workload)
+    return _charts(endpoint_id=endpoint_id, metrics=metrics, time_range=time_range, now=now, totals=totals)
+
+
+def endpoint_page_data(
+    *,
+    endpoint_id: int,
+    metrics: tuple[str, ...],
+    range_name: str | None = None,
+    now: datetime | None = None,
+    workload: str | None = None,
+) -> tuple[dict, Totals]:
+    """The endpoint page's charts (as endpoint_charts) and the figures beside them (endpoint_totals' rows over the
+    same range). Showing every workload, one read: sums per bucket, mode, action, workload and K, summed both ways;
+    showing one workload's charts, two."""
+    time_range = get_range(range_name)
+    now = now or timezone.now()
+    since = time_range.since(now)
+    if workload is not None:
+        charts = endpoint_charts(
+            endpoint_id=endpoint_id, metrics=metrics, range_name=range_name, now=now, workload=workload
+        )
+        return charts, endpoint_totals(endpoint_id=endpoint_id, since=since, until=now)
+    rows = sums(since=since, until=now, group=ENDPOINT_GROUPS, bucket_s=time_range.bucket_s, endpoint_ids=[endpoint_id])
+    bucketed: Totals = {}
+    totals: Totals = {}
+    for key, row in rows.items():  # aggregated rows: a few per bucket
+        for into in (
+            bucketed.setdefault(key[:3], dict.fromkeys(COLUMNS, 0)),
+            totals.setdefault(key[1:], dict.fromkeys(COLUMNS, 0)),
+        ):
+            for column in COLUMNS:
+                into[column] += row[column]
+    return _charts(endpoint_id=endpoint_id, metrics=metrics, time_range=time_range, now=now, totals=bucketed), totals
+
+
+def _charts(
+    *, endpoint_id: int, metrics: tuple[str, ...], time_range: TimeRange, now: datetime, totals: Totals
+) -> dict:
     changes = policy_change_points(endpoint_id=endpoint_id, since=time_range.since(now), until=now)
     charts: dict[str, Any] = {
         m: _timeseries_payload(

@@ -136,12 +136,6 @@ def _policy_initial(policy: SpeculationPolicy) -> dict:
     }
 
 
-def _chart_data(endpoint: Endpoint, time_range: rollups.TimeRange, workload: str | None = None) -> dict:
-    return rollups.endpoint_charts(
-        endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name, workload=workload
-    )
-
-
 def _workload(request: HttpRequest) -> str | None:
     """The page's workload filter (?workload=KEY); absent or not a valid key: every workload."""
     value = request.GET.get("workload")
@@ -184,9 +178,11 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm
     for cursor in ("before", "after", "page"):
         query.pop(cursor, None)
     probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
-    charts = _chart_data(endpoint, time_range, workload)
-    since = time_range.since(timezone.now())
-    totals = rollups.endpoint_totals(endpoint_id=endpoint.pk, since=since)  # the figures beside the charts, one read
+    now = timezone.now()
+    since = time_range.since(now)
+    charts, totals = rollups.endpoint_page_data(  # the charts and the figures beside them, one read
+        endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name, now=now, workload=workload
+    )
     return {
         # what fleet/endpoint_detail.html needs (capabilities and probe history, with live probe progress)
         "endpoint": endpoint,
