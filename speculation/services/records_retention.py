@@ -2,8 +2,8 @@
 
 - Raw records older than settings.RECORD_RETENTION are deleted, and only from minutes already summed into the
   rollups (they are rolled up first), so no chart sum changes: the charts read rollups for whole minutes. They go in
-  statements of PRUNE_BATCH rows, the oldest first, each its own short transaction: a writer waits for one batch
-  at most, never for the whole prune.
+  statements of PRUNE_BATCH rows, the oldest first, each its own short transaction with a pause after it: a writer
+  waits for one batch at most, never for the whole prune.
 - Per-minute rollups older than settings.ROLLUP_RETENTION are merged into hourly ones (rollup_store.
   merge_into_hours); the dashboard's longest range (a week) is always inside the per-minute ones.
 """
@@ -24,6 +24,9 @@ from speculation.selectors import rollup_store
 logger = logging.getLogger(__name__)
 
 PRUNE_BATCH = 5000  # rows per DELETE: tens of milliseconds on SQLite, what a concurrent writer may wait
+# between batches the pruner waits as long as the batch took (at least this): a writer retrying on SQLite's busy
+# timeout sleeps up to 25 ms between tries after a batch's wait, so back-to-back batches could starve it
+MIN_PAUSE_S = 0.03
 
 
 @dataclass
@@ -47,10 +50,12 @@ def prune(*, now: datetime | None = None, batch: int = PRUNE_BATCH) -> Pruned:
             oldest = StageRecord.objects.filter(created_at__lt=cutoff).order_by("created_at").values("pk")[:batch]
             started = time.perf_counter()
             deleted, _ = StageRecord.objects.filter(pk__in=Subquery(oldest)).delete()
-            done.batch_seconds.append(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            done.batch_seconds.append(took)
             done.records += deleted
             if deleted < batch:
                 break
+            time.sleep(max(MIN_PAUSE_S, took))  # writers waiting on the lock get in (SQLite's busy wait is not fair)
     done.hourly_rollups = rollup_store.merge_into_hours(before=now - settings.ROLLUP_RETENTION)
     if done.records or done.hourly_rollups:
         logger.info("pruned %d stage records; %d hourly rollup rows merged", done.records, done.hourly_rollups)
