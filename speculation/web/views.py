@@ -330,7 +330,7 @@ def projection(request: HttpRequest, pk: int) -> HttpResponse:
 def draft_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         permissions.require_write(request.user, "register drafts")
-    form = DraftRegisterForm(request.POST or None, initial={"node_class": "cpu"})
+    form = DraftRegisterForm(request.POST or None, initial={"node_class": "cpu"}, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             draft = draft_service.register_draft(**form.cleaned_data, owner=request.user)
