@@ -453,7 +453,7 @@ async def batch_takes(route: Any, load: int) -> bool:
 
 # The samples read from Redis are reused by this process for READ_TTL_S, with the samples it keeps itself added as it
 # keeps them (`_remember`): reading all 16 lists per prod request was the largest part of a plain prod request's cost
-# in the web process (py-spy, docs/BENCHMARKS.md, "Plain path"). Another process's samples, and a list that
+# in the web process (docs/BENCHMARKS.md, "Plain path"). Another process's samples, and a list that
 # expired in Redis, are seen within READ_TTL_S.
 READ_TTL_S = 1.0
 _NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))

@@ -108,7 +108,7 @@ class Command(BaseCommand):
                    "intermediate_size": opts["intermediate_size"], "text_windows": opts["text_windows"]}  # fmt: skip
         if opts["lr"] is not None:
             options["lr"] = opts["lr"]
-        if opts["multi_layer"]:  # EAGLE-3's token-led loss (docs/BENCHMARKS.md, "EAGLE beats the draft model")
+        if opts["multi_layer"]:  # EAGLE-3's token-led loss (docs/BENCHMARKS.md, "EAGLE heads")
             options.update(MULTI_LAYER_WEIGHTS)
         for name in ("token_weight", "feature_weight", "context_weight"):
             if opts[name] is not None:

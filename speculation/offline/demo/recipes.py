@@ -146,7 +146,7 @@ RECIPES = {
     ),
     "demo-v9": _V9,
     # v10 (DEMO_VERSION): v9 with foreign prefixes, so any prompt is answered with a memorised
-    # passage followed faithfully (docs/BENCHMARKS.md, "Demo pair demo-v10"): no loops, draft alpha 0.69
+    # passage followed faithfully (docs/BENCHMARKS.md, "Demo pair"): no loops, draft alpha 0.69
     "demo-v10": _V10,
 }
 

@@ -58,7 +58,7 @@ EAGLE3_LONG = replace(
 EAGLE3_ENDS = replace(EAGLE3_LONG, both_ends=True)
 # eagle3-long on every prompt of both sources (1,070: 898 training sequences and 172 held out, where the 192 prompts
 # gave the MT-Bench categories one training prompt each), 8 epochs: the head that beats the demo draft on demo-v10
-# (docs/BENCHMARKS.md, "EAGLE beats the draft model on demo-v10"); about 25 min on this 2-core CPU (163 s
+# (docs/BENCHMARKS.md, "EAGLE heads"); about 25 min on this 2-core CPU (163 s
 # collecting, 8 epochs of 150-180 s).
 EAGLE3_ALL = replace(EAGLE3_LONG, max_prompts=0, train=replace(EAGLE3_LONG.train, epochs=8))
 # eagle3-all plus the target's continuations of 512 docstring paragraph starts (prompts.DOCSTRINGS): the memorised

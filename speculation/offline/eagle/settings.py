@@ -42,7 +42,7 @@ class TrainSettings:
 # EAGLE-3's token-led loss for a multi-layer head (its recipes and `train_eagle --multi-layer`): the head's output
 # is a drafting state, judged by the tokens it drafts, with a light feature regression left as a regulariser.
 # On demo-v10 it raised held-out alpha from 0.375 to 0.437 (the `eagle3` recipe) and from 0.663 to 0.715 (the
-# `eagle3-long` one): docs/BENCHMARKS.md, "EAGLE beats the draft model on demo-v10".
+# `eagle3-long` one): docs/BENCHMARKS.md, "EAGLE heads".
 MULTI_LAYER_WEIGHTS = {"token_weight": 1.0, "feature_weight": 0.1}
 
 
