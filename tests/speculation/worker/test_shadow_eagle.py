@@ -273,12 +273,20 @@ def test_a_sampled_request_replays_a_heads_chain_in_expectation(tree_policy, tar
     assert 1.0 < want.mean_accepted_len < K + 1  # the head's drafts pass sometimes, not always
 
 
+def _target_is_the_served_model(monkeypatch) -> None:
+    """The tiny target stands for the endpoint's served model (identity checks: test_target_identity.py)."""
+    from speculation.services import target_identity
+
+    monkeypatch.setattr(target_identity, "check", lambda **kwargs: target_identity.Identity(""))
+
+
 def test_candidate_replays_replay_an_eagle_head_as_the_policys_tree(tree_policy, target_dir, head_dir, monkeypatch):
     from speculation.models import CandidateMeasurement
     from speculation.worker import candidates
 
     # given: the candidates of a tree policy's request (the head is one: the worker holds its target)
     monkeypatch.setattr(candidates, "_costs", lambda *args: MEASURED)
+    _target_is_the_served_model(monkeypatch)
     tree_policy.endpoint.capabilities = {"tokenizer_fingerprint": "tiny"}
     tree_policy.endpoint.save(update_fields=["capabilities"])
     tree_policy.draft.tokenizer_fingerprint = "tiny"
@@ -305,6 +313,7 @@ def test_candidate_replays_of_a_sampled_request_replay_the_heads_tree(tree_polic
 
     # given: a sampled request of a tree policy whose head is a candidate (the worker holds its target)
     monkeypatch.setattr(candidates, "_costs", lambda *args: MEASURED)
+    _target_is_the_served_model(monkeypatch)
     tree_policy.endpoint.capabilities = {"tokenizer_fingerprint": "tiny"}
     tree_policy.endpoint.save(update_fields=["capabilities"])
     tree_policy.draft.tokenizer_fingerprint = "tiny"
