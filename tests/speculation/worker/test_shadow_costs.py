@@ -21,6 +21,7 @@ from django.utils import timezone
 from speculation.engine.projection import StepCosts
 from speculation.worker import costs as worker_costs
 from speculation.worker.shadow import measure_shadow
+from tests.support.models import serves
 
 PROMPT, OUTPUT = [1, 5, 9, 14, 20], [20, 31, 7, 7, 42, 100, 3, 250, 7, 9]
 BACKGROUND = "gpu.cpu.background"
@@ -502,6 +503,7 @@ def test_where_prod_drafts_the_policys_k_shadow_projects_that_k(shadow_policy, b
 def test_a_local_prod_request_carries_its_paths_stored_calibration_to_the_batch(shadow_policy, tiny_model_dir):
     from speculation.worker.generation import build
 
+    serves(shadow_policy.endpoint, tiny_model_dir)  # target_path reproduces the served model
     shadow_policy.target_path = str(tiny_model_dir)
     assert build(shadow_policy.endpoint, shadow_policy, "local").costs is None  # nothing stored yet
     _store(shadow_policy, path="remote")
