@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from speculation.engine import ModelArgs, Transformer, init_weights
@@ -66,6 +68,7 @@ def served_reference_of(model_dir, prompt_text: str | None = None, **kwargs) -> 
     from fleet.adapters import CANARY_TEXT
     from speculation.engine import load_causal_lm
 
+    model_dir = Path(model_dir)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = tokenizer.encode(prompt_text or CANARY_TEXT, add_special_tokens=True).ids
     return served_reference(load_causal_lm(model_dir), ids, **kwargs)
