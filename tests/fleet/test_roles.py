@@ -12,39 +12,20 @@ from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.test import Client
 from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from fleet import services
 from fleet.models import Endpoint
-from fleet.permissions import ADMIN, OPERATOR, VIEWER, grant_role, role_of
+from fleet.permissions import ADMIN, OPERATOR, VIEWER, role_of
 from speculation.models import PolicyChange, SpeculationPolicy
+from tests.support.users import api_as, browser_as, make_user
 
 pytestmark = pytest.mark.django_db
 
 ENDPOINTS = "/api/v1/endpoints/"
 
 
-def _user(name: str, role: str | None, *, teams: tuple[str, ...] = ()):
-    user = get_user_model().objects.create_user(username=name, password="pw-for-tests-only")
-    if role is not None:
-        grant_role(user=user, role=role)
-    for team in teams:
-        user.groups.add(Group.objects.get_or_create(name=team)[0])
-    return user
-
-
-def _api(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return client
-
-
-def _browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+_user, _api, _browser = make_user, api_as, browser_as
 
 
 def _endpoint(owner, name: str = "llama", **kwargs) -> Endpoint:
