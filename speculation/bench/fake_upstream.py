@@ -30,18 +30,24 @@ def _reply(body: bytes, status: str = "200 OK") -> bytes:
     return head.encode() + body
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
+    """One HTTP/1.1 request off a kept-alive connection: (method, path, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    request_line, *lines = head.decode("latin1").split("\r\n")
+    length = 0
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    body = await reader.readexactly(length) if length else b""
+    method, path = request_line.split(" ")[:2]
+    return method, path, body
+
+
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *lines = head.decode("latin1").split("\r\n")
-            length = 0
-            for line in lines:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            body = await reader.readexactly(length) if length else b""
-            method, path = request_line.split(" ")[:2]
+            method, path, body = await read_request(reader)
             if method == "GET" and path == "/v1/models":
                 writer.write(_reply(MODELS))
             elif method == "POST" and path == "/v1/completions" and b'"stream":true' in body.replace(b" ", b""):

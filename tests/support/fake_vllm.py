@@ -14,6 +14,8 @@ import asyncio
 import json
 import sys
 
+from speculation.bench.fake_upstream import read_request
+
 MODEL = "fake-vllm"
 
 
@@ -25,15 +27,7 @@ class Server:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                request_line, *lines = head.decode("latin1").split("\r\n")
-                length = 0
-                for line in lines:
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value.strip())
-                body = await reader.readexactly(length) if length else b""
-                method, path = request_line.split(" ")[:2]
+                method, path, body = await read_request(reader)
                 if method == "GET" and path == "/v1/models":
                     models = {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 1024}]}
                     writer.write(_reply(json.dumps(models).encode()))

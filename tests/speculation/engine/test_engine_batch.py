@@ -300,7 +300,7 @@ def test_unseeded_sampled_slots_draft_the_k_chosen_for_sampled_acceptance(target
 
 def test_sampled_slots_follow_the_targets_processed_distribution(monkeypatch, make_tiny_model):
     # given a 4-token vocabulary: the 64 three-token continuations are enumerated exactly; 400 seeded requests
-    # run 8 at a time, each batched with neighbours of other seeds
+    # served 8 at a time, each batched with neighbours of other seeds
     target_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=3, std=0.6)
     draft_model = make_tiny_model(vocab=4, dim=16, layers=1, seed=4, std=0.9)
     params = SamplingParams(temperature=0.7, top_p=0.9)
