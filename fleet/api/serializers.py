@@ -12,6 +12,17 @@ from fleet.models import Endpoint, Probe, ServerKind
 from fleet.permissions import ROLES
 
 
+def team_field(help_text: str) -> serializers.SlugRelatedField:
+    """An owned object's team by name: a Django group that is not a role group; null for none."""
+    return serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Group.objects.exclude(name__in=ROLES),
+        required=False,
+        allow_null=True,
+        help_text=help_text,
+    )
+
+
 class ProbeSerializer(serializers.ModelSerializer):
     endpoint_name = serializers.CharField(source="endpoint.name", read_only=True)
 
@@ -90,10 +101,4 @@ class EndpointInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     clear_api_key = serializers.BooleanField(
         required=False, default=False, write_only=True, help_text="Remove the stored API key (updates only)."
     )
-    team = serializers.SlugRelatedField(
-        slug_field="name",
-        queryset=Group.objects.exclude(name__in=ROLES),
-        required=False,
-        allow_null=True,
-        help_text="A team (Django group) whose members may operate the endpoint too; null for none.",
-    )
+    team = team_field("A team (Django group) whose members may operate the endpoint too; null for none.")

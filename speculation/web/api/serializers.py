@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import Group
 from rest_framework import serializers
 
 from ace.api import RejectUnknownFieldsMixin
-from fleet.permissions import ROLES
+from fleet.api.serializers import team_field
 from speculation.models import REGISTRABLE_KINDS, DraftModel, PolicyChange, SpeculationPolicy, StageRecord
 
 
@@ -84,13 +83,7 @@ class PolicyChangeSerializer(serializers.ModelSerializer):
 class DraftSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=REGISTRABLE_KINDS)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
-    team = serializers.SlugRelatedField(
-        slug_field="name",
-        queryset=Group.objects.exclude(name__in=ROLES),
-        required=False,
-        allow_null=True,
-        help_text="A team (Django group) whose members may see and use the draft too; null for none.",
-    )
+    team = team_field("A team (Django group) whose members may see and use the draft too; null for none.")
 
     class Meta:
         model = DraftModel

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
@@ -10,7 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ace.api import RejectUnknownFieldsMixin
-from fleet.permissions import ROLES, check_team
+from fleet.api.serializers import team_field
+from fleet.permissions import check_team
 from speculation.models import TrainingRun
 from speculation.selectors.drafts import visible_runs
 from speculation.services.eagle_training import start_training_run
@@ -22,13 +22,7 @@ class TrainingRunSerializer(RejectUnknownFieldsMixin, serializers.ModelSerialize
     draft = serializers.SlugRelatedField(slug_field="name", read_only=True)
     progress = serializers.FloatField(read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
-    team = serializers.SlugRelatedField(
-        slug_field="name",
-        queryset=Group.objects.exclude(name__in=ROLES),
-        required=False,
-        allow_null=True,
-        help_text="A team (Django group) whose members may see the run and its head too; null for none.",
-    )
+    team = team_field("A team (Django group) whose members may see the run and its head too; null for none.")
 
     class Meta:
         model = TrainingRun
