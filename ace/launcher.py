@@ -2,7 +2,7 @@
 
 Order: the demo model pair, Redis, migrations, the admin account (its credentials printed), the demo endpoint
 (name "demo") registered as a managed endpoint of node class cpu with its candidates (the demo drafts and the
-demo target's EAGLE head, trained in the background on the first run: ace.demo_drafts), a Celery worker (queues
+demo target's shipped EAGLE head; see ace.demo_drafts), a Celery worker (queues
 control and gpu.cpu: its managed-server supervisor starts the real vLLM serving the demo target, probes it and
 routes the endpoint to it, and switches that server when the mode changes), beat, and the web server (uvicorn,
 ASGI) on http://127.0.0.1:8000; then it says when the demo endpoint serves. Ctrl-C stops it all (the worker stops its
