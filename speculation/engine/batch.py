@@ -42,7 +42,6 @@ from torch.nn.utils.rnn import pad_sequence
 from speculation.engine.batch_model import BatchedModel
 from speculation.engine.decode import (
     GenerationConfig,
-    _suppress_before_min_tokens,
     check_request,
     step_lookahead,
     truncate_at_stop,
@@ -51,7 +50,7 @@ from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.model import Transformer
 from speculation.engine.prefix_cache import PrefixCache
 from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer
-from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
+from speculation.engine.sampling import SamplingParams, probs_from_logits, sample, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
 from speculation.engine.verify import verify_greedy, verify_sampled
 
@@ -372,7 +371,7 @@ class BatchDecoder:
         for b, slot in enumerate(slots):
             drafts = proposals.drafts[b]
             rows = logits[b, : drafts.shape[0] + 1]  # [k_b + 1, V]
-            rows = _suppress_before_min_tokens(rows, slot.produced, slot.config.min_tokens, slot.suppress)
+            rows = suppress_before_min_tokens(rows, slot.produced, slot.config.min_tokens, slot.suppress)
             if slot.params.greedy:
                 num_accepted, tokens = verify_greedy(drafts, rows)
             else:

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speculation.engine.errors import SpecDecodeError
-from speculation.engine.sampling import SamplingParams, probs_from_logits
-from speculation.limits import TREE_DEPTH_MAX, TREE_NODES_MAX, TREE_TOP_K_MAX
+from speculation.engine.sampling import SamplingParams, probs_from_logits, suppress_before_min_tokens
+from speculation.limits import TREE_DEPTH_MAX, TREE_NODES_MAX, TREE_TOP_K_MAX, tree_expansion
 
 if TYPE_CHECKING:
     from speculation.engine.eagle import EagleDrafter
@@ -82,7 +82,7 @@ class TreeShape:
     @property
     def candidates(self) -> int:
         """Nodes the expansion scores before keeping the best ``nodes``."""
-        return self.top_k + (self.depth - 1) * self.top_k**2
+        return tree_expansion(self.top_k, self.depth)
 
 
 @dataclass
@@ -281,7 +281,7 @@ def verify_tree_step(
     mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=device), tree.ancestors.to(device)], dim=1)
     with torch.inference_mode():
         out = model(tokens, start, return_hidden=return_hidden, positions=start + tree.row_depths.to(device), mask=mask)
-    logits = _suppress_before_min_tokens(out.logits, tree.row_depths.to(device), produced, min_tokens, suppress)
+    logits = suppress_before_min_tokens(out.logits, produced, min_tokens, suppress, tree.row_depths.to(device))
     if params.greedy:
         num_accepted, rows, emitted = verify_tree_greedy(tree, logits)
     else:
@@ -294,14 +294,3 @@ def verify_tree_step(
     target.length = start + accepted + 1
     hidden = out.hidden[torch.tensor(path, device=device)] if out.hidden is not None else None
     return TreeStep(num_accepted=accepted, tokens=step[n + 1 : n + accepted + 2], hidden=hidden)
-
-
-def _suppress_before_min_tokens(
-    logits: Tensor, row_depths: Tensor, produced: int, min_tokens: int, ids: Tensor | None
-) -> Tensor:
-    if ids is None or not ids.numel() or min_tokens <= produced:
-        return logits
-    logits = logits.clone()  # the target's logits may be inference tensors
-    rows = (row_depths < min_tokens - produced).nonzero().squeeze(-1)
-    logits[rows[:, None], ids[None, :]] = float("-inf")
-    return logits

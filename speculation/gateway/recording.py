@@ -5,6 +5,7 @@ from __future__ import annotations
 from speculation.gateway import goodput
 from speculation.gateway.background import spawn
 from speculation.gateway.call import Call
+from speculation.gateway.sse import TokenCount
 from speculation.models import Action
 from speculation.services.records import keep_record
 
@@ -18,14 +19,14 @@ def output_tokens_of(payload: dict) -> int | None:
 
 class PlainRecorder:
     """Observer of a request prod sends plain: the answer is relayed untouched and its tokens counted as an off
-    request's are (goodput.TokenCount: no JSON parsed per event)."""
+    request's are (sse.TokenCount: no JSON parsed per event)."""
 
     def __init__(self, call: Call, *, action: str, reason: str, extra: dict | None = None) -> None:
         self.call = call
         self.action = action
         self.reason = reason
         self.extra = extra or {}
-        self.count = goodput.TokenCount(call.kind)
+        self.count = TokenCount(call.kind)
 
     def on_body(self, status: int, body: bytes) -> bytes:
         self.count.body(body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ace import json_body
@@ -49,3 +50,37 @@ def payload_of(raw_event: bytes) -> dict[str, Any] | None:
                 return None
             return value if isinstance(value, dict) else None
     return None
+
+
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_EVENT = b"data: {"
+
+
+class TokenCount:
+    """The output tokens of an answer relayed as the server sent it, found with one regular expression per body or
+    chunk and no JSON parsed (the off path stays a relay; a plain prod request pays no more): the usage the server
+    reports, else (a stream without usage) the number of events, less a chat stream's first, which carries the role
+    only."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.usage: int | None = None
+        self.events = 0
+
+    def body(self, body: bytes) -> None:
+        found = _USAGE.search(body)
+        if found:
+            self.usage = int(found.group(1))
+
+    def chunk(self, chunk: bytes) -> None:
+        self.events += chunk.count(_EVENT)
+        if b'"completion_tokens"' in chunk:
+            found = _USAGE.search(chunk)
+            if found:
+                self.usage = int(found.group(1))
+
+    def tokens(self) -> int:
+        if self.usage is not None:
+            return self.usage
+        role_event = 1 if self.kind == "chat" else 0
+        return max(0, self.events - role_event)

@@ -17,7 +17,11 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from speculation.gateway import goodput
-from speculation.gateway.goodput import (
+from speculation.gateway.goodput import choose
+from speculation.gateway.guard import costs, rules, topology
+from speculation.gateway.guard import load as guard_load
+from speculation.gateway.guard import samples as store
+from speculation.gateway.guard.rules import (
     EARLY_SAMPLES,
     FEW_SAMPLES,
     GREEDY,
@@ -27,7 +31,6 @@ from speculation.gateway.goodput import (
     SAMPLED,
     SPEC,
     bucket_of,
-    choose,
     traffic_of,
 )
 
@@ -103,7 +106,7 @@ def test_the_first_few_speculated_requests_all_slower_than_plains_median_are_eno
     within = measured(greedy__5_16__spec=[9.0, 11.0], greedy__5_16__plain=[*FAST, 10.0])
     one = measured(greedy__5_16__spec=[1.0] * (FEW_SAMPLES - 1), greedy__5_16__plain=FAST)
 
-    def decide(samples) -> goodput.Decision:
+    def decide(samples) -> rules.Decision:
         return choose(samples, traffic=GREEDY, bucket="5-16", turn=0)
 
     assert decide(early).plain and "slower than plain" in decide(early).reason
@@ -170,12 +173,12 @@ def test_goodput_weighs_each_request_by_the_seconds_it_ran_so_short_fast_ones_do
     spec = [(107.0, 0.6)] * 9 + [(8.6, 7.4)] * 7
     plain = [(32.0, 2.0)] * MIN_SAMPLES
 
-    assert round(goodput.goodput(spec), 1) == 17.9 and goodput.goodput(plain) == 32.0
-    assert round(goodput.goodput(spec, trim=1), 1) == 19.3  # without one neighbour: still slower
-    assert goodput.verdict(spec, plain) == "slower"
-    assert goodput.verdict([(107.0, 0.6)] * 9, plain) == "faster"  # the learners alone
-    assert goodput.goodput([10.0, 30.0]) == 20.0  # a bare tok/s (kept before the seconds were) weighs 1 s
-    assert goodput._parse(b"12.5:0.400") == (12.5, 0.4) and goodput._parse(b"12.5") == 12.5
+    assert round(rules.goodput(spec), 1) == 17.9 and rules.goodput(plain) == 32.0
+    assert round(rules.goodput(spec, trim=1), 1) == 19.3  # without one neighbour: still slower
+    assert rules.verdict(spec, plain) == "slower"
+    assert rules.verdict([(107.0, 0.6)] * 9, plain) == "faster"  # the learners alone
+    assert rules.goodput([10.0, 30.0]) == 20.0  # a bare tok/s (kept before the seconds were) weighs 1 s
+    assert store.parse(b"12.5:0.400") == (12.5, 0.4) and store.parse(b"12.5") == 12.5
 
 
 def test_one_long_request_such_as_the_workers_cold_start_does_not_decide_alone():
@@ -185,16 +188,16 @@ def test_one_long_request_such_as_the_workers_cold_start_does_not_decide_alone()
     spec = [(18.3, 3.5)] + [(150.0, 0.43)] * 7
     plain = [(75.0, 0.85)] * MIN_SAMPLES
 
-    assert goodput.TRIM == 1
-    assert goodput.goodput(spec) < 1.3 * goodput.goodput(plain)  # the cold start weighs 3.5 s of 6.5
-    assert goodput.goodput(spec, trim=1) == 150.0
-    assert goodput.verdict(spec, plain) == "faster"
+    assert rules.TRIM == 1
+    assert rules.goodput(spec) < 1.3 * rules.goodput(plain)  # the cold start weighs 3.5 s of 6.5
+    assert rules.goodput(spec, trim=1) == 150.0
+    assert rules.verdict(spec, plain) == "faster"
 
 
 def test_above_one_request_in_flight_faster_needs_the_crowded_margin_over_plains_goodput():
     plain = [(40.0, 2.0)] * MIN_SAMPLES
-    a_little = [(40.0 * (1 + goodput.CROWDED_MARGIN) / 2, 2.0)] * MIN_SAMPLES  # between plain and the margin
-    clearly = [(40.0 * goodput.CROWDED_MARGIN + 1, 2.0)] * MIN_SAMPLES
+    a_little = [(40.0 * (1 + rules.CROWDED_MARGIN) / 2, 2.0)] * MIN_SAMPLES  # between plain and the margin
+    clearly = [(40.0 * rules.CROWDED_MARGIN + 1, 2.0)] * MIN_SAMPLES
     samples = measured(greedy__1__plain=plain, greedy__1__spec=a_little, greedy__5_16__plain=plain)
     samples |= measured(greedy__5_16__spec=a_little, greedy__17__plain=plain, greedy__17__spec=clearly)
 
@@ -202,34 +205,34 @@ def test_above_one_request_in_flight_faster_needs_the_crowded_margin_over_plains
     crowded = choose(samples, traffic=GREEDY, bucket="5-16", turn=0)
     higher = choose(samples, traffic=GREEDY, bucket="17+", turn=0)
 
-    assert goodput.CROWDED_MARGIN > 1.0
+    assert rules.CROWDED_MARGIN > 1.0
     assert not alone.plain  # at one request in flight any gain counts
-    assert crowded.plain and f"less than {goodput.CROWDED_MARGIN}x plain's goodput" in crowded.reason
+    assert crowded.plain and f"less than {rules.CROWDED_MARGIN}x plain's goodput" in crowded.reason
     assert not higher.plain  # its own verdict, clear of the margin
 
 
 def test_a_slower_verdict_above_one_request_in_flight_holds_while_plains_newer_samples_drift(monkeypatch):
     clock = [5000.0]
-    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
-    goodput._held.clear()
+    monkeypatch.setattr(guard_load, "_now", lambda: clock[0])
+    guard_load._held.clear()
     spec = [(12.3, 3.0)] * MIN_SAMPLES
     before = measured(greedy__5_16__plain=[(19.0, 2.0)] * MIN_SAMPLES, greedy__1__plain=[(19.0, 2.0)] * MIN_SAMPLES)
     before |= measured(greedy__5_16__spec=spec, greedy__1__spec=spec)
     drifted = before | measured(greedy__5_16__plain=[(9.0, 4.0)] * MIN_SAMPLES, greedy__1__plain=[(9.0, 4.0)] * 8)
 
     try:
-        assert not goodput.hold_slower(1, before, traffic=GREEDY, bucket="5-16")  # reached now: remembered
+        assert not guard_load.hold_slower(1, before, traffic=GREEDY, bucket="5-16")  # reached now: remembered
         clock[0] += 60.0
-        held = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
-        at_one = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="1")
+        held = guard_load.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
+        at_one = guard_load.hold_slower(1, drifted, traffic=GREEDY, bucket="1")
         decided = choose(drifted, traffic=GREEDY, bucket="5-16", turn=0, held=held)
-        clock[0] += goodput.SPEC_TTL_S
-        expired = goodput.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
-        gone = goodput.hold_slower(1, before | {(GREEDY, "5-16", SPEC): []}, traffic=GREEDY, bucket="5-16")
+        clock[0] += rules.SPEC_TTL_S
+        expired = guard_load.hold_slower(1, drifted, traffic=GREEDY, bucket="5-16")
+        gone = guard_load.hold_slower(1, before | {(GREEDY, "5-16", SPEC): []}, traffic=GREEDY, bucket="5-16")
     finally:
-        goodput._held.clear()
+        guard_load._held.clear()
 
-    assert goodput.verdict(spec, drifted[(GREEDY, "5-16", PLAIN)], bucket="5-16") == "faster"  # the drift alone
+    assert rules.verdict(spec, drifted[(GREEDY, "5-16", PLAIN)], bucket="5-16") == "faster"  # the drift alone
     assert held and decided.plain and "measured slower" in decided.reason
     assert not at_one  # at one request in flight the verdict follows the samples
     assert not expired and not gone
@@ -297,7 +300,7 @@ def test_where_the_workers_batch_takes_the_whole_load_every_request_learns_and_s
     assert not_enough.plain  # below BATCHED_MARGIN: the drift between the two sides' moments could make it up
     assert crowded.plain  # one learner among plain neighbours needs CROWDED_MARGIN, and then speculates one at a time
     assert slower.plain and "measured slower" in slower.reason
-    assert goodput.BATCHED_MARGIN < goodput.CROWDED_MARGIN
+    assert rules.BATCHED_MARGIN < rules.CROWDED_MARGIN
 
 
 def test_the_batch_takes_a_load_within_the_slots_its_live_workers_declare_on_the_local_path(guard_on):
@@ -311,14 +314,14 @@ def test_the_batch_takes_a_load_within_the_slots_its_live_workers_declare_on_the
     r.zadd(workers_key("batching"), {"celery@gone|16": time.time() - 1})  # stopped declaring
 
     def takes(load: int, **route) -> bool:
-        goodput._workers.clear()
-        return asyncio.run(goodput.batch_takes(_call(1, "x", node_class="batching", **route).route, load))
+        topology._workers.clear()
+        return asyncio.run(topology.batch_takes(_call(1, "x", node_class="batching", **route).route, load))
 
     assert takes(8, path="local") and takes(12, path="local", mechanism="ngram")
     assert not takes(13, path="local")  # 12 slots live
     assert not takes(8, path="remote") and not takes(8, path="local", mechanism="eagle_head")  # single-stream paths
     assert not takes(1, path="local")  # one request in flight is the old regime (it has no neighbours)
-    assert not asyncio.run(goodput.batch_takes(_call(1, "x", node_class="nobody", path="local").route, 2))
+    assert not asyncio.run(topology.batch_takes(_call(1, "x", node_class="nobody", path="local").route, 2))
 
 
 def test_at_8_streams_on_a_batching_worker_the_load_is_learned_all_together_unless_it_shares_the_machine(guard_on):
@@ -333,11 +336,11 @@ def test_at_8_streams_on_a_batching_worker_the_load_is_learned_all_together_unle
     r.zadd(workers_key("batch-gpu"), {"celery@gpu-7.example.com|8": time.time() + 30})
     r.zadd(workers_key("batch-here"), {f"celery@{here}|8": time.time() + 30})
 
-    def streams(n: int, node_class: str, base_url: str) -> list[goodput.Decision]:
-        for state in (goodput._in_flight, goodput._load, goodput._shared, goodput._workers, goodput._turns):
+    def streams(n: int, node_class: str, base_url: str) -> list[rules.Decision]:
+        for state in (guard_load._in_flight, guard_load._load, topology._shared, topology._workers, guard_load._turns):
             state.clear()
 
-        async def run() -> list[goodput.Decision]:
+        async def run() -> list[rules.Decision]:
             await _keep_at(9030, n, PLAIN, 40.0, n=MIN_SAMPLES)
             calls = [_call(9030, f"s{n}-{i}", base_url=base_url, node_class=node_class, path="local") for i in range(n)]
             for call in calls:
@@ -357,7 +360,7 @@ def test_at_8_streams_on_a_batching_worker_the_load_is_learned_all_together_unle
 def test_a_server_on_this_machine_is_one_at_a_loopback_address_or_this_hosts_name():
     import socket
 
-    from speculation.gateway.goodput import server_on_this_machine, worker_machines
+    from speculation.gateway.guard.topology import server_on_this_machine, worker_machines
 
     assert all(
         server_on_this_machine(url)
@@ -387,10 +390,10 @@ def test_the_guard_finds_a_worker_on_the_servers_machine_from_the_workers_declar
     r.zadd(workers_key("expired"), {f"celery@{here}|4": time.time() - 1})  # a worker that stopped declaring
 
     def shares(node_class: str, base_url: str = "http://127.0.0.1:8000") -> bool:
-        goodput._shared.clear()
-        return asyncio.run(goodput.shares_machine(_call(1, "x", base_url=base_url, node_class=node_class).route))
+        topology._shared.clear()
+        return asyncio.run(topology.shares_machine(_call(1, "x", base_url=base_url, node_class=node_class).route))
 
-    async def at_8_streams() -> goodput.Decision:
+    async def at_8_streams() -> rules.Decision:
         await _keep_at(9020, 8, PLAIN, 40.0, n=MIN_SAMPLES)
         for i in range(7):
             goodput.begin(_call(9020, f"n{i}", base_url="http://127.0.0.1:8000", node_class="shared-here"))
@@ -399,7 +402,7 @@ def test_the_guard_finds_a_worker_on_the_servers_machine_from_the_workers_declar
     assert shares("shared-here")
     assert not shares("shared-here", base_url="http://10.255.0.1:8000")  # the server is on another machine
     assert not shares("elsewhere") and not shares("expired") and not shares("nobody")
-    goodput._shared.clear()
+    topology._shared.clear()
     decision = asyncio.run(at_8_streams())
     assert decision.plain and not decision.probe and "shares the server's machine" in decision.reason
     settings.GOODPUT_SHARED_LEARN = True
@@ -433,11 +436,11 @@ def _call(
 def guard_on(settings, redis_server):
     settings.GOODPUT_GUARD = True
     settings.REDIS_URL = redis_server.url
-    states = (goodput._in_flight, goodput._turns, goodput._load, goodput._held, goodput._shared, goodput._workers)
-    for state in (*states, goodput._read_cache):
+    states = (guard_load._in_flight, guard_load._turns, guard_load._load, guard_load._held, topology._shared)
+    for state in (*states, topology._workers, store._read_cache, costs._models):
         state.clear()
     yield
-    for state in (*states, goodput._read_cache):
+    for state in (*states, topology._workers, store._read_cache, costs._models):
         state.clear()
 
 
@@ -477,7 +480,7 @@ def test_samples_kept_per_bucket_and_traffic_turn_the_guard_on_there_only(guard_
 
 def test_a_sample_is_kept_at_the_mean_load_it_ran_under(guard_on, monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+    monkeypatch.setattr(guard_load, "_now", lambda: clock[0])
 
     async def run():
         # given: a request starts alone (decided at load 1), then 7 more join it at once and all run for 9 s
@@ -499,12 +502,12 @@ def test_a_sample_is_kept_at_the_mean_load_it_ran_under(guard_on, monkeypatch):
     assert decided_at == "1"
     assert _samples(9003, GREEDY, "1", PLAIN) == []
     assert len(_samples(9003, GREEDY, "5-16", PLAIN)) == 8
-    assert goodput._in_flight[9003] == {}
+    assert guard_load._in_flight[9003] == {}
 
 
 def test_a_request_is_decided_at_the_peak_load_of_the_last_seconds(guard_on, monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+    monkeypatch.setattr(guard_load, "_now", lambda: clock[0])
     burst = [_call(9004, f"b{i}") for i in range(8)]
     for call in burst:
         goodput.begin(call)
@@ -523,17 +526,17 @@ def test_a_request_is_decided_at_the_peak_load_of_the_last_seconds(guard_on, mon
     assert soon.load_bucket == "5-16" and later.load_bucket == "1"
 
 
-async def _decide_at(endpoint_id: int, load: int, name: str, *, temperature: float = 0.0) -> goodput.Decision:
+async def _decide_at(endpoint_id: int, load: int, name: str, *, temperature: float = 0.0) -> rules.Decision:
     """Decide a request that arrives with load - 1 others of the endpoint in flight (they stay in flight)."""
-    for i in range(load - 1 - len(goodput._in_flight[endpoint_id])):
+    for i in range(load - 1 - len(guard_load._in_flight[endpoint_id])):
         goodput.begin(_call(endpoint_id, f"{name}-other{i}"))
     return await goodput.decide(_call(endpoint_id, name, temperature=temperature))
 
 
 def _quiet(endpoint_id: int) -> None:
     """The endpoint's requests all ended long ago (no peak load remembered)."""
-    goodput._in_flight[endpoint_id].clear()
-    goodput._load.pop(endpoint_id, None)
+    guard_load._in_flight[endpoint_id].clear()
+    guard_load._load.pop(endpoint_id, None)
 
 
 def _redis():
@@ -591,7 +594,7 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
         ttl_after_a_later_sample = r.ttl(_spec_key(9011, "5-16"))
         # when: the 8-stream verdict expires first (it was measured first)
         r.delete(_spec_key(9011, "5-16"))
-        goodput.forget_samples()  # a process sees an expired list within READ_TTL_S: here at once
+        store.forget()  # a process sees an expired list within READ_TTL_S: here at once
         at_32 = await _decide_at(9011, 32, "high")
         _quiet(9011)
         at_8 = await _decide_at(9011, 8, "low")
@@ -599,16 +602,16 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
         _quiet(9011)
         await _keep_at(9011, 8, SPEC, 10.0, n=FEW_SAMPLES)
         r.delete(_spec_key(9011, "17+"))
-        goodput.forget_samples()
+        store.forget()
         again_32 = [await _decide_at(9011, 32, f"again{i}") for i in range(20)]
         return ttl_after_a_later_sample, at_32, at_8, again_32
 
     ttl, at_32, at_8, again_32 = asyncio.run(run())
 
     assert 0 < ttl <= 100
-    assert 0 < r.ttl(_spec_key(9011, "5-16")) <= goodput.SPEC_TTL_S
+    assert 0 < r.ttl(_spec_key(9011, "5-16")) <= rules.SPEC_TTL_S
     plain_key = goodput.KEY.format(endpoint_id=9011, traffic=GREEDY, bucket="5-16", kind=PLAIN)
-    assert goodput.SPEC_TTL_S < r.ttl(plain_key) <= goodput.EXPIRE_S  # plain samples live on
+    assert rules.SPEC_TTL_S < r.ttl(plain_key) <= store.EXPIRE_S  # plain samples live on
     # 32 streams keeps its own verdict while 8 streams, without one, is learned again
     assert at_32.plain and "measured slower than plain at this load" in at_32.reason
     assert not at_8.plain and at_8.probe and at_8.reason == "goodput guard: learning load 5-16"
@@ -620,7 +623,7 @@ def test_speculative_samples_expire_from_their_first_one_and_the_low_load_is_lea
 def test_the_samples_are_read_from_redis_once_per_read_ttl_and_this_processs_own_are_seen_at_once(
     guard_on, monkeypatch
 ):
-    monkeypatch.setattr(goodput, "READ_TTL_S", 0.3)
+    monkeypatch.setattr(store, "READ_TTL_S", 0.3)
 
     def lranges() -> int:
         return int(_redis().info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
@@ -655,7 +658,7 @@ def test_the_samples_are_read_from_redis_once_per_read_ttl_and_this_processs_own
     assert before_ttl.plain and "10.0 vs 50.0" in before_ttl.reason
     assert not after_ttl.plain and "measured faster" in after_ttl.reason
     # and: the 16 lists were read twice in all (once per READ_TTL_S) for the four decisions
-    assert lranges() - read_before == 2 * len(goodput._NAMES)
+    assert lranges() - read_before == 2 * len(store.NAMES)
 
 
 def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
@@ -672,7 +675,7 @@ def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
         await goodput.observe(learner, kind=SPEC, tokens=10, latency_ms=500.0)
         after = await goodput.decide(_call(9012, "after"))
         # and: the requests that ran beside the learner end too (no sample kept), then another arrives
-        for request_id, flight in list(goodput._in_flight[9012].items()):
+        for request_id, flight in list(guard_load._in_flight[9012].items()):
             if flight.beside:
                 goodput.end(_call(9012, request_id))
         drained = await goodput.decide(_call(9012, "drained"))
@@ -692,7 +695,7 @@ def test_plain_requests_served_beside_a_speculating_one_are_speculations_samples
     """On a machine the worker shares with the server a speculating request slows its plain neighbours: their tok/s
     is part of what speculating at that load gives, so it is kept with speculation's samples, not plain's."""
     clock = [1000.0]
-    monkeypatch.setattr(goodput, "_now", lambda: clock[0])
+    monkeypatch.setattr(guard_load, "_now", lambda: clock[0])
 
     async def run():
         # given: plain measured at 5-16 streams (off traffic, nothing speculating), nothing speculated yet
@@ -734,14 +737,14 @@ def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_
     asyncio.run(_keep_at(9013, 1, PLAIN, 50.0, n=MIN_SAMPLES))
     asyncio.run(_keep_at(9013, 8, SPEC, 10.0, n=EARLY_SAMPLES))
     asyncio.run(_keep_at(9013, 8, PLAIN, 50.0, n=MIN_SAMPLES))
-    read = goodput._read
+    read = store.read
 
     async def burst_arrives_during_the_read(endpoint_id: int):
         for i in range(7):  # the rest of a burst of 8 begins while the first request awaits Redis
             goodput.begin(_call(endpoint_id, f"burst{i}"))
         return await read(endpoint_id)
 
-    monkeypatch.setattr(goodput, "_read", burst_arrives_during_the_read)
+    monkeypatch.setattr(store, "read", burst_arrives_during_the_read)
     first = _call(9013, "first")
     decision = asyncio.run(goodput.decide(first))
 
@@ -775,7 +778,7 @@ def test_a_request_decided_alone_is_decided_again_when_a_burst_arrives_before_it
     assert not decided.plain
     assert again.plain and first.load_bucket == "5-16"
     assert "slower than plain at this load" in again.reason and "the load rose to 5-16" in again.reason
-    assert goodput._in_flight[9014]["first"].probe is None  # not counted as a learner
+    assert guard_load._in_flight[9014]["first"].probe is None  # not counted as a learner
 
 
 def test_the_guard_off_always_speculates(settings, redis_server):
@@ -844,7 +847,7 @@ def _samples(endpoint_id: int, traffic: str, bucket: str, kind: str) -> list[flo
 
     key = goodput.KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
     kept = redis.Redis.from_url(settings.REDIS_URL).lrange(key, 0, -1)
-    return [goodput._tok_s(goodput._parse(v)) for v in kept]
+    return [rules.tok_s(store.parse(v)) for v in kept]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -861,7 +864,7 @@ def test_off_and_shadow_requests_are_plain_samples_of_their_traffic_kind(gateway
     assert len(plain_greedy) == 3 and all(v > 0 for v in plain_greedy)
     assert len(_samples(gateway.endpoint.pk, SAMPLED, "1", PLAIN)) == 1
     assert _samples(gateway.endpoint.pk, GREEDY, "1", SPEC) == []
-    assert goodput._in_flight[gateway.endpoint.pk] == {}  # every request counted out of flight
+    assert guard_load._in_flight[gateway.endpoint.pk] == {}  # every request counted out of flight
 
 
 @pytest.mark.django_db(transaction=True)
@@ -872,7 +875,7 @@ def test_a_request_the_guard_sends_plain_is_skipped_with_the_reason_and_answered
     # given: off traffic gave plain samples, and speculation measured slower at this load
     off_answers = [_post(gateway.token, body) for _ in range(MIN_SAMPLES)]
     asyncio.run(_keep(gateway.endpoint.pk, SPEC, 0.5, n=MIN_SAMPLES))
-    goodput._in_flight.clear()
+    guard_load._in_flight.clear()
     gateway.set_mode("prod")
     # when
     answer = _post(gateway.token, body)

@@ -1,0 +1,73 @@
+"""The goodput samples in Redis: per endpoint, traffic kind, load bucket and side (SPEC / PLAIN), the newest WINDOW
+finished requests as "tok/s:seconds", shared by the web processes.
+
+Speculative lists expire SPEC_TTL_S after their first sample (a changed draft or machine is learned again), plain
+ones EXPIRE_S after their newest. A process reuses what it read for READ_TTL_S, with the samples it keeps itself
+added as it keeps them: reading every list per prod request would be most of a plain prod request's cost.
+"""
+
+from __future__ import annotations
+
+import time
+
+from speculation.gateway.channel import client
+from speculation.gateway.guard.rules import BUCKET_NAMES, PLAIN, SPEC, SPEC_TTL_S, TRAFFIC, WINDOW, Sample
+
+KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
+EXPIRE_S = 3600  # plain samples: refreshed with every sample
+READ_TTL_S = 1.0
+NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))
+Name = tuple[str, str, str]  # (traffic, bucket, SPEC | PLAIN)
+
+_read_cache: dict[int, tuple[float, dict[Name, list[Sample]]]] = {}
+
+
+async def read(endpoint_id: int) -> dict[Name, list[Sample]]:
+    """The endpoint's kept samples, newest first, per (traffic, bucket, kind); from this process's copy when it was
+    read within READ_TTL_S."""
+    now = time.monotonic()
+    found = _read_cache.get(endpoint_id)
+    if found is not None and now - found[0] < READ_TTL_S:
+        return found[1]
+    pipe = client().pipeline(transaction=False)
+    for traffic, bucket, kind in NAMES:
+        pipe.lrange(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind), 0, WINDOW - 1)
+    raws = await pipe.execute()
+    samples = {name: [parse(v) for v in raw] for name, raw in zip(NAMES, raws, strict=True) if raw}
+    _read_cache[endpoint_id] = (now, samples)
+    return samples
+
+
+async def keep(endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
+    """Keep one finished request's sample (this process sees it at once; Redis errors are the caller's)."""
+    traffic, bucket, kind = name
+    _remember(endpoint_id, name, (tokens / seconds, seconds))
+    key = KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
+    pipe = client().pipeline(transaction=False)
+    pipe.lpush(key, f"{tokens / seconds:.3f}:{seconds:.3f}")
+    pipe.ltrim(key, 0, WINDOW - 1)
+    if kind == SPEC:
+        pipe.expire(key, SPEC_TTL_S, nx=True)  # from the first sample: the verdict lasts SPEC_TTL_S
+    else:
+        pipe.expire(key, EXPIRE_S)
+    await pipe.execute()
+
+
+def _remember(endpoint_id: int, name: Name, sample: Sample) -> None:
+    """A sample this process kept, added to its copy of the endpoint's samples (a new list: a decision made on the
+    copy keeps what it was decided on)."""
+    found = _read_cache.get(endpoint_id)
+    if found is not None:
+        _read_cache[endpoint_id] = (found[0], {**found[1], name: [sample, *found[1].get(name, ())][:WINDOW]})
+
+
+def forget() -> None:
+    """Drop this process's copies: the next decision reads Redis (tests; a process that learns a list expired)."""
+    _read_cache.clear()
+
+
+def parse(raw: bytes | str) -> Sample:
+    """A kept sample: "tok/s:seconds" (a bare tok/s, an older format, weighs 1 s)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rate, _, seconds = text.partition(":")
+    return (float(rate), float(seconds)) if seconds else float(rate)
