@@ -84,9 +84,10 @@ def build_checkpoint(
     config = getattr(transformers, class_name)(**{**shape, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    embeddings = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     with torch.no_grad():
         for name, param in model.named_parameters():
-            wide = "lm_head" in name or "embed_tokens" in name
+            wide = id(param) in embeddings
             param.copy_(
                 torch.randn_like(param) * (2.0 if wide else 0.3 if "norm" in name or param.dim() == 1 else 0.12)
             )

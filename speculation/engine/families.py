@@ -5,13 +5,19 @@ A ``Family`` says what differs between Llama, Mistral, Qwen 2/3, Gemma 2/3 and P
 post-attention / post-feedforward norms, which layers use a sliding window. ``args_from_config`` reads a Hugging Face
 config.json into ``ModelArgs`` (rope scaling, soft-capping, head_dim, query_pre_attn_scalar come from the config) and
 refuses what the engine cannot run exactly (mixture-of-experts, encoder-decoder, multimodal, quantized) with the
-reason. Standard library only: the web process checks a config at registration with the same rules.
+reason. A dense decoder-only model of another type that transformers implements runs through transformers' own model
+(engine/generic.py): ``implementation`` says which. Standard library only: the web process checks a config at
+registration with the same rules.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from speculation.engine.errors import ModelFormatError
 
@@ -20,6 +26,10 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"
 # Config keys that mark a mixture-of-experts model (Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek, ...).
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
 MULTIMODAL_KEYS = ("vision_config", "audio_config", "text_config", "vision_tower", "image_token_index")
+# Model types (substrings) and layer types whose state is recurrent (state-space, linear attention, convolution): no
+# KV cache to cut back after a rejection. The loader checks the cache itself too (engine/generic.py).
+RECURRENT_TYPES = ("mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba", "hybrid", "nemotron_h", "lfm2")
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -149,15 +159,61 @@ def refusal(config: dict) -> str | None:
         return f"mixture-of-experts models are not supported (model_type {model_type!r})"
     if any(key in config for key in MULTIMODAL_KEYS):
         return f"multimodal models are not supported (model_type {model_type!r}); use the text model's checkpoint"
-    if model_type not in _BY_MODEL_TYPE:
-        return f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if model_type in _BY_MODEL_TYPE:
+        return None
+    if model_type not in transformers_causal_lm_types():
+        return (
+            f"model_type {model_type!r} is not supported: neither a family ACE runs natively "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}) nor a causal LM the installed transformers implements"
+        )
+    layer_types = config.get("layer_types") or ()
+    if any(t in str(model_type) for t in RECURRENT_TYPES) or any(t not in ATTENTION_LAYER_TYPES for t in layer_types):
+        return f"recurrent or hybrid models are not supported (model_type {model_type!r}): no KV cache to cut back"
     return None
 
 
-def family_of(config: dict) -> Family:
+def implementation_of(model_type: str | None) -> str:
+    """ "native" (ACE's own layer, model.py) for a family it describes, else "generic" (transformers' model)."""
+    return "native" if model_type in _BY_MODEL_TYPE else "generic"
+
+
+def implementation(config: dict) -> str:
+    """How the engine runs this config.json ("native" or "generic"); ModelFormatError naming why it cannot."""
     reason = refusal(config)
     if reason:
         raise ModelFormatError(reason)
+    return implementation_of(config.get("model_type"))
+
+
+@lru_cache(maxsize=1)
+def transformers_causal_lm_types() -> frozenset[str]:
+    """The model types the installed transformers implements as AutoModelForCausalLM, read from its source
+    (modeling_auto's MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) without importing it: importing transformers' auto models
+    imports torch, which the web process does not. Empty when transformers is not installed."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    source = Path(next(iter(spec.submodule_search_locations)), "models", "auto", "modeling_auto.py")
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return frozenset()
+    for node in tree.body:
+        names = [getattr(target, "id", None) for target in getattr(node, "targets", ())]
+        if "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" in names and isinstance(node.value, ast.Call) and node.value.args:
+            try:
+                return frozenset(str(pair[0]) for pair in ast.literal_eval(node.value.args[0]))
+            except (ValueError, TypeError, IndexError):
+                return frozenset()
+    return frozenset()
+
+
+def family_of(config: dict) -> Family:
+    """The native family of a config.json; ModelFormatError when the engine cannot run it natively."""
+    if implementation(config) != "native":
+        raise ModelFormatError(
+            f"model_type {config.get('model_type')!r} runs through transformers (generic), not ACE's own layer"
+        )
     return _BY_MODEL_TYPE[config["model_type"]]
 
 

@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint directory (config.json + safetensors) of a supported family into our Transformer.
+"""Load a Hugging Face checkpoint directory (config.json + safetensors) of a supported family into our Transformer;
+another dense decoder-only causal LM transformers implements loads as transformers' model (engine/generic.py).
 
 The family (engine/families.py) says how the checkpoint names its tensors; a sharded checkpoint
 (model.safetensors.index.json) is read shard by shard, each tensor converted to the model's dtype as it is read,
@@ -15,7 +16,15 @@ from safetensors import safe_open
 from torch import nn
 
 from speculation.engine.errors import ModelFormatError
-from speculation.engine.families import SUPPORTED_MODEL_TYPES, Family, ModelArgs, args_from_config, family_of
+from speculation.engine.families import (
+    SUPPORTED_MODEL_TYPES,
+    Family,
+    ModelArgs,
+    args_from_config,
+    family_of,
+    implementation,
+)
+from speculation.engine.generic import GenericCausalLM, load_generic
 from speculation.engine.model import Transformer
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "args_from_config", "load_causal_lm"]
@@ -113,9 +122,10 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     max_len: int | None = None,
-) -> Transformer:
+) -> Transformer | GenericCausalLM:
     """Load a checkpoint directory of a supported family; the KV cache holds ``max_len`` positions (default: all).
-    dtype None: the checkpoint's half precision on CUDA, float32 on the CPU."""
+    dtype None: the checkpoint's half precision on CUDA, float32 on the CPU. The model's ``implementation`` says
+    whether ACE's own layer runs it ("native") or transformers' model ("generic": exact, slower, batch one)."""
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -126,10 +136,12 @@ def load_causal_lm(
         raise ModelFormatError(f"{config_path} is not readable JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise ModelFormatError(f"{config_path} is not a JSON object")
-    family = family_of(config)
-    args = args_from_config(config)
     device = torch.device(device)
     dtype = dtype or default_dtype(config, device)
+    if implementation(config) == "generic":
+        return load_generic(directory, config, device=device, dtype=dtype, max_len=max_len)
+    family = family_of(config)
+    args = args_from_config(config)
     with torch.device("meta"):
         model = Transformer(args)
     state = read_state(directory, family, args, device=device, dtype=dtype)

@@ -252,6 +252,8 @@ class ForwardOutput:
 class Transformer(nn.Module):
     """Batch-1 causal LM. ``forward(tokens, start)`` writes positions start..start+T-1 into the cache."""
 
+    implementation = "native"  # ACE's own layer (a model transformers runs for it is engine/generic.py's)
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from speculation.engine.errors import ModelFormatError
-from speculation.engine.families import args_from_config, refusal
+from speculation.engine.families import args_from_config, implementation_of, refusal
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -113,6 +113,8 @@ def read_config(directory: Path, *, field: str, llama: bool) -> dict[str, Any]:
         reason = refusal(config)
         if reason:
             raise _refuse(field, f"{CONFIG_FILE}: {reason}")
+        if implementation_of(config.get("model_type")) == "generic":  # transformers' model reads its own config
+            return config
         for key in ENGINE_INT_FIELDS:
             if not (_is_int(config.get(key)) and config[key] > 0):
                 raise _refuse(field, f"{CONFIG_FILE}: {key} must be a positive integer, not {config.get(key)!r}")
@@ -220,7 +222,8 @@ def inspect_model_dir(path: str, *, field: str, llama: bool) -> ModelFacts:
     """Check a model directory under the roots: config.json, safetensors headers, tokenizer.json.
 
     llama: the engine loads it (targets and draft models): its config must be of a family the engine runs
-    (speculation.engine.families: Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3).
+    (speculation.engine.families: Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3 natively; another dense decoder-only
+    causal LM through transformers' model).
     """
     directory = under_roots(path, field=field)
     if not directory.is_dir():

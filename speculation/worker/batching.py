@@ -117,10 +117,16 @@ def hand_off(job: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None
 
 def serves(prepared: Any) -> bool:
     """The batch serves the local path with a draft model, n-gram lookup or suffix decoding, and the hybrid of a
-    lookup with a draft model's fallback (not EAGLE heads: single-stream)."""
+    lookup with a draft model's fallback (not EAGLE heads: single-stream). Models transformers runs for ACE
+    (implementation "generic", speculation.engine.generic) are served at batch one: the batch loop runs the native
+    layer's blocks over its own cache."""
     if not enabled() or prepared.target is None:
         return False
     proposer = prepared.proposer
+    drafter = getattr(proposer, "fallback", proposer)
+    models = (prepared.target.model, getattr(drafter, "model", None))
+    if any(getattr(model, "implementation", "native") != "native" for model in models if model is not None):
+        return False
     if isinstance(proposer, HybridProposer):
         return isinstance(proposer.fallback, DraftModelProposer) and isinstance(proposer.lookup, LookupProposer)
     return type(proposer) in BATCHED_PROPOSERS

@@ -266,7 +266,8 @@ def test_it_refuses_a_sharded_checkpoint_whose_index_names_a_missing_shard(check
         ({"model_type": "qwen3_moe", "num_experts": 64}, "mixture-of-experts"),
         ({"model_type": "t5", "is_encoder_decoder": True}, "encoder-decoder"),
         ({"model_type": "gemma3", "text_config": {}, "vision_config": {}}, "multimodal"),
-        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"model_type": "not_a_model"}, "model_type 'not_a_model' is not supported"),
+        ({"model_type": "mamba"}, "recurrent or hybrid"),
     ],
 )
 def test_it_refuses_what_it_cannot_run_exactly_naming_the_reason(config, reason):

@@ -386,6 +386,31 @@ def test_the_batch_serves_draft_models_lookups_and_the_hybrid_on_the_local_path_
     assert not batching.serves(Prepared(proposer=object(), tokenizer=None, eos_ids=frozenset(), target=local))
 
 
+def test_it_serves_a_model_transformers_runs_for_ace_at_batch_one(settings):
+    # given a target and a draft that run through transformers' model (implementation "generic")
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from speculation.engine.generic import GenericCausalLM
+
+    settings.PROD_BATCH_SLOTS = 4
+    config = GPTNeoXConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, max_position_embeddings=64)  # fmt: skip
+    generic = GenericCausalLM(GPTNeoXForCausalLM(config).eval(), max_positions=64)
+    native = tiny_model(seed=0)
+    draft = DraftModelProposer(generic, target_vocab_size=64)
+    # then: neither joins the batch loop (each request runs alone), while n-gram lookup on a native target does
+    assert not batching.serves(
+        Prepared(proposer=draft, tokenizer=None, eos_ids=frozenset(), target=LocalTarget(generic))
+    )
+    hybrid = HybridProposer(SuffixProposer(), draft, model_k=2)
+    assert not batching.serves(
+        Prepared(proposer=hybrid, tokenizer=None, eos_ids=frozenset(), target=LocalTarget(native))
+    )
+    assert batching.serves(
+        Prepared(proposer=NgramProposer(), tokenizer=None, eos_ids=frozenset(), target=LocalTarget(native))
+    )
+
+
 def test_the_stored_calibration_seeds_the_pairs_k_at_load_one(model_dirs, batch_loop, monkeypatch):
     from dataclasses import replace
 
