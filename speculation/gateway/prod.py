@@ -24,18 +24,18 @@ from speculation.gateway.background import spawn
 from speculation.gateway.call import Call
 from speculation.gateway.channel import ChannelError, GatewayChannel
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_event
-from speculation.gateway.exactness import stop_fields_reason, unservable_reason
 from speculation.gateway.openai_format import Shape
+from speculation.gateway.preflight import max_context as preflight_max_context
+from speculation.gateway.preflight import preflight
 from speculation.gateway.recording import PlainRecorder
 from speculation.gateway.sse import DONE, EventSplitter, dumps, payload_of
-from speculation.models import Action, VerificationPath
+from speculation.models import Action
 from speculation.services.records import keep_record
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = settings.PROD_START_TIMEOUT_S
 STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
-DEFAULT_MAX_CONTEXT = 2048
 # Applied by the worker exactly as the server applies them (speculation.worker.paths.stopping).
 STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output")
 SLOT_SLACK_S = 30.0  # a queued job's slot outlives its queue expiry by this much unless a worker refreshes it
@@ -81,25 +81,12 @@ async def prompt_token_ids(call: Call) -> list[int]:
 
 async def serve(call: Call):
     route = call.route
-    reason = unservable_reason(call.body, kind=call.kind)
-    if reason:
-        return await plain(call, action=Action.SKIPPED, reason=reason)
-    if route.path == VerificationPath.NATIVE:
+    plan = await preflight(call)
+    if isinstance(plan, str):
+        return await plain(call, action=Action.SKIPPED, reason=plan)
+    if plan.native:
         return await native.serve(call)
-    if route.path not in (VerificationPath.REMOTE, VerificationPath.LOCAL):
-        return await plain(call, action=Action.SKIPPED, reason="no verification path fits this endpoint")
-    sampling = request_sampling.parse(call.body)
-    if isinstance(sampling, str):
-        return await plain(call, action=Action.SKIPPED, reason=sampling)
-    reason = request_sampling.path_reason(sampling, path=route.path, capabilities=route.capabilities)
-    if reason:
-        return await plain(call, action=Action.SKIPPED, reason=reason)
-    reason = stop_fields_reason(call.body, kind=call.kind, path=route.path)
-    if reason:
-        return await plain(call, action=Action.SKIPPED, reason=reason)
-    decision = await goodput.decide(call)  # before tokenizing: a request it sends plain costs no extra call
-    if decision.plain:
-        return await plain(call, action=Action.SKIPPED, reason=decision.reason)
+    sampling, decision = plan.sampling, plan.decision
     try:
         prompt_ids = await prompt_token_ids(call)
     except Unsupported as exc:
@@ -110,7 +97,7 @@ async def serve(call: Call):
     if decision.plain:
         return await plain(call, action=Action.SKIPPED, reason=decision.reason)
     call.guard_reason = decision.reason
-    max_context = int(route.capabilities.get("max_context") or DEFAULT_MAX_CONTEXT)
+    max_context = preflight_max_context(call)
     # The length fields as the server reads them (vLLM's completions ignore max_completion_tokens, ...).
     try:
         max_tokens = semantics_for(route.kind).max_new_tokens(
