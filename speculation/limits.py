@@ -7,6 +7,7 @@ engine's imports to torch, the standard library and such stdlib-only modules of 
 from __future__ import annotations
 
 K_MIN, K_MAX = 1, 16  # lookahead K: draft tokens proposed per verification step
+DEFAULT_K = 5  # a new policy's K, and the engine's when none is given
 
 # EAGLE-2 draft trees (speculation.engine.tree): children per expanded node, levels, draft nodes per target pass.
 TREE_TOP_K_MAX = 8
@@ -15,11 +16,16 @@ TREE_NODES_MAX = 64
 TREE_FIELDS = ("top_k", "depth", "nodes", "score_temperature")
 
 
+def tree_expansion(top_k: int, levels: int) -> int:
+    """Candidates an EAGLE-2 expansion scores over ``levels`` levels: top_k at the first, then top_k children of
+    each of the top_k kept nodes per level (top_k + (levels - 1) x top_k^2)."""
+    return top_k + (levels - 1) * top_k**2
+
+
 def tree_nodes_at(top_k: int, depth: int, nodes: int, k: int) -> int:
     """Draft nodes one verification of a tree checks when it is drafted at lookahead K: the expansion to depth
-    min(depth, K) scores top_k + (levels - 1) x top_k^2 candidates and keeps the best ``nodes`` of them."""
-    levels = max(1, min(depth, k))
-    return min(nodes, top_k + (levels - 1) * top_k**2)
+    min(depth, K) keeps the best ``nodes`` of its candidates."""
+    return min(nodes, tree_expansion(top_k, max(1, min(depth, k))))
 
 
 def tree_shape_problems(value: object) -> list[str]:
@@ -42,9 +48,10 @@ def tree_shape_problems(value: object) -> list[str]:
     temperature = value.get("score_temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 < temperature <= 10:
         problems.append(f"eagle_tree score_temperature must be a number in (0, 10], got {temperature!r}")
-    if not problems and value["nodes"] > value["top_k"] + (value["depth"] - 1) * value["top_k"] ** 2:
+    expanded = tree_expansion(value["top_k"], value["depth"]) if not problems else 0
+    if not problems and value["nodes"] > expanded:
         problems.append(
             f"eagle_tree nodes ({value['nodes']}) exceeds what top_k {value['top_k']} and depth {value['depth']} "
-            f"expand ({value['top_k'] + (value['depth'] - 1) * value['top_k'] ** 2})"
+            f"expand ({expanded})"
         )
     return problems

@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from fleet.models import Endpoint
+from speculation.limits import DEFAULT_K
 
 
 class DraftKind(models.TextChoices):
@@ -96,7 +97,7 @@ class SpeculationPolicy(models.Model):
     mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.OFF)
     mechanism = models.CharField(max_length=16, choices=Mechanism.choices, default=Mechanism.NGRAM)
     draft = models.ForeignKey(DraftModel, null=True, blank=True, on_delete=models.PROTECT)
-    k = models.PositiveSmallIntegerField(default=5)
+    k = models.PositiveSmallIntegerField(default=DEFAULT_K)
     dynamic_k = models.BooleanField(default=False)
     # EAGLE heads only: an EAGLE-2 draft tree {"top_k", "depth", "nodes"[, "score_temperature"]} verified in one
     # target pass (speculation.engine.tree); {} drafts a chain of K. K caps the tree's depth.

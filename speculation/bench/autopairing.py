@@ -54,6 +54,7 @@ from speculation.engine.costs import time_draft_step, time_verify
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import StepCosts
 from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.limits import DEFAULT_K
 from speculation.models import (
     DRAFT_MODEL_KINDS,
     HYBRID_PREFIX,
@@ -82,7 +83,6 @@ from speculation.workloads.classifier import classify
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_K = 5
 CONTEXT_TOKENS = 64
 SAVE_EVERY = 10
 

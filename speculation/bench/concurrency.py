@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from speculation.bench.load import quantile, run_concurrent
 from speculation.bench.stack import BenchStack
+from speculation.limits import DEFAULT_K
 
 CONCURRENCY = (1, 8, 32)
 
@@ -42,7 +43,7 @@ def settle() -> None:
 
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7, "top_p": 0.9}}
 OUTCOMES = ("speculated", "skipped", "fell_back")
-PROD_K = 5  # the policy's K in prod (the demo's default)
+PROD_K = DEFAULT_K  # the policy's K in prod (the demo's default)
 
 
 GUARD = "goodput guard"  # in the reason of a request the guard decided (sent plain, or let speculate)

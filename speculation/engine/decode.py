@@ -16,7 +16,7 @@ import torch
 from speculation.engine.errors import ContextLengthError, EmptyPromptError, VocabMismatchError
 from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, TreeLookahead, check_k
 from speculation.engine.proposers import Proposal, Proposer
-from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.engine.sampling import SamplingParams, probs_from_logits, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import Target
 from speculation.engine.tree import TreeShape, verify_tree_step
@@ -218,7 +218,7 @@ class _Run:
         drafts = proposal.tokens.to(self.target.device)
         last = torch.tensor([last_token], device=self.target.device)
         result = self.target.forward(torch.cat([last, drafts]), return_hidden=self.hidden_request)  # [K+1, V]
-        logits = _suppress_before_min_tokens(result.logits, produced, self.config.min_tokens, self.suppress)
+        logits = suppress_before_min_tokens(result.logits, produced, self.config.min_tokens, self.suppress)
         if self.params.greedy:
             num_accepted, tokens = verify_greedy(drafts, logits)
         else:
@@ -247,19 +247,6 @@ def generate_plain(
 ) -> GenerationResult:
     """Plain decoding through the same target and loop: one target pass per token (the baseline)."""
     return generate(target, None, prompt_ids, config, on_tokens)
-
-
-def _suppress_before_min_tokens(
-    logits: torch.Tensor, produced: int, min_tokens: int, ids: torch.Tensor
-) -> torch.Tensor:
-    """Row j of logits [K+1, V] picks output token produced + j: rows before min_tokens cannot pick ids
-    (vLLM's min_tokens). A copy when it changes anything (the target's logits may be inference tensors)."""
-    rows = min(min_tokens - produced, logits.shape[0])
-    if rows <= 0 or not ids.numel():
-        return logits
-    logits = logits.clone()
-    logits[:rows, ids] = float("-inf")
-    return logits
 
 
 def _stop_check(stop_ids: frozenset[int], ends_after: EndsAfter | None) -> Callable[[int], bool]:

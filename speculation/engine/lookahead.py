@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from speculation.engine.errors import LookaheadError
 from speculation.engine.projection import expected_tokens, non_decreasing, verify_cost
-from speculation.limits import K_MAX, K_MIN, tree_nodes_at
+from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_nodes_at
 
 if TYPE_CHECKING:
     from speculation.engine.tree import TreeShape
@@ -41,7 +41,6 @@ __all__ = [
     "expected_tokens",
 ]
 
-DEFAULT_K = 5
 DECAY = 0.9  # weight of the past per step: an estimate reflects roughly the last 10 steps
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0  # optimistic enough to try drafting before anything is measured
 PROBE_EVERY = 8

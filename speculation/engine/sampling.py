@@ -32,6 +32,23 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def suppress_before_min_tokens(
+    logits: Tensor, produced: int, min_tokens: int, ids: Tensor | None, row_depths: Tensor | None = None
+) -> Tensor:
+    """Logits [R, V] whose rows cannot pick ``ids`` before ``min_tokens`` outputs (vLLM's min_tokens). Row r picks
+    output token produced + depth(r): r for a chain of drafts, ``row_depths[r]`` for a draft tree. A copy when it
+    changes anything (the target's logits may be inference tensors)."""
+    if ids is None or not ids.numel() or min_tokens <= produced:
+        return logits
+    logits = logits.clone()
+    if row_depths is None:
+        logits[: min_tokens - produced, ids] = float("-inf")
+    else:
+        rows = (row_depths < min_tokens - produced).nonzero().squeeze(-1)
+        logits[rows[:, None], ids[None, :]] = float("-inf")
+    return logits
+
+
 def probs_from_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     """logits [..., V] -> processed probabilities [..., V] (float32); greedy gives a one-hot of the argmax."""
     logits = logits.float()

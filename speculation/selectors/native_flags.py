@@ -35,10 +35,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from speculation.limits import K_MAX, K_MIN, tree_shape_problems
+from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_expansion, tree_shape_problems
 from speculation.models import LOOKUP_KINDS, DraftKind
 
-DEFAULT_K = 5
 # ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
 # not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
 SUFFIX_MIN_TOKEN_PROB = 0.1
@@ -181,7 +180,7 @@ def _sglang_steps(k: int, tree: dict | None) -> list[str]:
         steps, top_k, tokens = k, 1, k + 1
     else:
         steps, top_k = min(tree["depth"], k), tree["top_k"]
-        tokens = min(tree["nodes"], top_k + (steps - 1) * top_k**2) + 1  # no more nodes than the steps expand
+        tokens = min(tree["nodes"], tree_expansion(top_k, steps)) + 1  # no more nodes than the steps expand
     return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(top_k),
             "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
 
