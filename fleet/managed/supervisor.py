@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from ace import processes
 from fleet.adapters import Unsupported, adapter_for, wire_for
+from fleet.adapters.base import FailureKind
 from fleet.managed import args as server_args
 from fleet.managed import baseline, canary, switching
 from fleet.managed.models import (
@@ -277,12 +278,22 @@ class Supervisor:
     def _timed_out(self, instance: ServerInstance) -> bool:
         return timezone.now() - instance.started_at > timedelta(seconds=START_TIMEOUT_S)
 
+    def _warming_up(self, instance: ServerInstance, report) -> bool:
+        """A starting server that lists its models but whose generations only timed out is still warming up (a
+        cold CPU server's first requests can take longer than the probe's timeout): probed again next tick, until
+        the start timeout, instead of being killed and restarted from cold."""
+        kinds = {e.get("kind") for e in report.errors}
+        return report.fatal is None and kinds == {str(FailureKind.TIMEOUT)} and not self._timed_out(instance)
+
     def _check_starting_active(self, managed: ManagedServer, active: ServerInstance) -> None:
         if self._ready(active):
             report, duration_ms, started = self._probe(managed, active)
             outcome, reason = summarize(report)
             if outcome == EndpointStatus.READY:
                 switching.activate(instance=active, report=report, duration_ms=duration_ms, started=started)
+                return
+            if self._warming_up(active, report):
+                logger.info("instance %s of %s still warming up: %s", active.pk, managed.endpoint.name, reason)
                 return
             why = f"answers but its probe failed: {reason}"
         elif self._timed_out(active):
@@ -382,7 +393,9 @@ class Supervisor:
         if self._ready(standby):
             report, duration_ms, started = self._probe(managed, standby)
             outcome, reason = summarize(report)
-            if outcome != EndpointStatus.READY:
+            if outcome != EndpointStatus.READY and self._warming_up(standby, report):
+                logger.info("instance %s of %s still warming up: %s", standby.pk, managed.endpoint.name, reason)
+            elif outcome != EndpointStatus.READY:
                 self._abort_switch(switch, standby, f"the new instance answers but its probe failed: {reason}")
             elif switch.speculation and not report.capabilities.get("native_speculation"):
                 self._abort_switch(switch, standby, "the new instance does not report speculative decoding")
