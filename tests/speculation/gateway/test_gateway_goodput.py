@@ -905,3 +905,38 @@ def test_a_plain_sample_counts_tokens_from_the_usage_or_else_the_streamed_events
     with_usage.on_chunk(b'data: {"choices": [{"text": "a"}]}\n\n')
     with_usage.on_chunk(b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\n')
     assert with_usage.tokens() == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_at_one_stream_the_guard_sends_short_requests_plain_and_lets_long_ones_speculate(gateway):
+    from speculation.models import CostCalibration, StageRecord
+
+    # given: the policy's costs measured (20 ms a target step, c = 0.05, v = 1.2) and its prod requests (E[N] = 3 at
+    # K = 5, 250 ms of setup each), and speculation measured slower than plain at load 1 by short requests
+    endpoint = gateway.endpoint
+    CostCalibration.objects.create(
+        endpoint=endpoint, node_class=endpoint.node_class, path="local", target_step_ms=20.0, draft_step_ms=1.0,
+        verify_ms={"6": 24.0}, repeats=5,
+    )  # fmt: skip
+    StageRecord.objects.create(
+        endpoint=endpoint, request_id="measured", mode="prod", action="speculated", target_passes=40,
+        drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0,
+    )  # fmt: skip
+    asyncio.run(_keep(endpoint.pk, PLAIN, 50.0, n=MIN_SAMPLES))
+    asyncio.run(_keep(endpoint.pk, SPEC, 10.0, n=MIN_SAMPLES))
+    guard_load._in_flight.clear()
+    gateway.set_mode("prod")
+    body = {"model": "guarded", "prompt": "def f():", "temperature": 0}
+    # when: a 4-token request, then a 128-token one, each alone
+    short = _post(gateway.token, {**body, "max_tokens": 4})
+    long = _post(gateway.token, {**body, "max_tokens": 128})
+
+    # then: the short one is answered plain, skipped with the guard's reason
+    assert short.status_code == 200 and long.status_code == 200
+    records = StageRecord.objects.exclude(request_id="measured").order_by("id")
+    assert [r.action for r in records] == ["skipped", "fell_back"]
+    assert records[0].reason.startswith("a 4-token request is predicted 0.") and "(goodput guard)" in records[0].reason
+    # and: the long one passed the guard: it went on to tokenize its prompt (the stub server has no /tokenize, so it
+    # then fell back to plain)
+    assert "tokenize failed" in records[1].reason
+    assert [r.path for r in gateway.upstream.requests][-3:] == ["/v1/completions", "/tokenize", "/v1/completions"]
