@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from fleet.models import Endpoint
+from speculation.engine.families import implementation_of
 from speculation.limits import DEFAULT_K
 
 
@@ -73,6 +74,14 @@ class DraftModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def implementation(self) -> str | None:
+        """How ACE's engine runs a draft model: "native" (its own layer) or "generic" (transformers' model: exact,
+        slower, batch one), from config.json's model_type read at registration; None for other kinds."""
+        if self.kind != DraftKind.DRAFT_MODEL:
+            return None
+        return implementation_of((self.config or {}).get("model_type"))
 
 
 class Mode(models.TextChoices):

@@ -84,6 +84,11 @@ class DraftSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=REGISTRABLE_KINDS)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     team = team_field("A team (Django group) whose members may see and use the draft too; null for none.")
+    implementation = serializers.CharField(
+        read_only=True,
+        help_text='A draft model: "native" (ACE\'s own model layer) or "generic" (transformers\' model: exact, slower, '
+        "batch one); null for other kinds.",
+    )
 
     class Meta:
         model = DraftModel
@@ -99,6 +104,7 @@ class DraftSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "param_count",
             "vram_bytes",
             "config",
+            "implementation",
             "owner",
             "team",
             "created_at",

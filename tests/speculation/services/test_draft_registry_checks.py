@@ -98,3 +98,48 @@ def test_the_migration_renames_drafts_differing_only_in_case_keeping_the_oldest(
     # then the oldest keeps its name, the later one gets its id
     assert [r.name for r in rows] == ["demo-draft", "other", "DEMO-DRAFT-3"]
     assert saved == [(3, "DEMO-DRAFT-3", ["name"])]
+
+
+def test_a_draft_of_a_family_transformers_runs_registers_as_generic_and_says_so(
+    api, client, user, tiny_model_dir, tmp_path
+):
+    # given a draft whose config.json is a GPT-NeoX (Pythia) model's: no family of ACE's own layer
+    folder = _copy(tiny_model_dir, tmp_path, "pythia", model_type="gpt_neox")
+
+    # when registered, then: accepted, and the answer and the draft page say it runs through transformers
+    generic = api.post(DRAFTS, {"name": "pythia", "kind": "draft_model", "path": str(folder)}, format="json")
+    native = api.post(DRAFTS, {"name": "llama", "kind": "draft_model", "path": str(tiny_model_dir)}, format="json")
+    ngram = api.post(DRAFTS, {"name": "lookup", "kind": "ngram"}, format="json")
+
+    assert generic.status_code == 201, generic.content
+    assert generic.json()["implementation"] == "generic"
+    assert native.json()["implementation"] == "native"
+    assert ngram.json()["implementation"] is None
+    assert api.get(f"{DRAFTS}{generic.json()['id']}/").json()["implementation"] == "generic"
+    client.force_login(user)
+    page = client.get("/dashboard/drafts/").content.decode()
+    assert page.count('data-implementation="generic"') == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"model_type": "mixtral", "num_local_experts": 8}, "mixture-of-experts models are not supported"),
+        ({"model_type": "deepseek_v3", "n_routed_experts": 64}, "mixture-of-experts models are not supported"),
+        ({"model_type": "bart", "is_encoder_decoder": True}, "encoder-decoder models are not supported"),
+        ({"model_type": "llava", "text_config": {}, "vision_config": {}}, "multimodal models are not supported"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quantized checkpoints are not supported"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config: fp8"),
+        ({"model_type": "mamba"}, "recurrent or hybrid models are not supported"),
+    ],
+)
+def test_a_draft_the_engine_cannot_run_exactly_is_a_400_naming_the_reason(
+    api, tiny_model_dir, tmp_path, changes, reason
+):
+    folder = _copy(tiny_model_dir, tmp_path, "refused", **changes)
+
+    response = api.post(DRAFTS, {"name": "refused", "kind": "draft_model", "path": str(folder)}, format="json")
+
+    assert response.status_code == 400
+    assert reason in response.json()["path"][0]
+    assert not DraftModel.objects.exists()
