@@ -1,4 +1,5 @@
-"""Endpoint API keys are encrypted at rest with Fernet (settings.ENDPOINT_KEY_ENCRYPTION_KEY)."""
+"""What ACE keeps secret at rest is encrypted with Fernet (settings.ENDPOINT_KEY_ENCRYPTION_KEY): endpoint API keys
+(`encrypt` / `decrypt`) and captured traffic (`seal` / `unseal`, speculation.services.captures)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def decrypt(token: str) -> str:
         return _fernet().decrypt(token.encode()).decode()
     except InvalidToken as exc:
         raise ValueError("endpoint API key cannot be decrypted: was ACE_ENCRYPTION_KEY changed?") from exc
+
+
+def seal(data: bytes) -> str:
+    """Encrypt (and authenticate) bytes: a URL-safe token."""
+    return _fernet().encrypt(data).decode()
+
+
+def unseal(token: str) -> bytes:
+    """The bytes `seal` encrypted; ValueError when the token was altered or sealed with another key."""
+    try:
+        return _fernet().decrypt(token.encode())
+    except InvalidToken as exc:
+        raise ValueError("sealed data cannot be decrypted: altered, or was ACE_ENCRYPTION_KEY changed?") from exc
 
 
 def mask(plaintext: str) -> str:

@@ -10,7 +10,8 @@ Roles:
 A team is any other Django group; an endpoint, a draft and a training run each belong to an owner and optionally
 a team (neither: admins only); only the owner or an admin changes the team. An active user with no role group is a
 viewer. What the user cannot see answers 404 (its existence is not revealed); what it can see but not change
-answers 403, on the pages, the REST API and the admin alike.
+answers 403, on the pages, the REST API and the admin alike. An endpoint's captured traffic is its team's admins'
+only (`check_captures`).
 """
 
 from __future__ import annotations
@@ -183,6 +184,22 @@ def endpoint_for(user: AbstractBaseUser | None, pk: int, *, operate: bool = Fals
     if endpoint is None:
         raise Http404("No endpoint matches the given query.")
     return check_endpoint(user, endpoint, operate=operate)
+
+
+def check_captures(user: AbstractBaseUser | None, endpoint: Endpoint) -> Endpoint:
+    """The endpoint when the user may see, delete and train on its captured traffic: an admin who owns it or is in
+    its team (an endpoint with neither: any admin). Another team's admin, who sees every endpoint, gets a 404 as if
+    nothing were captured; a viewer or operator of the team a 403."""
+    if not can_see(user, endpoint):
+        raise Http404("No endpoint matches the given query.")
+    owned = endpoint.owner_id is not None and endpoint.owner_id == user.pk
+    in_team = endpoint.team_id is not None and user.groups.filter(pk=endpoint.team_id).exists()
+    unowned = endpoint.owner_id is None and endpoint.team_id is None
+    if not (owned or in_team or unowned):
+        raise Http404("No captured traffic matches the given query.")
+    if not is_admin(user):
+        raise PermissionDenied("Only admins of the endpoint's team may see, delete or train on its captured traffic.")
+    return endpoint
 
 
 def require_write(user: AbstractBaseUser | None, what: str = "make changes") -> None:

@@ -409,3 +409,44 @@ class CandidateMeasurement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} x {self.candidate}: {self.status}"
+
+
+class CaptureSetting(models.Model):
+    """An endpoint's opt-in to traffic capture (off unless enabled): which fraction of its requests the gateway keeps
+    with their served output as token ids (CapturedRequest), for how long and up to what size. Read and changed by
+    admins of the endpoint's team only (fleet.permissions.check_captures)."""
+
+    endpoint = models.OneToOneField(Endpoint, related_name="capture_setting", on_delete=models.CASCADE)
+    enabled = models.BooleanField(default=False)
+    sample_rate = models.FloatField(default=0.1)  # 0-1: the fraction of requests kept
+    retention_days = models.PositiveIntegerField(default=30)
+    max_bytes = models.BigIntegerField(default=256 * 1024 * 1024)  # the endpoint's captures, encrypted, at most
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    def __str__(self) -> str:
+        return f"capture of {self.endpoint_id}: {'on' if self.enabled else 'off'}"
+
+
+class CapturedRequest(models.Model):
+    """One captured request: its prompt and the output the endpoint served, as token ids, encrypted at rest.
+
+    `sealed` is fleet.crypto.seal of the packed ids (speculation.services.captures.pack); only its sizes are stored
+    in the clear. Deleted with its endpoint, past its setting's retention, and oldest first beyond its size cap.
+    """
+
+    endpoint = models.ForeignKey(Endpoint, related_name="captured_requests", on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    workload = models.CharField(max_length=64, blank=True, default="")
+    mode = models.CharField(max_length=8, choices=Mode.choices)  # the mode that served it
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    size_bytes = models.PositiveIntegerField(default=0)  # len(sealed)
+    sealed = models.TextField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["endpoint", "created_at"], name="capture_endpoint_created_idx")]
+
+    def __str__(self) -> str:
+        return f"capture {self.pk} of {self.endpoint_id} ({self.workload or 'no workload'})"

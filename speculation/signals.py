@@ -1,6 +1,6 @@
-"""Any write to an endpoint, policy or draft, or to who may call them (token, token scope, user, group, role
-permissions), from the pages, admin, API or shell, bumps the gateway's version: its cached routes and tokens are
-rebuilt on the next request (speculation.services.version)."""
+"""Any write to an endpoint, policy, capture setting or draft, or to who may call them (token, token scope, user,
+group, role permissions), from the pages, admin, API or shell, bumps the gateway's version: its cached routes and
+tokens are rebuilt on the next request (speculation.services.version)."""
 
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def connect() -> None:
     from rest_framework.authtoken.models import Token
 
     from fleet.models import Endpoint, GatewayTokenScope
-    from speculation.models import DraftModel, SpeculationPolicy
+    from speculation.models import CaptureSetting, DraftModel, SpeculationPolicy
 
     post_save.connect(_endpoint_named, sender=Endpoint, dispatch_uid="ace-metrics-label-save")
     post_delete.connect(_endpoint_named, sender=Endpoint, dispatch_uid="ace-metrics-label-delete")
-    for model in (Endpoint, SpeculationPolicy, DraftModel, Token, GatewayTokenScope, Group):
+    for model in (Endpoint, SpeculationPolicy, CaptureSetting, DraftModel, Token, GatewayTokenScope, Group):
         post_save.connect(_bump, sender=model, dispatch_uid=f"ace-routing-{model.__name__}-save")
         post_delete.connect(_bump, sender=model, dispatch_uid=f"ace-routing-{model.__name__}-delete")
     user = get_user_model()

@@ -47,7 +47,7 @@ class ClientGone(Exception):
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
-    from speculation.services import records
+    from speculation.services import captures, records
 
     while True:
         message = await receive()
@@ -56,8 +56,9 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             try:
                 await records.aflush()
+                await captures.aflush()
             except Exception:  # noqa: BLE001 - shutdown goes on; what could not be written is logged
-                logger.exception("stage records not written at shutdown")
+                logger.exception("stage records or captures not written at shutdown")
             await send({"type": "lifespan.shutdown.complete"})
             return
 
@@ -138,7 +139,9 @@ class GatewayApp:
         route_cache().follow_bumps()  # a web process reads no Redis per request once subscribed
         workload = headers.get(b"x-ace-workload")  # the request's workload key (speculation.workloads.keys)
         workload_header = workload.decode("latin1") if workload is not None else None
-        work = asyncio.create_task(self._answer(scope, send, authorization, raw, workload_header))
+        opt_out = headers.get(b"x-ace-no-capture")  # speculation.gateway.capture.OPT_OUT_HEADER
+        no_capture = opt_out.decode("latin1") if opt_out is not None else None
+        work = asyncio.create_task(self._answer(scope, send, authorization, raw, workload_header, no_capture))
         listener = asyncio.create_task(_wait_disconnect(receive))
         await asyncio.wait((work, listener), return_when=asyncio.FIRST_COMPLETED)
         for task in (listener, work):
@@ -152,7 +155,13 @@ class GatewayApp:
                 logger.exception("gateway: sending the answer failed")
 
     async def _answer(
-        self, scope: Scope, send: Send, authorization: str, raw: bytes | None, workload_header: str | None = None
+        self,
+        scope: Scope,
+        send: Send,
+        authorization: str,
+        raw: bytes | None,
+        workload_header: str | None = None,
+        no_capture: str | None = None,
     ) -> None:
         path = scope["path"]
         try:
@@ -166,6 +175,7 @@ class GatewayApp:
                     raw=raw,
                     workload_header=workload_header,
                     client=_client(scope),
+                    no_capture=no_capture,
                 )
         except Exception:  # noqa: BLE001 - a bug answers an OpenAI-shaped 500 with the request id, never a traceback
             request_id = new_request_id()

@@ -22,7 +22,7 @@ from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
 from speculation.gateway.db import read
 from speculation.gateway.freshness import Stamp, VersionReader
-from speculation.models import Mode, SpeculationPolicy
+from speculation.models import CaptureSetting, Mode, SpeculationPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class Route:
     # Whose it is (fleet.permissions): a model id resolves among the caller's own and its teams' endpoints first.
     owner_id: int | None = None
     team_id: int | None = None
+    # The fraction of its requests kept for training (speculation.gateway.capture); 0 unless the endpoint opted in.
+    capture_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ def _build_table() -> RouteTable:
 
     policies = {p.endpoint_id: p for p in SpeculationPolicy.objects.select_related("draft").all()}
     baselines = dict(ManagedServer.objects.values_list("endpoint_id", "baseline"))
+    capture_rates = dict(CaptureSetting.objects.filter(enabled=True).values_list("endpoint_id", "sample_rate"))
     endpoints = list(Endpoint.objects.all())
     table = RouteTable()
     for endpoint in endpoints:
@@ -137,6 +140,7 @@ def _build_table() -> RouteTable:
             native_baseline=dict((baselines.get(endpoint.pk) or {}).get("buckets") or {}),
             owner_id=endpoint.owner_id,
             team_id=endpoint.team_id,
+            capture_rate=capture_rates.get(endpoint.pk, 0.0),
             **extra,
         )
         table.by_name[endpoint.name] = route

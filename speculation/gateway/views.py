@@ -18,7 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ace import json_body, throttle
 from fleet import netpolicy
-from speculation.gateway import passthrough, validation
+from speculation.gateway import capture, passthrough, validation
 from speculation.gateway.auth import Principal, authenticate
 from speculation.gateway.call import Call, new_request_id
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_response
@@ -77,9 +77,10 @@ async def serve(
     raw: bytes | None,
     workload_header: str | None = None,
     client: str = "",
+    no_capture: str | None = None,
 ) -> HttpResponseBase:
-    """One completion request (`raw`: its body, None when over the size limit; `client`: the caller's address),
-    answered in the endpoint's mode."""
+    """One completion request (`raw`: its body, None when over the size limit; `client`: the caller's address;
+    `no_capture`: its capture opt-out header, speculation.gateway.capture), answered in the endpoint's mode."""
     request_id = new_request_id()
     if method != "POST":
         return error_response(405, "Use POST.", code="method_not_allowed", request_id=request_id)
@@ -127,6 +128,11 @@ async def serve(
     call = Call(route=route, kind=kind, body=body, raw=raw, request_id=request_id, workload=workload)
     if route.mode != Mode.PROD:  # prod requests count when their stage record is written
         stage_metrics.count_passthrough(endpoint=route.name, mode=route.mode)
+    return await capture.around(call, _by_mode, opt_out=capture.opted_out(no_capture), workload_header=workload_header)
+
+
+async def _by_mode(call: Call) -> HttpResponseBase:
+    route = call.route
     if route.mode == Mode.SHADOW:
         from speculation.gateway import shadow
 
@@ -147,6 +153,7 @@ async def _serve(request: HttpRequest, kind: str) -> HttpResponseBase:
         raw=_body(request),
         workload_header=request.headers.get(workload_keys.HEADER),
         client=request.META.get("REMOTE_ADDR", ""),
+        no_capture=request.headers.get(capture.OPT_OUT_HEADER),
     )
 
 

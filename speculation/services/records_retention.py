@@ -6,6 +6,8 @@
   waits for one batch at most, never for the whole prune.
 - Per-minute rollups older than settings.ROLLUP_RETENTION are merged into hourly ones (rollup_store.
   merge_into_hours); the dashboard's longest range (a week) is always inside the per-minute ones.
+- Captured requests past their endpoint's retention, and the oldest beyond its size cap, are deleted
+  (speculation.services.captures.prune_captures).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.utils import timezone
 
 from speculation.models import StageRecord
 from speculation.selectors import rollup_store
+from speculation.services.captures import prune_captures
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,13 @@ MIN_PAUSE_S = 0.03
 class Pruned:
     records: int = 0
     hourly_rollups: int = 0
+    captures: int = 0
     batch_seconds: list[float] = field(default_factory=list)  # how long each DELETE held the write lock
 
 
 def prune(*, now: datetime | None = None, batch: int = PRUNE_BATCH) -> Pruned:
-    """Delete raw records past their retention (rolled up first) and merge old per-minute rollups into hours."""
+    """Delete raw records past their retention (rolled up first), merge old per-minute rollups into hours, and
+    delete captures past their retention or size cap."""
     import time
 
     now = now or timezone.now()
@@ -57,6 +62,7 @@ def prune(*, now: datetime | None = None, batch: int = PRUNE_BATCH) -> Pruned:
                 break
             time.sleep(max(MIN_PAUSE_S, took))  # writers waiting on the lock get in (SQLite's busy wait is not fair)
     done.hourly_rollups = rollup_store.merge_into_hours(before=now - settings.ROLLUP_RETENTION)
+    done.captures = prune_captures(now=now)
     if done.records or done.hourly_rollups:
         logger.info("pruned %d stage records; %d hourly rollup rows merged", done.records, done.hourly_rollups)
     return done

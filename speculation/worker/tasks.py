@@ -203,7 +203,8 @@ def refresh_rollups_task() -> int:
 @shared_task(name="speculation.tasks.prune_records_task", ignore_result=True)
 def prune_records_task() -> int:
     """Beat runs this on the control queue every 10 minutes: raw stage records past ACE_RECORD_RETENTION are
-    deleted in small batches, per-minute rollups past ACE_ROLLUP_RETENTION merged into hours."""
+    deleted in small batches, per-minute rollups past ACE_ROLLUP_RETENTION merged into hours, captured requests
+    past their endpoint's retention or size cap deleted."""
     from speculation.services.records_retention import prune
 
     return prune().records
