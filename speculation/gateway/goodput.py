@@ -39,7 +39,11 @@ from speculation.models import Mode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GREEDY", "KEY", "MIN_SAMPLES", "PLAIN", "RECENT_S", "SPEC", "bucket_of", "begin", "end"]
+# What callers use, the guard's parts' names included (tests and benches read the same constants).
+__all__ = [
+    "GREEDY", "KEY", "MIN_SAMPLES", "PLAIN", "RECENT_S", "SPEC", "PlainSample", "begin", "bucket_of", "choose",
+    "decide", "end", "observe", "reconsider", "watch",
+]  # fmt: skip
 
 
 def choose(samples: Samples, **load_state: Any) -> Decision:
