@@ -72,6 +72,14 @@ def env_duration(name: str, default: str, *, minimum: timedelta | None = None) -
     return value
 
 
+def env_choice(name: str, default: str, *, pattern: str, what: str) -> str:
+    """A value matching ``pattern`` (a regular expression, in full); ``what`` names the values it allows."""
+    raw = (os.environ.get(name) or default).strip()
+    if not re.fullmatch(pattern, raw):
+        raise ConfigError(f"{name}={raw!r} is not {what}")
+    return raw
+
+
 def env_url(name: str, default: str, *, schemes: tuple[str, ...]) -> str:
     raw = os.environ.get(name) or default
     parsed = urlparse(raw)

@@ -17,6 +17,7 @@ import dj_database_url
 from ace.env import (
     ConfigError,
     env_bool,
+    env_choice,
     env_duration,
     env_float,
     env_int,
@@ -131,6 +132,12 @@ COST_REFRESH_S = env_int("ACE_COST_REFRESH", 600, minimum=10)
 CANDIDATE_REPLAYS_PER_MINUTE = env_int("ACE_CANDIDATE_REPLAYS_PER_MINUTE", 120, minimum=0)
 # Models one GPU worker process keeps loaded (speculation.worker.paths.resources): weights + static KV caches, MB.
 WORKER_MODEL_MB = env_int("ACE_WORKER_MODEL_MB", 4096, minimum=0)
+# Where the worker's engine runs its models (speculation.worker.paths.resources): cpu, cuda or cuda:N; and in which
+# dtype: auto is float32 on the CPU and, on CUDA, the checkpoint's bfloat16 / float16 (else bfloat16).
+ENGINE_DEVICE = env_choice("ACE_ENGINE_DEVICE", "cpu", pattern=r"cpu|cuda(:\d+)?", what="cpu, cuda or cuda:N")
+ENGINE_DTYPE = env_choice(
+    "ACE_ENGINE_DTYPE", "auto", pattern="auto|float32|bfloat16|float16", what="auto, float32, bfloat16 or float16"
+)
 # Benchmarks only: prod runs its path with K = 0 (the engine's plain decoding, no draft step), so a benchmark can
 # tell the gain of speculation apart from the path's own speed (bench_gateway's prod_over_plain_same_path).
 PROD_PLAIN = env_bool("ACE_PROD_PLAIN", False)

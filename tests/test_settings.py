@@ -116,3 +116,11 @@ def test_durations_read_with_their_unit():
     finally:
         del os.environ["ACE_TEST_DURATION"]
     assert env_duration("ACE_TEST_DURATION", "7d") == timedelta(days=7)
+
+
+@pytest.mark.parametrize(("name", "value"), [("ACE_ENGINE_DEVICE", "tpu"), ("ACE_ENGINE_DTYPE", "int8")])
+def test_an_engine_device_or_dtype_it_cannot_use_stops_start_up_naming_the_variable(tmp_path, name, value):
+    result = start_up(tmp_path, **{name: value})
+
+    assert result.returncode != 0
+    assert f"{name}={value!r}" in result.stderr

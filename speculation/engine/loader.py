@@ -110,9 +110,9 @@ def read_state(
 
 
 def default_dtype(config: dict, device: torch.device) -> torch.dtype:
-    """The checkpoint's own bf16 / fp16 on CUDA (half the memory, the tensor cores); float32 elsewhere."""
+    """On CUDA the checkpoint's own bf16 / fp16, else bf16 (half the memory, the tensor cores); float32 elsewhere."""
     if device.type == "cuda":
-        return HALF_DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.float32)
+        return HALF_DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.bfloat16)
     return torch.float32
 
 

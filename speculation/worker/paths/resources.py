@@ -1,7 +1,8 @@
 """What a GPU worker process keeps loaded: models and tokenizers by directory (loaded once, LRU-bounded).
 
-Models are the engine's (speculation.engine.load_causal_lm: float32, static KV cache held by the model), so one
-loaded model serves one generation at a time: the worker runs one task per process (prefork, concurrency 1).
+Models are the engine's (speculation.engine.load_causal_lm on settings.ENGINE_DEVICE in ENGINE_DTYPE: ``placement``;
+a KV cache held by the model), so one loaded model serves one generation at a time: the worker runs one task per
+process (prefork, concurrency 1).
 
 Bounded memory: at most MAX_LOADED models and MAX_LOADED EAGLE heads, and the models' bytes (weights and the
 static KV cache they hold) within settings.WORKER_MODEL_MB; the least recently used goes first, never the one just
@@ -47,8 +48,21 @@ def tokenizer(directory: str) -> Any:
         return found
 
 
+def placement() -> tuple[str, Any]:
+    """(device, dtype) for load_causal_lm from settings.ENGINE_DEVICE and ENGINE_DTYPE (dtype None, "auto": float32
+    on the CPU, the checkpoint's half precision on CUDA); a CUDA device where torch sees none is refused, named."""
+    import torch
+    from django.conf import settings
+
+    device, dtype = settings.ENGINE_DEVICE, settings.ENGINE_DTYPE
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"ACE_ENGINE_DEVICE={device}, but torch sees no CUDA device on this worker")
+    return device, None if dtype == "auto" else getattr(torch, dtype)
+
+
 def model(directory: str) -> Loaded:
-    """The causal LM in `directory` (the engine's Transformer, float32) with its tokenizer; loaded on first use."""
+    """The causal LM in `directory` (the engine's, on the configured device: ``placement``) with its tokenizer; loaded
+    on first use."""
     from speculation.engine import load_causal_lm
     from speculation.worker.paths.text import eos_token_ids
 
@@ -61,8 +75,12 @@ def model(directory: str) -> Loaded:
         raise FileNotFoundError(f"{directory} holds no config.json")
     logger.info("loading %s", directory)
     tok = tokenizer(directory)
+    device, dtype = placement()
     loaded = Loaded(
-        directory=directory, model=load_causal_lm(directory), tokenizer=tok, eos_ids=eos_token_ids(directory, tok)
+        directory=directory,
+        model=load_causal_lm(directory, device=device, dtype=dtype),
+        tokenizer=tok,
+        eos_ids=eos_token_ids(directory, tok),
     )
     with _lock:
         _loaded[directory] = loaded
@@ -109,7 +127,7 @@ def eagle_head(directory: str, *, target_dir: str) -> Any:
             _heads.move_to_end(key)
             return found
     logger.info("loading the EAGLE head %s", directory)
-    head = EagleHead.load(Path(directory), target_dir=Path(target_dir))
+    head = EagleHead.load(Path(directory), target_dir=Path(target_dir), device=placement()[0])
     with _lock:
         _heads[key] = head
         while len(_heads) > MAX_LOADED:
