@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speculation.gateway.sampling import GREEDY_BELOW
+from speculation.openai_fields import is_greedy
 
 WINDOW = 20
 MIN_SAMPLES = 8
@@ -89,10 +89,7 @@ def length_of(tokens: float) -> str:
 
 def traffic_of(body: Mapping[str, Any]) -> str:
     """Greedy or sampled, as the server reads the request (no temperature: OpenAI's and vLLM's default, 1)."""
-    temperature = body.get("temperature", 1.0)
-    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature < GREEDY_BELOW:
-        return GREEDY
-    return SAMPLED
+    return GREEDY if is_greedy(body.get("temperature")) else SAMPLED
 
 
 def tok_s(sample: Sample) -> float:

@@ -129,3 +129,16 @@ def test_the_cost_model_is_read_from_the_newest_calibration_and_the_policys_reco
     assert model.target_step_s == pytest.approx(0.020) and model.c == pytest.approx(0.05)
     assert model.v == pytest.approx(1.2) and model.k == 5 and model.tokens_per_step == pytest.approx(3.0)
     assert model.setup_s == pytest.approx(0.25)  # the median request's latency less its verifications
+
+
+def test_the_rules_are_pure_they_import_neither_django_nor_redis():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, speculation.gateway.guard.rules; print(sorted({'django', 'redis'} & set(sys.modules)))"
+    root = Path(__file__).parents[3]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    found = run.stdout.strip()
+
+    assert found == "[]"
