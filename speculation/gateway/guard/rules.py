@@ -329,7 +329,8 @@ def by_cost(
     gain = model.gain(tokens) * fix.factor
     alone = bucket == BUCKET_NAMES[0]
     need = 1.0 if alone else BATCHED_MARGIN if batched else CROWDED_MARGIN
-    why = f"a {tokens}-token request is predicted {gain:.2f}x plain at load {bucket} ({model.basis()}; {fix.basis})"
+    why = f"a request of up to {tokens} tokens is predicted {gain:.2f}x plain at load {bucket}"
+    why += f" ({model.basis()}; {fix.basis})"
     if gain < need:
         pays = model.pays_from()
         short = f"; speculation pays from about {pays:.0f} tokens alone" if pays is not None else ""

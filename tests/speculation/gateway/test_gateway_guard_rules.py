@@ -57,7 +57,7 @@ def test_at_one_stream_long_requests_speculate_and_short_ones_go_plain_with_the_
 
     # then: the long one speculates, predicted 1.72x and measured 1.73x for its length
     assert not long.plain
-    assert long.reason.startswith("goodput guard: a 128-token request is predicted 1.73x plain at load 1 (")
+    assert long.reason.startswith("goodput guard: a request of up to 128 tokens is predicted 1.73x plain at load 1 (")
     assert "E[N] 3.00 tokens a step at K=5, c=0.050, v=1.20, 20.0 ms a target step, 250 ms setup a request" in (
         long.reason
     )
@@ -66,7 +66,7 @@ def test_at_one_stream_long_requests_speculate_and_short_ones_go_plain_with_the_
     )
     # and: every short one goes plain, saying why
     assert all(d.plain for d in short.values())
-    assert short[8].reason.startswith("a 8-token request is predicted 0.40x plain at load 1 (")
+    assert short[8].reason.startswith("a request of up to 8 tokens is predicted 0.40x plain at load 1 (")
     assert "measured for 1-16-token requests at load 1: 0.40x where it predicted 0.49x" in short[8].reason
     assert short[8].reason.endswith(
         "below the 1x it needs; speculation pays from about 24 tokens alone (goodput guard)"
