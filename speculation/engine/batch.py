@@ -53,6 +53,7 @@ from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, Loo
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
 from speculation.engine.verify import verify_greedy, verify_sampled
+from speculation.engine.vocab import draft_width, widen
 
 
 class BatchFullError(RuntimeError):
@@ -115,11 +116,12 @@ class BatchDecoder:
         prefix_cache: PrefixCache | None = None,
         lookup_k: int = HYBRID_LOOKUP_K,
         min_lookup: int = HYBRID_MIN_LOOKUP,
+        shared_vocab: int | None = None,
     ) -> None:
         if min(lookup_k, min_lookup) < 1:
             raise ValueError("lookup_k and min_lookup must be >= 1")
-        if draft is not None and draft.vocab_size != target.vocab_size:
-            raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
+        # a draft padding the vocabulary to another size drafts among the shared tokenizer's ids (engine/vocab.py)
+        self.draft_width = draft_width(draft.vocab_size, target.vocab_size, shared_vocab) if draft is not None else 0
         self.target = BatchedModel(target, max_rows=slots, max_len=max_context)
         self.draft = BatchedModel(draft, max_rows=slots, max_len=max_context) if draft is not None else None
         self.ngram = ngram
@@ -326,10 +328,13 @@ class BatchDecoder:
         slots, sub_ks = [every[b] for b in rows], [ks[b] for b in rows]
         k_max = max(sub_ks)
         subset = rows if only_drafting else None
-        feeds = [torch.tensor(s.committed[s.draft_len :], device=self.device) for s in slots]
+        # a target's padding id past the draft's vocabulary (never text) is read as its last id
+        top = draft.vocab_size - 1
+        feeds = [torch.tensor(s.committed[s.draft_len :], device=self.device).clamp_max(top) for s in slots]
         starts = [s.draft_len for s in slots]
         last = [len(s.committed) - s.draft_len - 1 for s in slots]
-        logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last, rows=subset)  # [B, V]
+        width = self.draft_width
+        logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last, rows=subset)[:, :width]
         positions = [len(s.committed) for s in slots]  # where each row's next fed token goes
         zeros = [0] * len(slots)
         columns: list[Tensor] = []
@@ -338,12 +343,12 @@ class BatchDecoder:
             token = logits.argmax(-1)  # [B]
             for b, slot in enumerate(slots):
                 if not slot.params.greedy and j < sub_ks[b]:
-                    q = probs_from_logits(logits[b], slot.params)  # [V]
+                    q = probs_from_logits(widen(logits[b], width, self.vocab_size), slot.params)  # [V]
                     token[b] = sample(q, slot.generator)
                     qs[b].append(q)
             columns.append(token)
             if j + 1 < k_max:  # the last draft token is never fed (as DraftModelProposer)
-                logits = draft.forward(token[:, None], positions, last=zeros, rows=subset)
+                logits = draft.forward(token[:, None], positions, last=zeros, rows=subset)[:, :width]  # [B, V']
                 positions = [p + 1 for p in positions]
         drafted = torch.stack(columns, dim=1)  # [B, K]
         empty = torch.empty(0, dtype=torch.long, device=self.device)

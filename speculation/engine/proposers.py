@@ -13,10 +13,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from speculation.engine.errors import VocabMismatchError
 from speculation.engine.model import Transformer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.tree import DraftTree
+from speculation.engine.vocab import draft_width, widen
 
 
 @dataclass
@@ -99,22 +99,28 @@ class NgramProposer(LookupProposer):
 
 
 class DraftModelProposer:
-    """A small causal LM with the target's vocabulary and its own KV cache.
+    """A small causal LM with the target's tokenizer and its own KV cache.
 
     The draft's cache holds ``cached`` committed positions; a proposal feeds the committed tokens it has not
     seen (one or two) and then its own drafts. After verification the accepted drafts stay cached (they are
-    the committed tokens at those positions), the rest is rolled back.
+    the committed tokens at those positions), the rest is rolled back. A draft whose checkpoint pads the
+    vocabulary to another size than the target's drafts among the tokenizer's ``shared_vocab`` ids (engine/vocab.py).
     """
 
     wants_hidden = False
 
-    def __init__(self, model: Transformer, *, target_vocab_size: int, confidence_threshold: float = 0.0):
-        if model.vocab_size != target_vocab_size:
-            raise VocabMismatchError(
-                f"draft vocabulary ({model.vocab_size}) differs from the target's ({target_vocab_size})"
-            )
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        target_vocab_size: int,
+        confidence_threshold: float = 0.0,
+        shared_vocab: int | None = None,
+    ):
+        self.width = draft_width(model.vocab_size, target_vocab_size, shared_vocab)  # VocabMismatchError
         if not 0.0 <= confidence_threshold < 1.0:
             raise ValueError("confidence_threshold must be in [0, 1)")
+        self.target_vocab_size = target_vocab_size
         self.model = model
         self.confidence_threshold = confidence_threshold
         self.device = model.output.weight.device
@@ -133,18 +139,20 @@ class DraftModelProposer:
         if k <= 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
         feed = torch.tensor(committed[self.cached :], device=self.device)
+        if self.target_vocab_size > self.model.vocab_size:  # a target's padding id (never text): read as the last
+            feed = feed.clamp_max(self.model.vocab_size - 1)
         start = self.cached
         tokens: list[Tensor] = []
         qs: list[Tensor] = []
         for _ in range(k):
-            logits = self.model(feed, start).logits[-1]  # [V]
+            logits = self.model(feed, start).logits[-1, : self.width]  # [V'] the ids both vocabularies share
             start += feed.shape[0]
             if self.confidence_threshold > 0.0 and self._below_threshold(logits):
                 break  # host read: the cut-off decides whether this draft token is worth verifying
             if params.greedy:
                 token = logits.argmax(-1)
             else:
-                q = probs_from_logits(logits, params)
+                q = probs_from_logits(widen(logits, self.width, self.target_vocab_size), params)  # [V]
                 token = sample(q, generator)
                 qs.append(q)
             tokens.append(token.view(1))

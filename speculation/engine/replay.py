@@ -256,15 +256,18 @@ def replay_proposals(
 
 
 @torch.inference_mode()
-def draft_greedy_predictions(draft: Transformer, token_ids: Sequence[int], *, chunk: int = 256) -> list[int]:
-    """The draft's teacher-forced greedy next token after every prefix: [i] predicts token_ids[i + 1]."""
+def draft_greedy_predictions(
+    draft: Transformer, token_ids: Sequence[int], *, chunk: int = 256, width: int | None = None
+) -> list[int]:
+    """The draft's teacher-forced greedy next token after every prefix: [i] predicts token_ids[i + 1]; among its
+    first ``width`` ids when given (a draft padded to another vocabulary size than its target's: engine/vocab.py)."""
     if not token_ids:
         return []
     device = draft.output.weight.device
     ids = torch.tensor(list(token_ids), device=device)
     if ids.numel() > draft.max_len:
         raise ValueError(f"sequence of {ids.numel()} tokens exceeds the draft's cache of {draft.max_len}")
-    preds = [draft(ids[s : s + chunk], s).logits.argmax(-1) for s in range(0, ids.numel(), chunk)]
+    preds = [draft(ids[s : s + chunk], s).logits[:, :width].argmax(-1) for s in range(0, ids.numel(), chunk)]
     return torch.cat(preds).tolist()
 
 
