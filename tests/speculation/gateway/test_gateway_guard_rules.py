@@ -142,3 +142,31 @@ def test_the_rules_are_pure_they_import_neither_django_nor_redis():
     found = run.stdout.strip()
 
     assert found == "[]"
+
+
+def test_the_cost_model_is_read_once_per_ttl_and_never_for_a_route_that_does_not_speculate(monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    reads = []
+
+    async def read(fn, *key):
+        reads.append(key)
+        return MEASURED
+
+    monkeypatch.setattr(costs, "read", read)
+    costs.forget()
+    route = SimpleNamespace(endpoint_id=7, node_class="cpu", path="local", draft_id=None, k=5)
+
+    async def run():
+        return [await costs.cost_model(route) for _ in range(3)], await costs.cost_model(
+            SimpleNamespace(endpoint_id=8, node_class="cpu", path="", draft_id=None, k=5)
+        )
+
+    try:
+        models, no_path = asyncio.run(run())
+    finally:
+        costs.forget()
+
+    assert models == [MEASURED] * 3 and reads == [(7, "cpu", "local", None, 5)]
+    assert no_path is None
