@@ -232,15 +232,15 @@ def _demo_policy(endpoint, *, target_dir: str, created: bool) -> None:
     """Kept in the change history, by no user. Path local: prod on the demo is ACE's own speculation with the
     target in the worker, against the plain managed instance (the CPU vLLM's own speculation fails the switch
     canary); path auto or native would switch the server instead."""
-    from speculation.models import DraftKind, DraftModel
+    from speculation.models import DraftKind, DraftModel, Mode, VerificationPath
     from speculation.services.policies import get_policy, update_policy
 
     policy = get_policy(endpoint=endpoint)
     fields: dict = {}
     if policy.target_path != target_dir:
         fields["target_path"] = target_dir
-        if policy.mode != "prod" and policy.path == "auto":
-            fields["path"] = "local"
+        if policy.mode != Mode.PROD and policy.path == VerificationPath.AUTO:
+            fields["path"] = VerificationPath.LOCAL
     if created:
         head = DraftModel.objects.filter(name=DEMO_EAGLE, kind=DraftKind.EAGLE_HEAD).first()
         if head is not None:  # the shipped head: its chain at dynamic K is the demo's fastest pairing on a CPU
@@ -262,6 +262,7 @@ def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:
     from fleet.managed.models import ManagedServer
     from fleet.managed.services import NOT_STARTED_URL
     from fleet.models import Endpoint, EndpointStatus, ServerKind
+    from speculation.models import Mode, VerificationPath
     from speculation.services.policies import get_policy, update_policy
 
     managed = ManagedServer.objects.filter(endpoint=endpoint).first()
@@ -286,8 +287,8 @@ def make_demo_managed(endpoint, *, target_dir: str, admin) -> None:
         )
     if managed is None:
         policy = get_policy(endpoint=endpoint)
-        if policy.mode == "prod" and policy.path not in ("local", "remote"):
-            update_policy(endpoint=endpoint, mode="off")
+        if policy.mode == Mode.PROD and policy.path not in (VerificationPath.LOCAL, VerificationPath.REMOTE):
+            update_policy(endpoint=endpoint, mode=Mode.OFF)
         say(f"demo endpoint '{DEMO_ENDPOINT}' is now a managed endpoint (its server is run by the worker)")
 
 

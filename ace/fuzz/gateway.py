@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from ace.fuzz.classes import DEEP_JSON, gateway_changes
+from speculation import openai_fields
 
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 REQUEST_ID_HEADER = "X-ACE-Request-Id"
@@ -24,15 +25,8 @@ ODD_VALUES: list[Any] = [
     *("", "hot", "0", "\x00", "\U0001f642" * 20, "x" * 4000),
     *([], [0], [-1], [1.5], ["a"], [[1, 2]], [[]], [None], {}, {"a": 1}, {"type": "text"}, {"include_usage": "no"}),
 ]
-FIELDS = {
-    "completion": ["prompt", "echo", "logprobs", "best_of", "suffix", "add_special_tokens"],
-    "chat": ["messages", "logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt"],
-}
-COMMON_FIELDS = [
-    *("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed"),
-    *("presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "logit_bias"),
-    *("user", "ignore_eos", "min_tokens", "return_token_ids", "response_format", "an_unknown_field"),
-]
+FIELDS = {route: list(names) for route, names in openai_fields.ROUTE_ONLY.items()}
+COMMON_FIELDS = ["model", *openai_fields.COMMON, "an_unknown_field"]
 RAW_BODIES: list[bytes] = [
     *(b"", b"null", b"[]", b'"text"', b"{", b"\xff\xfe\x00", b"[" * 50_000, b'{"model": 5}', b'{"model": null}'),
     *(b'{"model": "no-such-model", "prompt": "x"}', b'{"prompt": "no model"}', DEEP_JSON),

@@ -4,37 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# Fields prod serves exactly (or that do not change the output); any other field set to a non-default
-# value sends the request plain.
-_ALLOWED = {
-    "model",
-    "messages",
-    "prompt",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "stream",
-    "stream_options",
-    "user",
-    "seed",
-    "n",
-    "return_token_ids",
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "stop",
-    "stop_token_ids",
-    "min_tokens",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-}
-_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+from speculation.models import VerificationPath
+from speculation.openai_fields import NEUTRAL, SERVED_BY_PROD
 
 
 def unservable_reason(body: dict[str, Any], *, kind: str) -> str:
@@ -45,10 +16,10 @@ def unservable_reason(body: dict[str, Any], *, kind: str) -> str:
         return "n > 1 is not served by prod"
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         return "logprobs requested"
-    for name, neutral in _NEUTRAL.items():
+    for name, neutral in NEUTRAL.items():
         if body.get(name) not in (None, neutral):
             return f"unsupported parameter {name}={body[name]!r}"
-    extra = sorted(name for name, value in body.items() if name not in _ALLOWED and value is not None)
+    extra = sorted(name for name, value in body.items() if name not in SERVED_BY_PROD and value is not None)
     if extra:
         return f"unsupported parameter {extra[0]}"
     if body.get("temperature") is None:
@@ -86,7 +57,7 @@ def stop_fields_reason(body: dict[str, Any], *, kind: str, path: str) -> str:
     if min_tokens is not None:
         if not _is_int(min_tokens) or min_tokens < 0:
             return "min_tokens must be a non-negative integer"
-        if min_tokens and path == "remote":
+        if min_tokens and path == VerificationPath.REMOTE:
             return "min_tokens on the remote path: the scoring API's argmax cannot leave out the end tokens"
     if body.get("echo"):
         if kind != "completion":

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet.adapters import Unsupported, WireError, WireRequest, semantics_for, wire_for
+from speculation import openai_fields
 from speculation.gateway import admission, goodput, native, passthrough, upstream
 from speculation.gateway import sampling as request_sampling
 from speculation.gateway.background import spawn
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = settings.PROD_START_TIMEOUT_S
 STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
 # Applied by the worker exactly as the server applies them (speculation.worker.paths.stopping).
-STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output")
+STOP_FIELDS = openai_fields.STOP
 SLOT_SLACK_S = 30.0  # a queued job's slot outlives its queue expiry by this much unless a worker refreshes it
 
 

@@ -18,7 +18,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is greedy
+from speculation.models import VerificationPath
+from speculation.openai_fields import is_greedy
+
 _OFF_TOP_K = (None, 0, -1)
 
 
@@ -31,7 +33,7 @@ class RequestSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
+        return is_greedy(self.temperature)
 
     def job(self) -> dict[str, Any]:
         """What the worker's GenerationConfig takes; a request without a seed gets a random one here."""
@@ -90,7 +92,7 @@ def parse(body: dict[str, Any]) -> RequestSampling | str:
 
 def path_reason(sampling: RequestSampling, *, path: str, capabilities: dict[str, Any]) -> str:
     """Why this path cannot serve this sampling exactly ("" when it can)."""
-    if sampling.greedy or path != "remote":
+    if sampling.greedy or path != VerificationPath.REMOTE:
         return ""
     top_n = int(capabilities.get("max_logprobs") or 0)
     if not 0 < sampling.top_k < top_n:

@@ -43,7 +43,6 @@ from speculation.selectors.autopairing import Choice, pairing_table, workload_ch
 logger = logging.getLogger(__name__)
 
 TABLE_TTL_S = 30.0
-NGRAM = "ngram"  # the n-gram candidate's name (speculation.worker.candidates)
 # What each worker path can run: an EAGLE head reads the target's hidden states, so only where it is loaded.
 KINDS_ON_PATH = {
     VerificationPath.LOCAL: frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS, DraftKind.EAGLE_HEAD}),

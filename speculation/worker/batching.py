@@ -40,6 +40,7 @@ from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
 from speculation.engine.proposers import LookupProposer
+from speculation.models import VerificationPath
 from speculation.worker.paths import CommittedBatch
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def enabled() -> bool:
 
 def takes(job: dict[str, Any]) -> bool:
     """Whether the batch loop serves this prod job (batching on, the local path)."""
-    return enabled() and job.get("path") == "local"
+    return enabled() and job.get("path") == VerificationPath.LOCAL
 
 
 def prefix_cache() -> PrefixCache | None:

@@ -94,8 +94,7 @@ from speculation.worker.paths import resources
 logger = logging.getLogger(__name__)
 
 K_RANGE = tuple(range(1, MAX_PROJECTED_K + 1))
-NGRAM = "ngram"
-SUFFIX = "suffix"
+NGRAM, SUFFIX = DraftKind.NGRAM.value, DraftKind.SUFFIX.value  # a lookup candidate is named by its kind
 BUDGET_KEY = "ace:candidate-replays:{endpoint_id}:{minute}"
 
 

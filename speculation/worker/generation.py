@@ -38,6 +38,7 @@ from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import WorkerChannel
 from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
+from speculation.openai_fields import is_greedy
 from speculation.selectors.autopairing import Choice
 from speculation.services import target_identity
 from speculation.worker import autopick, baseline, batching, costs, suffix_store
@@ -434,7 +435,11 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
     stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)
     suffix_store.remember(endpoint.pk, job["request_id"], stream.ids)  # after the answer: what later ones draft from
-    if choice is not None and not settings.PROD_PLAIN and float((job.get("sampling") or {}).get("temperature", 0)) == 0:
+    if (
+        choice is not None
+        and not settings.PROD_PLAIN
+        and is_greedy((job.get("sampling") or {}).get("temperature", 0.0))
+    ):
         autopick.record_evidence(
             endpoint_id=endpoint.pk,
             node_class=endpoint.node_class,

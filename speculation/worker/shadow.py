@@ -35,6 +35,7 @@ from speculation.engine import (
 )
 from speculation.engine.lookahead import PRIOR_ALPHA, PRIOR_WEIGHT, ModeledLookahead
 from speculation.models import LOOKUP_KINDS, Action, Mechanism, Mode, SpeculationPolicy
+from speculation.openai_fields import is_greedy
 from speculation.selectors.costs import projection_basis
 from speculation.services.costs import TREE_REPLAY
 from speculation.services.records import record_stage
@@ -44,8 +45,6 @@ from speculation.worker.paths import resources
 from speculation.worker.stats import stage_fields
 
 logger = logging.getLogger(__name__)
-
-GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (as speculation.gateway.sampling)
 
 
 @dataclass
@@ -174,7 +173,7 @@ def measure_shadow(
         | {"latency_ms": latency_ms, "workload": workload},
     )
     sampling = None
-    if temperature >= GREEDY_BELOW:
+    if not is_greedy(temperature):
         sampling = {"temperature": float(temperature), "top_k": max(0, int(top_k or 0)), "top_p": float(top_p)}
         _measure_sampled(shadowed, SamplingParams(**sampling))
     else:
