@@ -153,6 +153,23 @@ def endpoint_is_pending(*, endpoint: Endpoint) -> bool:
     return endpoint.probes.exclude(status__in=SETTLED_PROBE_STATUSES).exists()
 
 
+PROBE_HISTORY_LENGTH = 20
+
+
+def endpoint_detail(*, endpoint: Endpoint) -> dict[str, Any]:
+    """What an endpoint's detail page shows of it: masked key, capabilities, recent probes, probe in progress
+    (the fleet page, the status panel it polls, and the speculation page's server view)."""
+    probes = list(probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
+    return {
+        "endpoint": endpoint,
+        "api_key_masked": masked_api_key(endpoint=endpoint),
+        "capability_rows": capability_rows(endpoint.capabilities),
+        "probes": probes,
+        "latest_probe": probes[0] if probes else None,
+        "pending": endpoint_is_pending(endpoint=endpoint),
+    }
+
+
 def any_endpoint_pending() -> bool:
     return (
         Endpoint.objects.filter(status__in=PENDING_ENDPOINT_STATUSES).exists()

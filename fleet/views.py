@@ -11,21 +11,6 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from fleet import permissions, selectors, services
 from fleet.forms import EndpointForm
-from fleet.models import Endpoint
-
-PROBE_HISTORY_LENGTH = 20
-
-
-def _detail_context(endpoint: Endpoint) -> dict:
-    probes = list(selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
-    return {
-        "endpoint": endpoint,
-        "api_key_masked": selectors.masked_api_key(endpoint=endpoint),
-        "capability_rows": selectors.capability_rows(endpoint.capabilities),
-        "probes": probes,
-        "latest_probe": probes[0] if probes else None,
-        "pending": selectors.endpoint_is_pending(endpoint=endpoint),
-    }
 
 
 def _visible_list(request: HttpRequest):
@@ -76,7 +61,7 @@ def endpoint_create(request: HttpRequest) -> HttpResponse:
 @require_GET
 def endpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     endpoint = permissions.endpoint_for(request.user, pk)
-    return render(request, "fleet/endpoint_detail.html", _detail_context(endpoint))
+    return render(request, "fleet/endpoint_detail.html", selectors.endpoint_detail(endpoint=endpoint))
 
 
 @login_required
@@ -84,7 +69,7 @@ def endpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def endpoint_status(request: HttpRequest, pk: int) -> HttpResponse:
     """What the detail page polls: the status panel as HTML, or `?format=json` for scripts."""
     endpoint = permissions.endpoint_for(request.user, pk)
-    context = _detail_context(endpoint)
+    context = selectors.endpoint_detail(endpoint=endpoint)
     if request.GET.get("format") == "json":
         latest = context["latest_probe"]
         return JsonResponse(

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 
 from ace.csp import POLICY
 from fleet import services
+from speculation.web.endpoint_page import VIEWS as ENDPOINT_VIEWS
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +33,7 @@ def _pages(endpoint_id: int) -> list[str]:
         f"/fleet/{endpoint_id}/",
         "/dashboard/",
         f"/dashboard/endpoints/{endpoint_id}/",
+        *(f"/dashboard/endpoints/{endpoint_id}/?view={view}" for view in ENDPOINT_VIEWS),
         "/dashboard/drafts/",
         "/api/docs/",
         "/admin/",

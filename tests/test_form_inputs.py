@@ -56,7 +56,7 @@ def test_it_answers_every_field_of_the_form_holding_each_input_class_without_a_5
     assert not any(("\r" in e.base_url or "\n" in e.name) for e in Endpoint.objects.all())
 
 
-@pytest.mark.parametrize("param", ["action", "mode", "range", "workload", "page"])
+@pytest.mark.parametrize("param", ["action", "mode", "range", "workload", "page", "view"])
 def test_it_answers_the_endpoint_page_filters_holding_each_input_class_without_a_5xx(signed_in, param):
     endpoint = services.create_endpoint(name="target", base_url="http://127.0.0.1:8000")
     url = reverse("speculation:endpoint", args=[endpoint.pk])

@@ -401,6 +401,11 @@ def _window_summary(by_action: dict[str, dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def range_summary(totals: Totals) -> dict[str, Any]:
+    """fleet_summary's figures for one endpoint over endpoint_totals' rows (the endpoint page's key figures)."""
+    return _window_summary({key[0]: row for key, row in regroup(totals, by=("action",)).items()})
+
+
 def fleet_summary(*, endpoint_ids: list[int] | None = None, now: datetime | None = None) -> dict[int, dict]:
     """For each endpoint with records in the last day: {"hour": {...}, "day": {...}} with request counts
     per action, acceptance rate, alpha, measured (prod) and projected (shadow) multiplier, tok/s and

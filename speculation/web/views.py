@@ -7,12 +7,10 @@ timeseries API by static/js/dashboard.js.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,39 +19,18 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from ace.query_params import finite_number
 from fleet import permissions
-from fleet import selectors as fleet_selectors
 from fleet.models import Endpoint
 from fleet.permissions import endpoint_for, visible_endpoints
 from speculation.engine.projection import MAX_PROJECTED_K
-from speculation.models import DraftModel, SpeculationPolicy
-from speculation.selectors import autopairing, options, rollups
 from speculation.selectors import costs as cost_selectors
+from speculation.selectors import options, rollups
 from speculation.selectors.drafts import visible_drafts
 from speculation.services import autopairing as autopairing_service
 from speculation.services import drafts as draft_service
 from speculation.services import path_choice
 from speculation.services import policies as policy_service
-from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm, RecordFilterForm, tree_text
-from speculation.workloads import keys as workload_keys
-
-RECORDS_PER_PAGE = 25
-PROBE_HISTORY_LENGTH = 20
-CHART_METRICS = ("acceptance_rate", "multiplier", "tok_s")
-
-
-def _time_range(request: HttpRequest) -> rollups.TimeRange:
-    try:
-        return rollups.get_range(request.GET.get("range"))
-    except ValueError:
-        return rollups.get_range(None)
-
-
-def _policy_of(endpoint: Endpoint) -> SpeculationPolicy:
-    """The stored policy, or the default (off) one unsaved: a page view never creates a policy."""
-    try:
-        return endpoint.policy
-    except SpeculationPolicy.DoesNotExist:
-        return SpeculationPolicy(endpoint=endpoint)
+from speculation.web import endpoint_page as page
+from speculation.web.forms import DraftRegisterForm, ModeForm, PolicyForm
 
 
 def _back(request: HttpRequest, default: str) -> str:
@@ -74,7 +51,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     summary = rollups.fleet_summary(endpoint_ids=[e.pk for e in endpoints])
     rows = []
     for endpoint in endpoints:
-        policy = _policy_of(endpoint)
+        policy = page.policy_of(endpoint)
         empty = {"hour": {}, "day": {}}
         rows.append(
             {
@@ -121,121 +98,16 @@ def endpoint_mode(request: HttpRequest, pk: int) -> HttpResponse:
 # --- endpoint page ------------------------------------------------------------------------------------
 
 
-def _policy_initial(policy: SpeculationPolicy) -> dict:
-    return {
-        "mode": policy.mode,
-        "mechanism": policy.mechanism,
-        "draft": policy.draft.name if policy.draft_id else "",
-        "k": policy.k,
-        "dynamic_k": policy.dynamic_k,
-        "eagle_tree": tree_text(policy.eagle_tree),
-        "auto_pairing": policy.auto_pairing,
-        "shadow_sample_rate": policy.shadow_sample_rate,
-        "path": policy.path,
-        "target_path": policy.target_path,
-    }
-
-
-def _workload(request: HttpRequest) -> str | None:
-    """The page's workload filter (?workload=KEY); absent or not a valid key: every workload."""
-    value = request.GET.get("workload")
-    if not value:
-        return None
-    try:
-        return workload_keys.checked_key(value, param="workload")
-    except workload_keys.BadWorkload:
-        return None
-
-
-def _id_param(request: HttpRequest, name: str) -> int | None:
-    """A record id the records table pages from; anything else: none (the newest page)."""
-    value = request.GET.get(name, "")
-    return int(value) if value.isdigit() and len(value) < 19 else None
-
-
-@path_choice.remembered()
-def _endpoint_context(request: HttpRequest, endpoint: Endpoint, form: PolicyForm | None = None) -> dict:
-    time_range = _time_range(request)
-    workload = _workload(request)
-    policy = _policy_of(endpoint)
-    drafts = _drafts_offered(request, policy)
-    if form is None:
-        form = PolicyForm(initial=_policy_initial(policy), draft_names=[d.name for d in drafts])
-    filters = RecordFilterForm(request.GET or None)
-    clean = filters.cleaned_data if filters.is_valid() else {}
-    record_range = rollups.get_range(clean.get("range") or time_range.name)
-    records = rollups.stage_records(
-        endpoint_id=endpoint.pk,
-        action=clean.get("action") or None,
-        mode=clean.get("mode") or None,
-        since=record_range.since(timezone.now()),
-        workload=workload,
-    )
-    page = rollups.record_page(
-        records, before=_id_param(request, "before"), after=_id_param(request, "after"), size=RECORDS_PER_PAGE
-    )
-    query = request.GET.copy()
-    for cursor in ("before", "after", "page"):
-        query.pop(cursor, None)
-    probes = list(fleet_selectors.probe_list(endpoint=endpoint)[:PROBE_HISTORY_LENGTH])
-    now = timezone.now()
-    since = time_range.since(now)
-    charts, totals = rollups.endpoint_page_data(  # the charts and the figures beside them, one read
-        endpoint_id=endpoint.pk, metrics=CHART_METRICS, range_name=time_range.name, now=now, workload=workload
-    )
-    return {
-        # what fleet/endpoint_detail.html needs (capabilities and probe history, with live probe progress)
-        "endpoint": endpoint,
-        "capability_rows": fleet_selectors.capability_rows(endpoint.capabilities),
-        "probes": probes,
-        "latest_probe": probes[0] if probes else None,
-        "pending": fleet_selectors.endpoint_is_pending(endpoint=endpoint),
-        # speculation
-        "policy": policy,
-        "form": form,
-        "path": options.effective_path(policy=policy, endpoint=endpoint),
-        "path_warning": policy_service.path_warning(policy=policy, endpoint=endpoint),
-        "mode_options": options.mode_options(policy=policy, endpoint=endpoint),
-        "draft_options": options.draft_options(policy=policy, endpoint=endpoint, drafts=drafts),
-        "path_options": options.path_options(policy=policy, endpoint=endpoint),
-        "changes": list(policy.changes.select_related("changed_by")[:10]) if policy.pk else [],
-        "range": time_range,
-        "ranges": list(rollups.RANGES),
-        "workload": workload or "",
-        "pairing": autopairing.pairing_table(endpoint_id=endpoint.pk),
-        "workloads": rollups.workloads_seen(endpoint_id=endpoint.pk, since=since, totals=totals),
-        "charts": charts,
-        "has_chart_data": any(s["y"] for m in CHART_METRICS for s in charts[m]["series"]),
-        "filters": filters,
-        "page": page,
-        "page_query": query.urlencode(),
-        "timeseries_url": reverse("dashboard-api:endpoint-timeseries", args=[endpoint.pk]),
-        **_projection_context(endpoint, since=since, totals=totals),
-    }
-
-
-def _drafts_offered(request: HttpRequest, policy: SpeculationPolicy) -> list[DraftModel]:
-    """The drafts the user may choose on the settings form: those it can see, and the policy's own."""
-    current = DraftModel.objects.filter(pk=policy.draft_id)
-    return list((visible_drafts(request.user) | current).order_by("name"))
-
-
-def _projection_context(endpoint: Endpoint, *, since: datetime, totals: dict) -> dict:
-    """Shadow's projection beside prod's measurement per K, and the costs the worker measured."""
-    alpha = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=since, totals=totals).get("alpha")
-    return {
-        "calibration": cost_selectors.measured_costs(endpoint=endpoint),
-        "projection_rows": cost_selectors.projection_vs_prod(
-            endpoint=endpoint, since=since, alpha=alpha, totals=totals
-        ),
-    }
-
-
 @login_required
 @require_GET
 def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
+    """One of the page's views (`?view=`, the overview by default): speculation.web.endpoint_page."""
     endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
-    return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint))
+    try:
+        view = page.view_of(request)
+    except page.UnknownView as exc:
+        return HttpResponseBadRequest(str(exc))
+    return render(request, "speculation/endpoint.html", page.context(request, endpoint, view=view))
 
 
 @login_required
@@ -243,7 +115,8 @@ def endpoint_page(request: HttpRequest, pk: int) -> HttpResponse:
 def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
     """The settings form: every field through the policy service (validated as a whole, change recorded)."""
     endpoint = endpoint_for(request.user, pk, operate=True, queryset=Endpoint.objects.select_related("policy__draft"))
-    form = PolicyForm(request.POST, draft_names=[d.name for d in _drafts_offered(request, _policy_of(endpoint))])
+    drafts = page.drafts_offered(request, page.policy_of(endpoint))
+    form = PolicyForm(request.POST, draft_names=[d.name for d in drafts])
     if form.is_valid():
         fields = dict(form.cleaned_data)
         fields["draft"] = fields["draft"] or None
@@ -255,7 +128,8 @@ def endpoint_policy(request: HttpRequest, pk: int) -> HttpResponse:
             messages.success(request, f"Speculation settings of {endpoint.name} saved.")
             return redirect("speculation:endpoint", pk=endpoint.pk)
     endpoint.refresh_from_db()
-    return render(request, "speculation/endpoint.html", _endpoint_context(request, endpoint, form), status=400)
+    context = page.context(request, endpoint, view="settings", form=form)
+    return render(request, "speculation/endpoint.html", context, status=400)
 
 
 @login_required
@@ -286,7 +160,7 @@ def endpoint_apply_pairing(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"{endpoint.name} stays as it was: {'; '.join(exc.messages)}")
     else:
         messages.success(request, f"{endpoint.name} now drafts with {chosen.candidate} at K = {policy.k}.")
-    return redirect("speculation:endpoint", pk=endpoint.pk)
+    return redirect(reverse("speculation:endpoint", args=[endpoint.pk]) + "?view=autopairing")
 
 
 # --- projection ---------------------------------------------------------------------------------------
@@ -301,7 +175,7 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
 @require_GET
 def projection(request: HttpRequest, pk: int) -> HttpResponse:
     endpoint = endpoint_for(request.user, pk, queryset=Endpoint.objects.select_related("policy__draft"))
-    time_range = _time_range(request)
+    time_range = page.time_range(request)
     measured = rollups.measured_acceptance(endpoint_id=endpoint.pk, since=time_range.since(timezone.now()))
     v = _float_param(request, "v")
     what_if = cost_selectors.projection(
@@ -310,7 +184,7 @@ def projection(request: HttpRequest, pk: int) -> HttpResponse:
     curve = what_if["curve"]
     context = {
         "endpoint": endpoint,
-        "policy": _policy_of(endpoint),
+        "policy": page.policy_of(endpoint),
         "range": time_range,
         "ranges": list(rollups.RANGES),
         "measured": measured,

@@ -18,6 +18,7 @@ from fleet import services
 from fleet.models import Endpoint
 from fleet.permissions import ADMIN, OPERATOR, VIEWER, role_of
 from speculation.models import PolicyChange, SpeculationPolicy
+from speculation.web.endpoint_page import VIEWS as ENDPOINT_VIEWS
 from tests.support.users import api_as, browser_as, make_user
 
 pytestmark = pytest.mark.django_db
@@ -109,6 +110,10 @@ def test_it_refuses_an_operator_deleting_another_owners_endpoint(alices_endpoint
         api.get(f"/api/v1/endpoints/{alices_endpoint.pk}/timeseries/?metric=tok_s").status_code,
         _browser(bob).post(f"/fleet/{alices_endpoint.pk}/delete/").status_code,
         _browser(bob).get(f"/dashboard/endpoints/{alices_endpoint.pk}/").status_code,
+        *(
+            _browser(bob).get(f"/dashboard/endpoints/{alices_endpoint.pk}/?view={v}").status_code
+            for v in ENDPOINT_VIEWS
+        ),
     ]
 
     # then every answer is 404 (another owner's endpoint is not revealed) and it still exists unchanged
@@ -235,6 +240,7 @@ def test_the_pages_offer_a_viewer_no_write_controls(alices_endpoint):
             f"/fleet/{alices_endpoint.pk}/",
             "/dashboard/",
             f"/dashboard/endpoints/{alices_endpoint.pk}/",
+            *(f"/dashboard/endpoints/{alices_endpoint.pk}/?view={view}" for view in ENDPOINT_VIEWS),
         )
         return "".join(browser.get(url).content.decode() for url in urls)
 

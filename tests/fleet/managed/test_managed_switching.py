@@ -282,10 +282,12 @@ def test_the_dashboard_shows_a_managed_endpoints_native_multiplier(endpoint, use
     browser.force_login(user)
 
     overview = browser.get(reverse("speculation:overview")).content.decode()
-    page = browser.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    url = reverse("speculation:endpoint", args=[endpoint.pk])
+    page, records = (browser.get(url, {"view": v}).content.decode() for v in ("overview", "records"))
+    settings = browser.get(url, {"view": "settings"}).content.decode()
 
     assert '<span class="measured">1.37×</span>' in overview
-    assert "1.37×" in page and "native" in page
+    assert "1.37× measured in prod" in page and "1.37×" in records and "native" in settings
 
 
 def test_the_lease_is_kept_while_a_long_step_blocks_the_loop(redis_server, monkeypatch):

@@ -88,12 +88,12 @@ def test_the_endpoint_page_shows_the_table_and_applies_with_one_click(client, en
     user.groups.add(Group.objects.get_or_create(name=TEAM)[0])
     client.force_login(user)
 
-    page = client.get(f"/dashboard/endpoints/{endpoint.pk}/").content.decode()
+    page = client.get(f"/dashboard/endpoints/{endpoint.pk}/?view=autopairing").content.decode()
     applied = client.post(f"/dashboard/endpoints/{endpoint.pk}/autopairing/apply/", {"workload": "chat"})
 
     assert 'id="autopairing-table"' in page and 'data-candidate="small"' in page
     assert "<b>small</b> at K = <b>3</b>" in page and 'id="apply-pairing"' in page
-    assert applied.status_code == 302
+    assert applied.status_code == 302 and applied["Location"].endswith("?view=autopairing")
     assert SpeculationPolicy.objects.get(endpoint=endpoint).draft.name == "small"
 
 

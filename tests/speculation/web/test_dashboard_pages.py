@@ -132,7 +132,8 @@ def test_endpoint_page_embeds_chart_data_and_paginates_records(client_in, endpoi
     SpeculationPolicy.objects.create(endpoint=endpoint, mode=Mode.SHADOW)
     add_records(endpoint, 30, per_position_acceptance=[1.0, 0.5], target_passes=2, accepted_length_hist=[0, 1, 1])
 
-    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+    url = reverse("speculation:endpoint", args=[endpoint.pk])
+    response = client_in.get(url)
 
     assert response.status_code == 200
     charts = response.context["charts"]
@@ -142,15 +143,17 @@ def test_endpoint_page_embeds_chart_data_and_paginates_records(client_in, endpoi
     assert charts["histogram"]["shadow"] == [0, 30, 30]
     body = response.content.decode()
     assert 'id="chart-data"' in body and "vendor/plotly.min.js" in body
-    assert "capabilit" in body.lower()  # the fleet detail part (probe results) is on the same page
+    server = client_in.get(url, {"view": "server"}).content.decode()
+    assert "capabilit" in server.lower()  # the fleet detail part (probe results) is the server view
     # the records table: the 25 newest, then the 5 older ones by keyset, and back
-    first = response.context["page"]
+    records = client_in.get(url, {"view": "records"})
+    first, body = records.context["page"], records.content.decode()
     assert len(first.object_list) == 25 and first.newer is None and f"before={first.older}" in body
-    older = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"before": first.older})
+    older = client_in.get(url, {"view": "records", "before": first.older})
     second = older.context["page"]
     assert len(second.object_list) == 5 and second.older is None
     assert {r.pk for r in first.object_list}.isdisjoint(r.pk for r in second.object_list)
-    newer = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"after": second.newer})
+    newer = client_in.get(url, {"view": "records", "after": second.newer})
     assert [r.pk for r in newer.context["page"].object_list] == [r.pk for r in first.object_list]
 
 
@@ -158,7 +161,9 @@ def test_the_records_table_never_counts_the_records(client_in, endpoint):
     add_records(endpoint, 3)
 
     with CaptureQueriesContext(connection) as queries:
-        response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"before": "junk"})
+        response = client_in.get(
+            reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "records", "before": "junk"}
+        )
 
     assert response.status_code == 200 and len(response.context["page"].object_list) == 3
     assert not [q["sql"] for q in queries.captured_queries if "COUNT(*)" in q["sql"]]
@@ -170,7 +175,9 @@ def test_records_filter_by_action(client_in, endpoint):
         endpoint=endpoint, request_id="skip-1", mode=Mode.PROD, action=Action.SKIPPED, reason="n > 1"
     )
 
-    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"action": "skipped"})
+    response = client_in.get(
+        reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "records", "action": "skipped"}
+    )
 
     rows = list(response.context["page"].object_list)
     assert [r.request_id for r in rows] == ["skip-1"]
@@ -181,7 +188,7 @@ def test_endpoint_page_says_why_a_draft_does_not_fit(client_in, endpoint):
     DraftModel.objects.create(name="other-vocab", kind=DraftKind.DRAFT_MODEL, path="/x", tokenizer_fingerprint="0" * 64)
     DraftModel.objects.create(name="same-vocab", kind=DraftKind.DRAFT_MODEL, path="/y", tokenizer_fingerprint=FP)
 
-    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "settings"})
 
     options = {o.value: o for o in response.context["draft_options"]}
     assert options["same-vocab"].available
@@ -304,7 +311,7 @@ def test_endpoint_page_shows_shadows_projection_beside_prods_measurement_per_k(c
     add_records(endpoint, 1, mode=Mode.PROD, k=5, multiplier=1.5)  # prod only at K = 5
     add_calibration(endpoint, target_ms=10.0, draft_ms=1.0, verify_ms={1: 10.0, 9: 10.0})
 
-    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]))
+    response = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "autopairing"})
 
     rows = {row["k"]: row for row in response.context["projection_rows"]}
     assert rows[3]["shadow"] == {"n": 4, "multiplier": 2.0} and rows[3]["prod"] == {"n": 2, "multiplier": 2.5}
@@ -317,7 +324,7 @@ def test_endpoint_page_shows_shadows_projection_beside_prods_measurement_per_k(c
 
 
 def test_endpoint_page_says_when_no_costs_are_measured_yet(client_in, endpoint):
-    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "autopairing"}).content.decode()
     assert "no calibration yet" in body and 'id="projection-vs-prod-empty"' in body
 
 

@@ -113,7 +113,8 @@ def test_a_policy_naming_a_draft_the_user_cannot_see_is_refused_as_if_it_did_not
     )
     assert not SpeculationPolicy.objects.filter(endpoint=endpoint, draft__isnull=False).exists()
     # and the endpoint page offers only the drafts bob can see
-    assert "alices-draft" not in browser_as(bob).get(f"/dashboard/endpoints/{endpoint.pk}/").content.decode()
+    settings = browser_as(bob).get(f"/dashboard/endpoints/{endpoint.pk}/?view=settings").content.decode()
+    assert 'id="policy-form"' in settings and "alices-draft" not in settings
 
 
 def test_deleting_a_draft_in_use_names_only_the_endpoints_the_caller_can_see(alice, tiny_model_dir):

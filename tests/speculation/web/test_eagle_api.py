@@ -66,7 +66,7 @@ def test_the_endpoint_page_shows_the_launch_flags_of_its_draft(client_in):
     head = DraftModel.objects.create(name="head-1", kind="eagle_head", path="/heads/h1")
     SpeculationPolicy.objects.create(endpoint=endpoint, mechanism="eagle_head", draft=head, k=4)
 
-    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "settings"}).content.decode()
 
     assert 'id="native-flags"' in body
     assert "--speculative-config" in body and "&quot;method&quot;:&quot;eagle&quot;" in body
@@ -75,7 +75,7 @@ def test_the_endpoint_page_shows_the_launch_flags_of_its_draft(client_in):
 def test_the_endpoint_page_says_why_an_openai_server_has_no_flags(client_in):
     endpoint = Endpoint.objects.create(name="oai", base_url="http://10.0.0.6:8000", kind="openai")
 
-    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk])).content.decode()
+    body = client_in.get(reverse("speculation:endpoint", args=[endpoint.pk]), {"view": "settings"}).content.decode()
 
     assert 'id="native-flags-reason"' in body and "remote or local verification path" in body
 

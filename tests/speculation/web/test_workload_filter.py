@@ -67,11 +67,13 @@ def test_the_endpoint_page_lists_the_workloads_and_filters_charts_and_records(cl
 
     every = client_in.get(page, {"range": "hour"})
     chat = client_in.get(page, {"range": "hour", "workload": "chat"})
+    every_record = client_in.get(page, {"view": "records", "range": "hour"})
+    chat_records = client_in.get(page, {"view": "records", "range": "hour", "workload": "chat"})
 
     assert every.context["workloads"] == ["code", "chat"]  # most requests first
-    assert len(every.context["page"].object_list) == 6
-    assert {r.workload for r in chat.context["page"].object_list} == {"chat"}
-    assert len(chat.context["page"].object_list) == 2
+    assert len(every_record.context["page"].object_list) == 6
+    assert {r.workload for r in chat_records.context["page"].object_list} == {"chat"}
+    assert len(chat_records.context["page"].object_list) == 2
     (series,) = chat.context["charts"]["multiplier"]["series"]
     assert series["y"] == [1.1]
     assert 'data-workload="chat"' in chat.content.decode()
