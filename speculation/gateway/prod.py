@@ -30,6 +30,8 @@ from speculation.gateway.preflight import max_context as preflight_max_context
 from speculation.gateway.preflight import preflight
 from speculation.gateway.recording import PlainRecorder
 from speculation.gateway.sse import DONE, EventSplitter, dumps, payload_of
+from speculation.jobs import queue
+from speculation.jobs.job import ProdJob
 from speculation.models import Action
 from speculation.services.records import keep_record
 
@@ -115,18 +117,18 @@ async def serve(call: Call):
     if int(call.body.get("min_tokens") or 0) > max_tokens:
         return await plain(call, action=Action.SKIPPED, reason="min_tokens > max_tokens (the server refuses it)")
     channel = GatewayChannel(call.request_id)
-    job = {
-        "request_id": call.request_id,
-        "endpoint_id": route.endpoint_id,
-        "prompt_ids": prompt_ids,
-        "max_tokens": max_tokens,
-        "k": route.k,
-        "path": route.path,
-        "sampling": sampling.job(),
-        "stop": {name: call.body[name] for name in STOP_FIELDS if call.body.get(name) is not None},
-        "node_class": route.node_class,
-        "workload": call.workload,  # `draft: auto`: the worker runs this workload's best candidate and K
-    }
+    job = ProdJob(
+        request_id=call.request_id,
+        endpoint_id=route.endpoint_id,
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        k=route.k,
+        path=route.path,
+        sampling=sampling.job(),
+        stop={name: call.body[name] for name in STOP_FIELDS if call.body.get(name) is not None},
+        node_class=route.node_class,
+        workload=call.workload,  # `draft: auto`: the worker runs this workload's best candidate and K
+    )
     try:
         await channel.check()
         slot = await admission.admit(
@@ -141,9 +143,7 @@ async def serve(call: Call):
         return await plain(call, action=Action.SKIPPED, reason=slot.reason(route.node_class))
     stop_job = {"node_class": route.node_class, "request_id": call.request_id}
     try:
-        from speculation.worker.tasks import enqueue_prod
-
-        await asyncio.to_thread(enqueue_prod, job=job, node_class=route.node_class, expires_s=START_TIMEOUT_S)
+        await asyncio.to_thread(queue.enqueue_prod, job, expires_s=START_TIMEOUT_S)
     except ChannelError as exc:
         return await plain(call, action=Action.FELL_BACK, reason=str(exc))
     except asyncio.CancelledError:  # the client went away while the job was being queued

@@ -22,6 +22,8 @@ from speculation.gateway import background, passthrough
 from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
 from speculation.gateway.sse import EventSplitter, dumps, payload_of
+from speculation.jobs import queue
+from speculation.jobs.job import ShadowJob
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +85,13 @@ class ShadowCapture:
         background.spawn(self._enqueue(latency_ms=self.call.elapsed_ms()), what="shadow enqueue")
 
     async def _enqueue(self, *, latency_ms: float) -> None:
-        from speculation.worker.tasks import enqueue_shadow
-
         route = self.call.route
         sampling = request_sampling.parse(self.call.body)
         if isinstance(sampling, str):
             logger.info("request %s: shadow sample not measured: %s", self.call.request_id, sampling)
             return
-        await asyncio.to_thread(
-            enqueue_shadow,
+        job = ShadowJob(
             endpoint_id=route.endpoint_id,
-            node_class=route.node_class,
             request_id=self.call.request_id,
             prompt_ids=self.prompt_ids,
             output_ids=self.output_ids,
@@ -105,6 +103,7 @@ class ShadowCapture:
             latency_ms=latency_ms,
             workload=self.call.workload,
         )
+        await asyncio.to_thread(queue.enqueue_shadow, job, node_class=route.node_class)
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -62,7 +62,7 @@ def enabled() -> bool:
 
 
 def takes(job: dict[str, Any]) -> bool:
-    """Whether the batch loop serves this prod job (batching on, the local path)."""
+    """Whether the batch loop serves this prod job (its wire form: batching on, the local path)."""
     return enabled() and job.get("path") == VerificationPath.LOCAL
 
 

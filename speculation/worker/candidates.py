@@ -74,6 +74,7 @@ from speculation.engine.replay import (
     teacher_forced,
 )
 from speculation.engine.tree import TreeShape
+from speculation.jobs import queue
 from speculation.limits import tree_nodes_at
 from speculation.models import (
     HYBRID_PREFIX,
@@ -542,10 +543,8 @@ def request_candidates(*, endpoint: Endpoint, **job: Any) -> None:
     (speculation.worker.tasks.replay_candidates_task); never fails the request's own measurement."""
     if settings.CANDIDATE_REPLAYS_PER_MINUTE <= 0:
         return
-    from speculation.worker.tasks import enqueue_candidates
-
     try:
-        enqueue_candidates(node_class=endpoint.node_class, endpoint_id=endpoint.pk, **job)
+        queue.enqueue_candidates(node_class=endpoint.node_class, endpoint_id=endpoint.pk, **job)
     except Exception as exc:  # noqa: BLE001 - the broker down: the stage record is already written
         logger.warning("request %s: candidate replays not queued: %s", job.get("request_id"), exc)
 

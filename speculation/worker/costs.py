@@ -18,7 +18,7 @@ a second candidate costs only its own draft-step timing.
 
 Where it runs: never inside the shadow task. A shadow measurement projects with the newest stored calibration
 (`shadow_costs`) and, when that is older than COST_REFRESH_S or missing, queues one refresh (`request_calibration`)
-on the node class's background queue (ace.celery.background_queue: speculation.worker.tasks.calibrate_costs_task).
+on the node class's background queue (speculation.jobs.queue: speculation.worker.tasks.calibrate_costs_task).
 A record made before any calibration existed says "calibration pending" and gets its projection when the
 calibration is stored (speculation.services.costs.project_pending_records). One calibration per endpoint, node
 class, path and draft runs at a time across workers (a Redis lock with a TTL), and a refresh queued twice measures
@@ -49,6 +49,7 @@ from fleet.models import Endpoint
 from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
 from speculation.engine.costs import REPEATS, non_decreasing, time_draft_step, time_verify
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
+from speculation.jobs import queue
 from speculation.models import (
     BATCHED_KINDS,
     LOOKUP_KINDS,
@@ -61,7 +62,7 @@ from speculation.models import (
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
-from speculation.worker import cpuload
+from speculation.worker import cpuload, upstream
 from speculation.worker.costs_batch import BatchStepTimer, StepRelay
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
@@ -135,13 +136,11 @@ def _redis() -> redis.Redis:
 def request_calibration(*, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]) -> str:
     """Queue one calibration of the policy's costs on the node class's background queue, unless one is queued
     already (QUEUED_TTL_S); returns what happened, for the record's reason."""
-    from speculation.worker.tasks import enqueue_calibration
-
     key = cost_key(endpoint=endpoint, policy=policy)
     try:
         if not _redis().set(key.redis_key("queued"), 1, nx=True, ex=QUEUED_TTL_S):
             return "a calibration is queued"
-        enqueue_calibration(node_class=endpoint.node_class, **calibration_job(key, policy, context))
+        queue.enqueue_calibration(node_class=endpoint.node_class, **calibration_job(key, policy, context))
     except Exception as exc:  # noqa: BLE001 - Redis or the broker down: the measurement is recorded anyway
         logger.warning("queueing a cost calibration of endpoint %s failed: %s", endpoint.pk, exc)
         return f"the calibration could not be queued ({type(exc).__name__})"
@@ -388,15 +387,12 @@ def _quiet_cores() -> float:
 def _wait_until_server_idle(endpoint: Endpoint, *, deadline: float) -> bool:
     """Poll the server's running + waiting requests (its kind's wire format) until 0 or the deadline; False when it
     stayed busy or cannot say (the timing then runs anyway)."""
-    from speculation.worker.generation import _headers, http
-
     wire = wire_for(endpoint.kind)
     while True:
         try:
             request = wire.in_flight()
-            response = http().request(
-                request.method, endpoint.base_url.rstrip("/") + request.path, headers=_headers(endpoint), timeout=2
-            )
+            url = endpoint.base_url.rstrip("/") + request.path
+            response = upstream.http().request(request.method, url, headers=upstream.headers(endpoint), timeout=2)
             busy = wire.parse_in_flight(response.text) if response.status_code == 200 else 0.0
         except Exception:  # noqa: BLE001 - a kind without the gauge, the server unreachable: time anyway
             return False
@@ -431,9 +427,8 @@ class _FeaturesFed:
 
 
 def _server_step(endpoint: Endpoint, context: list[int]) -> float:
-    from speculation.worker.generation import _headers, http
-
-    return server_step_seconds(client=http(), endpoint=endpoint, headers=_headers(endpoint), prompt_ids=context)
+    client, headers = upstream.http(), upstream.headers(endpoint)
+    return server_step_seconds(client=client, endpoint=endpoint, headers=headers, prompt_ids=context)
 
 
 def _verify_costs(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int]) -> dict[int, float]:

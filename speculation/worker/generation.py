@@ -14,13 +14,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
 import redis
 from django.conf import settings
 
 from fleet.adapters import wire_for
 from fleet.models import Endpoint
-from fleet.netpolicy import PinnedTransport
 from speculation.engine import (
     HYBRID_LOOKUP_K,
     DraftModelProposer,
@@ -36,12 +34,14 @@ from speculation.engine import (
 from speculation.engine.decode import truncate_at_stop
 from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import Cancelled, JobSlot
-from speculation.jobs.channel import WorkerChannel
+from speculation.jobs.channel import Cancelled as CancelledMessage
+from speculation.jobs.channel import Done, Error, Ready, Tokens, WorkerChannel
+from speculation.jobs.job import ProdJob
 from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.openai_fields import is_greedy
 from speculation.selectors.autopairing import Choice
 from speculation.services import target_identity
-from speculation.worker import autopick, baseline, batching, costs, suffix_store
+from speculation.worker import autopick, baseline, batching, costs, suffix_store, upstream
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
@@ -50,17 +50,6 @@ from speculation.worker.stats import stage_fields
 
 logger = logging.getLogger(__name__)
 
-_http: httpx.Client | None = None
-
-
-def http() -> httpx.Client:
-    global _http
-    if _http is None:
-        # Sockets go only to addresses the network policy checked at connect time (fleet.netpolicy).
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-        _http = httpx.Client(transport=PinnedTransport(limits=limits))
-    return _http
-
 
 def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=10)
@@ -68,11 +57,6 @@ def redis_client() -> redis.Redis:
 
 class PathUnavailable(RuntimeError):
     """The policy's path cannot run here (missing tokenizer, target, draft)."""
-
-
-def _headers(endpoint: Endpoint) -> dict[str, str]:
-    key = endpoint.api_key
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _text_source(policy: SpeculationPolicy) -> str:
@@ -171,10 +155,10 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
     drafter = _drafter(policy, None)
     caps = dict(endpoint.capabilities or {})
     remote = RemoteTarget(
-        client=http(),
+        client=upstream.http(),
         base_url=endpoint.base_url,
         model=endpoint.served_model,
-        headers=_headers(endpoint),
+        headers=upstream.headers(endpoint),
         wire=wire_for(endpoint.kind),
         vocab_size=drafter.vocab_size,
         max_context=int(caps.get("max_context") or 1 << 30),
@@ -331,43 +315,41 @@ class TokenStream:
         self.sent += len(ids)
         self.ids += ids
         # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
-        self.channel.send({"type": "tokens", "ids": ids, "text": text}, slot=self.slot)
+        self.channel.send(Tokens(ids, text), slot=self.slot)
 
 
-def _baseline(client: redis.Redis, endpoint: Endpoint, job: dict[str, Any]) -> float | None:
+def _baseline(client: redis.Redis, endpoint: Endpoint, job: ProdJob) -> float | None:
     return baseline.baseline_tok_s(
         redis_client=client,
         endpoint_id=endpoint.pk,
         measure=lambda: baseline.calibrate(
-            client=http(),
+            client=upstream.http(),
             base_url=endpoint.base_url,
             kind=endpoint.kind,
             model=endpoint.served_model,
-            headers=_headers(endpoint),
-            prompt_ids=job["prompt_ids"],
-            max_tokens=job["max_tokens"],
+            headers=upstream.headers(endpoint),
+            prompt_ids=job.prompt_ids,
+            max_tokens=job.max_tokens,
         ),
     )
 
 
-def _prepare(endpoint: Endpoint, policy: SpeculationPolicy, job: dict[str, Any]) -> tuple[Prepared, int, Choice | None]:
+def _prepare(endpoint: Endpoint, policy: SpeculationPolicy, job: ProdJob) -> tuple[Prepared, int, Choice | None]:
     """The proposer and target this request runs with, its K, and (`draft: auto`) the choice behind them: the
     workload's best candidate and K where the evidence says so (speculation.worker.autopick); a chosen candidate
     that cannot load here leaves the request to the policy's own draft, with the reason."""
-    if not policy.auto_pairing or job["path"] not in autopick.KINDS_ON_PATH:
-        return build(endpoint, policy, job["path"]), job["k"], None
-    chosen, choice = autopick.choose(
-        endpoint=endpoint, policy=policy, workload=job.get("workload", ""), path=job["path"], k=job["k"]
-    )
+    if not policy.auto_pairing or job.path not in autopick.KINDS_ON_PATH:
+        return build(endpoint, policy, job.path), job.k, None
+    chosen, choice = autopick.choose(endpoint=endpoint, policy=policy, workload=job.workload, path=job.path, k=job.k)
     if chosen is policy:
-        return build(endpoint, policy, job["path"]), choice.k, choice
+        return build(endpoint, policy, job.path), choice.k, choice
     try:
-        return build(endpoint, chosen, job["path"]), choice.k, choice
+        return build(endpoint, chosen, job.path), choice.k, choice
     except PathUnavailable as exc:
-        logger.warning("request %s: auto choice %s not usable: %s", job["request_id"], choice.candidate, exc)
-        own = autopick.policy_choice(policy, job["k"])
+        logger.warning("request %s: auto choice %s not usable: %s", job.request_id, choice.candidate, exc)
+        own = autopick.policy_choice(policy, job.k)
         reason = f"auto: {choice.candidate} could not run here ({exc}): the policy's {own.candidate} K={own.k}"
-        return build(endpoint, policy, job["path"]), own.k, replace(own, reason=reason)
+        return build(endpoint, policy, job.path), own.k, replace(own, reason=reason)
 
 
 def measured_multiplier(
@@ -385,18 +367,18 @@ def measured_multiplier(
     return tok_s / baseline_tok_s if tok_s and baseline_tok_s else None
 
 
-def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> None:
+def _generate(job: ProdJob, client: redis.Redis, stream: TokenStream) -> None:
     """Load, calibrate, generate through the stream and send the done message with the record's fields."""
-    endpoint = Endpoint.objects.get(pk=job["endpoint_id"])
+    endpoint = Endpoint.objects.get(pk=job.endpoint_id)
     policy = SpeculationPolicy.objects.select_related("draft").get(endpoint=endpoint)
     prepared, k, choice = _prepare(endpoint, policy, job)
     sizing = tree_sizing(endpoint, policy, prepared, k, choice.candidate if choice else policy.draft_id)
     base = _baseline(client, endpoint, job)  # end to end: kept beside the multiplier (the dashboard's baseline)
     server_step_ms = costs.prod_server_step_ms(endpoint=endpoint, policy=policy)
-    stream.channel.send({"type": "ready"}, slot=stream.slot)  # loaded and calibrated: the step timeout applies
+    stream.channel.send(Ready(), slot=stream.slot)  # loaded and calibrated: the step timeout applies
     rule = StopRule.from_fields(
-        job.get("stop") or {},
-        max_tokens=job["max_tokens"],
+        job.stop,
+        max_tokens=job.max_tokens,
         eos_token_id=prepared.tokenizer.eos_token_id,
         eos_ids=prepared.eos_ids,
     )
@@ -404,11 +386,11 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     started = time.perf_counter()
     stats = speculate(
         prepared,
-        prompt_ids=job["prompt_ids"],
-        max_tokens=job["max_tokens"],
+        prompt_ids=job.prompt_ids,
+        max_tokens=job.max_tokens,
         k=0 if settings.PROD_PLAIN else k,  # ACE_PROD_PLAIN: the same path at K = 0 (benchmarks)
         on_tokens=stream.send,
-        sampling=job.get("sampling"),
+        sampling=job.sampling,
         stop=rule,
         ends_after=stream.ends_after,
         batch=batching.serves(prepared),
@@ -432,43 +414,41 @@ def _generate(job: dict[str, Any], client: redis.Redis, stream: TokenStream) -> 
     if sizing is not None:  # which tree shapes ran
         record["reason"] = "; ".join(r for r in (record.get("reason"), sizing.reason()) if r)
     tail = matcher.finish()  # the held-back text; "length" when the loop ended at the context
-    done = {"type": "done", "finish_reason": matcher.finish_reason, "stop_reason": matcher.stop_reason}
-    stream.channel.send({**done, "text": tail, "stats": record}, release=stream.slot)
-    suffix_store.remember(endpoint.pk, job["request_id"], stream.ids)  # after the answer: what later ones draft from
-    if (
-        choice is not None
-        and not settings.PROD_PLAIN
-        and is_greedy((job.get("sampling") or {}).get("temperature", 0.0))
-    ):
+    done = Done(finish_reason=matcher.finish_reason, stop_reason=matcher.stop_reason, text=tail, stats=record)
+    stream.channel.send(done, release=stream.slot)
+    suffix_store.remember(endpoint.pk, job.request_id, stream.ids)  # after the answer: what later ones draft from
+    if choice is not None and not settings.PROD_PLAIN and is_greedy((job.sampling or {}).get("temperature", 0.0)):
         autopick.record_evidence(
             endpoint_id=endpoint.pk,
             node_class=endpoint.node_class,
-            request_id=job["request_id"],
-            workload=job.get("workload", ""),
+            request_id=job.request_id,
+            workload=job.workload,
             choice=choice,
             stats=stats,
             k=k,
-            path=job["path"],
+            path=job.path,
         )
 
 
-def run_prod_generation(job: dict[str, Any]) -> None:
-    """Generate one prod request; every outcome ends with a done or error message on the channel."""
+def run_prod_generation(job: ProdJob | dict[str, Any]) -> None:
+    """Generate one prod request (a job or its wire form); every outcome ends with a done or error message on the
+    channel."""
+    job = ProdJob.of(job)
     client = redis_client()
-    channel = WorkerChannel(client, job["request_id"])
-    slot = JobSlot(client, request_id=job["request_id"], node_class=job.get("node_class", ""), hold_s=SLOT_HOLD_S)
+    channel = WorkerChannel(client, job.request_id)
+    slot = JobSlot(client, request_id=job.request_id, node_class=job.node_class, hold_s=SLOT_HOLD_S)
     stream = TokenStream(channel, slot)
     try:
         slot.check()  # a job the gateway stopped waiting for never starts
         _generate(job, client, stream)
     except Cancelled:
-        logger.info("prod generation %s cancelled after %d tokens", job["request_id"], stream.sent)
-        channel.send({"type": "cancelled", "tokens": stream.sent}, release=slot)
+        logger.info("prod generation %s cancelled after %d tokens", job.request_id, stream.sent)
+        channel.send(CancelledMessage(stream.sent), release=slot)
     except PathUnavailable as exc:
-        channel.send({"type": "error", "reason": str(exc)}, release=slot)
+        channel.send(Error(str(exc)), release=slot)
     except Exception as exc:  # noqa: BLE001 - the gateway falls back; the reason says what broke
-        logger.exception("prod generation %s failed", job.get("request_id"))
-        channel.send({"type": "error", "reason": f"speculative path failed: {type(exc).__name__}: {exc}"}, release=slot)
+        logger.exception("prod generation %s failed", job.request_id)
+        channel.send(Error(f"speculative path failed: {type(exc).__name__}: {exc}"), release=slot)
     finally:
         slot.release()
         client.close()

@@ -16,6 +16,7 @@ import torch
 
 from fleet.models import Endpoint
 from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.worker import upstream
 from speculation.worker.paths import resources
 from speculation.worker.paths.drafting import teacher_forced_logits
 
@@ -121,14 +122,15 @@ def server_top_logprobs(endpoint: Endpoint, prompt_ids: list[int], output_ids: l
     """The server's top-N raw log-probabilities at every output position (one scoring call through the server
     kind's wire format), and N. fleet.adapters.Unsupported when the server kind cannot score token ids."""
     from fleet.adapters import wire_for
-    from speculation.worker.generation import _headers, http
 
     wire = wire_for(endpoint.kind)
     top_n = min(SCORING_LOGPROBS, int(endpoint.capabilities.get("max_logprobs") or SCORING_LOGPROBS))
     sequence = prompt_ids + output_ids
     request = wire.score(model=endpoint.served_model, token_ids=sequence, top_n=top_n)
     url = endpoint.base_url.rstrip("/") + request.path
-    response = http().request(request.method, url, headers=_headers(endpoint), timeout=120, json=request.json)
+    response = upstream.http().request(
+        request.method, url, headers=upstream.headers(endpoint), timeout=120, json=request.json
+    )
     response.raise_for_status()
     scored = wire.parse_score(response.json(), token_ids=sequence, top_n=top_n)
     # only the top-N by rank are a complete head (the output token's own log-probability is kept apart)

@@ -17,6 +17,8 @@ from celery import shared_task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from ace.celery import background_queue, gpu_queue, node_class_of
+from speculation.jobs import queue
+from speculation.jobs.job import ProdJob, ShadowJob
 
 logger = logging.getLogger(__name__)
 
@@ -69,30 +71,31 @@ def _withdraw_capacity(**_: Any) -> None:
         _heartbeat.stop()
 
 
-@shared_task(name="speculation.tasks.prod_generate_task", acks_late=False, ignore_result=True)
-def prod_generate_task(job: dict[str, Any]) -> None:
+@shared_task(name=queue.PROD_TASK, acks_late=False, ignore_result=True)
+def prod_generate_task(wire: dict[str, Any]) -> None:
     # acks_late off: a prod request redelivered after a worker crash would generate into a channel the gateway
     # already gave up on (it fell back).
     from speculation.jobs.channel import announce_started
 
-    announce_started(job["request_id"])  # before any heavy import: the gateway's start timeout is short
+    job = ProdJob.from_dict(wire)  # refuses a job this code does not read, naming the field
+    announce_started(job.request_id)  # before any heavy import: the gateway's start timeout is short
     from speculation.worker import batching
     from speculation.worker.generation import run_prod_generation
 
-    if batching.takes(job):  # the process's batch loop serves it: this process takes the next job at once
-        batching.hand_off(job, run_prod_generation)
+    if batching.takes(wire):  # the process's batch loop serves it: this process takes the next job at once
+        batching.hand_off(wire, run_prod_generation)
         return
     with batching.single_stream():
         run_prod_generation(job)
 
 
-@shared_task(name="speculation.tasks.shadow_measure_task", acks_late=True, ignore_result=True)
+@shared_task(name=queue.SHADOW_TASK, acks_late=True, ignore_result=True)
 def shadow_measure_task(**kwargs: Any) -> None:
     from speculation.worker.batching import single_stream
     from speculation.worker.shadow import measure_shadow
 
     with single_stream():  # it uses the loaded models' own KV caches
-        measure_shadow(**kwargs)
+        measure_shadow(**ShadowJob.from_dict(kwargs).to_dict())
 
 
 BACKGROUND_DEFER_S = 2.0
@@ -132,7 +135,7 @@ def _requeue(task: Any, *, node_class: str, defers: int, kwargs: dict[str, Any])
     )
 
 
-@shared_task(name="speculation.tasks.calibrate_costs_task", bind=True, acks_late=True, ignore_result=True)
+@shared_task(name=queue.CALIBRATION_TASK, bind=True, acks_late=True, ignore_result=True)
 def calibrate_costs_task(self: Any, *, node_class: str, defers: int = 0, **kwargs: Any) -> None:
     """One cost calibration (speculation.worker.costs.calibrate), deduplicated across workers by a Redis lock."""
     if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
@@ -154,7 +157,7 @@ def calibrate_costs_task(self: Any, *, node_class: str, defers: int = 0, **kwarg
         logger.warning("cost calibration of endpoint %s (%s) failed: %s", kwargs.get("endpoint_id"), node_class, exc)
 
 
-@shared_task(name="speculation.tasks.replay_candidates_task", bind=True, acks_late=True, ignore_result=True)
+@shared_task(name=queue.CANDIDATES_TASK, bind=True, acks_late=True, ignore_result=True)
 def replay_candidates_task(self: Any, *, node_class: str, defers: int = 0, **kwargs: Any) -> None:
     """Every compatible candidate replayed on one shadowed request (speculation.worker.candidates)."""
     if _deferred(self, node_class=node_class, defers=defers, kwargs=kwargs):
@@ -164,27 +167,6 @@ def replay_candidates_task(self: Any, *, node_class: str, defers: int = 0, **kwa
 
     with single_stream():
         replay_candidates_for_request(**kwargs)
-
-
-def enqueue_calibration(*, node_class: str, **kwargs: Any) -> None:
-    calibrate_costs_task.apply_async(
-        kwargs={**kwargs, "node_class": node_class}, queue=background_queue(node_class), retry=False
-    )
-
-
-def enqueue_candidates(*, node_class: str, **kwargs: Any) -> None:
-    replay_candidates_task.apply_async(
-        kwargs={**kwargs, "node_class": node_class}, queue=background_queue(node_class), retry=False
-    )
-
-
-def enqueue_prod(*, job: dict[str, Any], node_class: str, expires_s: float) -> None:
-    """Queue a prod request; it expires if no worker takes it in time (the gateway has fallen back then)."""
-    prod_generate_task.apply_async(args=[job], queue=gpu_queue(node_class), expires=expires_s, retry=False)
-
-
-def enqueue_shadow(*, node_class: str, **kwargs: Any) -> None:
-    shadow_measure_task.apply_async(kwargs=kwargs, queue=gpu_queue(node_class), retry=False)
 
 
 # register the EAGLE training task with the worker (autodiscovery finds `tasks` modules only)

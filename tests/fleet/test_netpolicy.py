@@ -165,7 +165,7 @@ def test_the_gateway_and_worker_clients_refuse_a_rebound_name(rebinding):
         asyncio.run(gateway_client())
     assert "127.0.0.2" in netpolicy.refusal(caught.value)
 
-    from speculation.worker.generation import http
+    from speculation.worker.upstream import http
 
     with pytest.raises(httpx.ConnectError) as caught:
         http().get(url)

@@ -36,8 +36,8 @@ def test_shadow_asks_for_token_ids_only_where_the_server_kind_returns_them(
     from rest_framework.authtoken.models import Token
 
     from fleet.models import Endpoint
+    from speculation.jobs import queue
     from speculation.models import Mode, SpeculationPolicy
-    from speculation.worker import tasks
 
     # given a shadow endpoint of this kind that samples every request
     stub = http_stub({("POST", "/v1/completions"): completions})
@@ -48,7 +48,7 @@ def test_shadow_asks_for_token_ids_only_where_the_server_kind_returns_them(
     admin = django_user_model.objects.create_superuser(username=f"kinds-{kind}", password="pw-for-tests-only")
     token = Token.objects.create(user=admin).key
     queued: list[dict] = []
-    monkeypatch.setattr(tasks, "enqueue_shadow", lambda **kwargs: queued.append(kwargs))
+    monkeypatch.setattr(queue, "enqueue_shadow", lambda job, **kwargs: queued.append(job.to_dict()))
 
     async def ask() -> dict:
         response = await AsyncClient().post(

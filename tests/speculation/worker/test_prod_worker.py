@@ -170,7 +170,7 @@ def test_a_client_that_goes_away_stops_the_worker_within_one_step(local_job, cli
 
     def send_then_cancel(self, message, **kwargs):
         send(self, message, **kwargs)
-        if message["type"] == "tokens":
+        if message.type == "tokens":
             sent_steps.append(message)
             if len(sent_steps) == 2:
                 client.set(cancel_key(local_job["request_id"]), 1)

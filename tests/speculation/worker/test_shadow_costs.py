@@ -302,11 +302,11 @@ class FakeVllm:
 
 
 def test_remote_calibration_times_the_servers_decode_step_and_scoring_calls(shadow_policy, monkeypatch):
-    from speculation.worker import generation
+    from speculation.worker import upstream
 
     fake = FakeVllm()
     client = httpx.Client(transport=httpx.MockTransport(fake.handle))
-    monkeypatch.setattr(generation, "http", lambda: client)
+    monkeypatch.setattr(upstream, "http", lambda: client)
     monkeypatch.setattr(worker_costs, "time", fake)
     monkeypatch.setattr("speculation.engine.costs.time", fake)
     endpoint = shadow_policy.endpoint
@@ -355,7 +355,7 @@ def test_local_calibration_times_the_engine_prod_runs_the_request_on(
 def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(
     shadow_policy, tiny_model_dir, monkeypatch, settings, slots
 ):
-    from speculation.worker import generation
+    from speculation.worker import upstream
 
     settings.PROD_BATCH_SLOTS = slots  # the batch decoder's steps are timed, or the single-stream engine's
 
@@ -368,7 +368,7 @@ def test_the_workers_own_local_timings_wait_for_the_server_to_serve_nothing(
         return httpx.Response(200, text=f'vllm:num_requests_running{{model_name="tiny"}} {running}.0\n')
 
     client = httpx.Client(transport=httpx.MockTransport(metrics))
-    monkeypatch.setattr(generation, "http", lambda: client)
+    monkeypatch.setattr(upstream, "http", lambda: client)
     monkeypatch.setattr(worker_costs, "QUIET_POLL_S", 0.0)
     monkeypatch.setattr(worker_costs, "server_step_seconds", lambda **kw: 0.010)
     started_after = []
