@@ -133,11 +133,11 @@ def serves(prepared: Any) -> bool:
     return type(proposer) in BATCHED_PROPOSERS
 
 
-def _drafters(proposer: Any) -> tuple[Any, LookupProposer | None]:
-    """(the draft model, the lookup) a decoder drafts with: both for the hybrid."""
+def _drafters(proposer: Any) -> tuple[DraftModelProposer | None, LookupProposer | None]:
+    """(the draft model's proposer, the lookup) a decoder drafts with: both for the hybrid."""
     if isinstance(proposer, HybridProposer):
-        return proposer.fallback.model, proposer.lookup
-    draft = proposer.model if isinstance(proposer, DraftModelProposer) else None
+        return proposer.fallback, proposer.lookup
+    draft = proposer if isinstance(proposer, DraftModelProposer) else None
     return draft, (proposer if isinstance(proposer, LookupProposer) else None)
 
 
@@ -152,7 +152,8 @@ def speculate(
     draft, lookup = _drafters(prepared.proposer)
     handle = _loop().submit(
         target=prepared.target.model,
-        draft=draft,
+        draft=draft.model if draft is not None else None,
+        draft_width=draft.width if draft is not None else None,
         lookup=lookup,
         prompt_ids=prompt_ids,
         config=config,
@@ -233,12 +234,15 @@ class BatchLoop:
         prompt_ids: list[int],
         config: Any,
         costs: Any = None,
+        draft_width: int | None = None,
     ) -> _Handle:
         """Join the batch of (target, draft model, lookup: requests whose lookups have the same batch_key share
         one, the first one's proposer drafting for all; both: the hybrid); the handle gets its steps. costs: the
-        stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1."""
+        stored calibration of the request's path (StepCosts), where a pair's load-aware K starts at load 1.
+        draft_width: the ids the draft drafts among (DraftModelProposer.width: a draft padding its vocabulary to
+        another size than the target's)."""
         handle = _Handle(loop=self, key=next(self._ids))
-        pair = (target, draft, lookup.batch_key if lookup is not None else None)
+        pair = (target, draft, lookup.batch_key if lookup is not None else None, draft_width)
         self._commands.put(("join", pair, handle, prompt_ids, config, costs, lookup))
         return handle
 
@@ -301,12 +305,13 @@ class BatchLoop:
                 return
 
     def _new_group(self, pair: tuple, handle: _Handle, lookup: LookupProposer | None) -> _Group | None:
-        target, draft, _ = pair
+        target, draft, _, draft_width = pair
         try:
             decoder = BatchDecoder(
                 target,
                 slots=self.slots,
                 draft=draft,
+                shared_vocab=draft_width,
                 ngram=lookup,
                 lookahead=LoadAwareLookahead() if self.load_aware_k else None,
                 max_context=target.max_len,

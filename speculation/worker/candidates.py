@@ -174,23 +174,35 @@ def replay(
 
         return {k: replay_proposals(propose, sequence, k, **common) for k in K_RANGE}
     if candidate.kind == DraftKind.SUFFIX_DRAFT:
-        return replay_hybrid(candidate.draft.path, sequence, K_RANGE, lookup=lookup or SuffixProposer(), common=common)
+        return replay_hybrid(
+            candidate.draft.path, sequence, K_RANGE, lookup=lookup or SuffixProposer(), common=common,
+            target_path=target_path,
+        )  # fmt: skip
     if candidate.kind == DraftKind.EAGLE_HEAD:
         return replay_eagle_head(
             candidate.draft.path, sequence, K_RANGE, target_path=target_path, tree=tree, common=common
         )
-    model = resources.model(candidate.draft.path).model
-    predictions = draft_greedy_predictions(model, sequence)  # one teacher-forced pass serves every K
+    draft = resources.model(candidate.draft.path)
+    width = resources.draft_width(draft, target_path)  # as prod drafts against that target
+    predictions = draft_greedy_predictions(draft.model, sequence, width=width)  # one pass serves every K
     return {k: replay_greedy(predictions, sequence, k, **common) for k in K_RANGE}
 
 
 def replay_hybrid(
-    draft_path: str, sequence: list[int], ks: tuple[int, ...], *, lookup: LookupProposer, common: dict[str, Any]
+    draft_path: str,
+    sequence: list[int],
+    ks: tuple[int, ...],
+    *,
+    lookup: LookupProposer,
+    common: dict[str, Any],
+    target_path: str = "",
 ) -> dict[int, SpecStats]:
     """Suffix decoding with a draft model's fallback at each K (the draft's K; the lookup drafts up to its own cap,
     HYBRID_LOOKUP_K), as prod's HybridProposer runs it: exact for greedy, the draft's drafts from one
     teacher-forced pass (its chain is accepted exactly as far as its teacher-forced predictions match)."""
-    model = teacher_forced(draft_greedy_predictions(resources.model(draft_path).model, sequence))
+    draft = resources.model(draft_path)
+    width = resources.draft_width(draft, target_path)
+    model = teacher_forced(draft_greedy_predictions(draft.model, sequence, width=width))
     return {
         k: replay_proposer(HybridProposer(lookup, model, model_k=k), sequence, max(k, HYBRID_LOOKUP_K), **common)
         for k in ks

@@ -281,14 +281,15 @@ def _batch_step_costs(
     loaded = resources.model(policy.target_path)
     target = loaded.model
     ngram = policy.mechanism in LOOKUP_KINDS or policy.draft is None
-    draft = target if ngram else resources.model(policy.draft.path).model
+    drafter = loaded if ngram else resources.model(policy.draft.path)
+    draft, shared = drafter.model, resources.shared_vocab(drafter, target.vocab_size)
     timers: list[BatchStepTimer] = []
     client = _redis()
     relay = StepRelay(loaded.tokenizer, client=client)  # the request thread's part of each step, as in prod
 
     def one_round() -> tuple[dict[int, float], list[float]]:  # in the batch loop's thread, as prod's steps run
         if not timers:
-            timers.append(BatchStepTimer(target, draft=draft, context=context, relay=relay.put))
+            timers.append(BatchStepTimer(target, draft=draft, context=context, relay=relay.put, shared_vocab=shared))
         return timers[0].round(VERIFY_SIZES)
 
     try:

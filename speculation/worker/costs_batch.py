@@ -139,13 +139,20 @@ class BatchStepTimer:
         draft: Transformer,
         context: list[int],
         relay: Callable[[list[int]], None] | None = None,
+        shared_vocab: int | None = None,
     ) -> None:
         from speculation.engine import GenerationConfig
         from speculation.engine.batch import BatchDecoder
         from speculation.limits import K_MAX
 
         self._told = _ToldK()
-        self._decoder = BatchDecoder(target, slots=1, draft=draft, lookahead=self._told)  # type: ignore[arg-type]
+        self._decoder = BatchDecoder(  # shared_vocab: a draft padded to another size (speculation.engine.vocab)
+            target,
+            slots=1,
+            draft=draft,
+            lookahead=self._told,  # type: ignore[arg-type]
+            shared_vocab=shared_vocab,
+        )
         room = self._decoder.max_context - len(context) - 1
         if room < 2 * K_MAX:
             raise ValueError(f"a context of {len(context)} tokens leaves no room to time steps")

@@ -126,12 +126,17 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
 
 
 def _draft_model(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
+    """A draft model's proposer; against a local target whose checkpoint pads the vocabulary to another size, it
+    drafts among their tokenizer's ids (their tokenizers are one: the policy's fingerprint check)."""
+    vocab = target.model.vocab_size if target is not None else 0
     try:
         draft = resources.model(policy.draft.path)
+        vocab = vocab or draft.model.vocab_size
+        shared = resources.shared_vocab(draft, vocab)
+        proposer = DraftModelProposer(draft.model, target_vocab_size=vocab, shared_vocab=shared)
     except Exception as exc:  # noqa: BLE001 - as above
         raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
-    vocab = target.model.vocab_size if target is not None else draft.model.vocab_size
-    return DraftSetup(DraftModelProposer(draft.model, target_vocab_size=vocab), draft.tokenizer, draft.eos_ids, vocab)
+    return DraftSetup(proposer, draft.tokenizer, draft.eos_ids, vocab)
 
 
 def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:

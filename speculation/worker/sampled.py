@@ -83,9 +83,21 @@ def acceptance(view: TargetView, draft_logits: torch.Tensor) -> Acceptance:
     )
 
 
+def draft_logits(view: TargetView, draft_path: str, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """The draft's teacher-forced logits [n, V], over the target's ids where the target's checkpoint pads the
+    vocabulary to another size (the tokenizer's ids, as prod's local path drafts: speculation.engine.vocab)."""
+    from speculation.engine.vocab import draft_width, widen
+
+    draft = resources.model(draft_path)
+    logits = teacher_forced_logits(draft.model, prompt_ids, output_ids)
+    target_vocab = view.p.shape[-1] if view.p is not None else logits.shape[-1]
+    if target_vocab == logits.shape[-1]:
+        return logits
+    return widen(logits, draft_width(logits.shape[-1], target_vocab, len(draft.tokenizer)), target_vocab)
+
+
 def draft_acceptance(view: TargetView, draft_path: str, prompt_ids: list[int], output_ids: list[int]) -> Acceptance:
-    draft = resources.model(draft_path).model
-    return acceptance(view, teacher_forced_logits(draft, prompt_ids, output_ids))
+    return acceptance(view, draft_logits(view, draft_path, prompt_ids, output_ids))
 
 
 def draft_pass_probabilities(
@@ -99,14 +111,14 @@ def draft_pass_probabilities(
     top-N under 0 < top_k < N; otherwise sum_x min(p, q) per position (a lower bound, as ``acceptance``)."""
     from speculation.engine.acceptance import pass_given_tokens, target_from_top_logprobs
 
-    draft_logits = teacher_forced_logits(resources.model(draft_path).model, prompt_ids, output_ids)
-    q = probs_from_logits(draft_logits, view.params)  # [n, V]
+    logits = draft_logits(view, draft_path, prompt_ids, output_ids)
+    q = probs_from_logits(logits, view.params)  # [n, V]
     if view.p is not None:
         p = view.p
     else:
         bounds = [target_from_top_logprobs(dist, view.params, q.shape[-1]) for dist in view.top]
         if not bounds or not all(b.exact for b in bounds):
-            return acceptance(view, draft_logits)
+            return acceptance(view, logits)
         p = torch.stack([b.p for b in bounds])
     per_token, average = pass_given_tokens(p, q, torch.tensor(output_ids, dtype=torch.long))
     if view.p is not None:

@@ -209,7 +209,9 @@ def _measure_greedy(shadowed: Shadowed) -> None:
         _measure_lookup(shadowed, sequence, common, how="greedy replay (exact)")
         return
     controller = shadowed.controller()
-    predictions = draft_greedy_predictions(resources.model(policy.draft.path).model, sequence)
+    draft = resources.model(policy.draft.path)
+    width = resources.draft_width(draft, policy.target_path)
+    predictions = draft_greedy_predictions(draft.model, sequence, width=width)
     stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
     _record_replay(shadowed, stats, controller, how="greedy replay (exact)")
 
@@ -248,7 +250,9 @@ def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, A
 
     policy, k = shadowed.policy, shadowed.policy.k
     lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
-    stats = replay_hybrid(policy.draft.path, sequence, (k,), lookup=lookup, common=common)[k]
+    stats = replay_hybrid(
+        policy.draft.path, sequence, (k,), lookup=lookup, common=common, target_path=policy.target_path
+    )[k]
     how = f"greedy replay (exact) of suffix decoding with the draft's fallback ({stats.looked_up_tokens} of " \
           f"{stats.drafted_tokens} drafts looked up)"  # fmt: skip
     _record_hybrid(shadowed, stats, how=how)

@@ -133,3 +133,18 @@ def eagle_head(directory: str, *, target_dir: str) -> Any:
         while len(_heads) > MAX_LOADED:
             _heads.popitem(last=False)
     return head
+
+
+def shared_vocab(draft: Loaded, target_vocab: int) -> int | None:
+    """None where the draft's vocabulary has the target's size; else the ids of the tokenizer they share
+    (checkpoints pad vocab_size past it, to sizes that differ: speculation.engine.vocab)."""
+    return None if draft.model.vocab_size == target_vocab else len(draft.tokenizer)
+
+
+def draft_width(draft: Loaded, target_path: str = "") -> int:
+    """The ids ``draft`` drafts among against the target in target_path (none: the server's, which generates the
+    tokenizer's ids only): as prod's local path drafts, so that shadow's replays of it draft alike."""
+    from speculation.engine.vocab import draft_width as width
+
+    target_vocab = model(target_path).model.vocab_size if target_path else draft.model.vocab_size
+    return width(draft.model.vocab_size, target_vocab, shared_vocab(draft, target_vocab))
