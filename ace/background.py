@@ -1,4 +1,5 @@
-"""Fire-and-forget work after a response (enqueueing a measurement): never awaited by the request."""
+"""Fire-and-forget work of an async process after a response (enqueueing a measurement, writing records): never
+awaited by the request. Kept referenced until done, and a failure is logged with what it was."""
 
 from __future__ import annotations
 

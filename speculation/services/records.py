@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
 from django.utils import timezone
 
+from ace import background
 from fleet.models import Endpoint
 from speculation.models import StageRecord
 from speculation.selectors import metrics
@@ -178,10 +179,8 @@ def keep_record(**fields: Any) -> None:
     _queue.append(row)
     loop = asyncio.get_running_loop()
     if _flusher is None or _flusher.done() or _flusher.get_loop() is not loop:
-        from speculation.gateway.background import spawn
-
         _wake = asyncio.Event()
-        _flusher = spawn(_flush_loop(_wake), what="stage records")
+        _flusher = background.spawn(_flush_loop(_wake), what="stage records")
     elif len(_queue) >= BATCH_ROWS and _wake is not None:
         _wake.set()
 
