@@ -26,22 +26,46 @@
     });
   }
 
-  function changeMarks(ts) {
-    var shapes = [], notes = [];
+  // Policy changes: one trace of small markers along the top (the change on hover), and a light band per mode
+  // span while there are at most MAX_MODE_BANDS of them; more switching than that is left to the markers, so
+  // 100 switches in an hour draw 100 markers and no shape over the data.
+  var MAX_MODE_BANDS = 12;
+  var CHANGE_COLOR = "#6b7585";
+
+  function changeMarkers(points) {
+    return { x: points.map(function (p) { return p.at; }), y: points.map(function () { return 1; }),
+      yaxis: "y2", name: "policy changes", type: "scatter", mode: "markers", showlegend: false, cliponaxis: false,
+      marker: { symbol: "triangle-down", size: 7, color: CHANGE_COLOR, opacity: 0.7 },
+      hovertext: points.map(function (p) { return (p.by ? p.by + ": " : "") + p.summary; }), hoverinfo: "x+text" };
+  }
+
+  function modeBands(ts) {
+    var spans = [], start = ts.since, mode = null;
     (ts.change_points || []).forEach(function (p) {
-      shapes.push({ type: "line", xref: "x", yref: "paper", x0: p.at, x1: p.at, y0: 0, y1: 1, line: { dash: "dot", color: "#6b7585" } });
-      notes.push({ x: p.at, y: 1, xref: "x", yref: "paper", text: p.summary, showarrow: false, textangle: -90,
-        xanchor: "right", yanchor: "top", font: { size: 10, color: "#6b7585" } });
+      var change = p.changes && p.changes.mode;
+      if (!change) return;
+      spans.push({ x0: start, x1: p.at, mode: change[0] });
+      start = p.at; mode = change[1];
     });
-    return { shapes: shapes, annotations: notes };
+    if (mode !== null) spans.push({ x0: start, x1: ts.until, mode: mode });
+    if (spans.length > MAX_MODE_BANDS) return [];
+    return spans.filter(function (s) { return COLORS[s.mode] && Date.parse(s.x0) < Date.parse(s.x1); }).map(function (s) {
+      return { type: "rect", xref: "x", yref: "paper", x0: s.x0, x1: s.x1, y0: 0, y1: 1, layer: "below",
+        fillcolor: COLORS[s.mode], opacity: 0.07, line: { width: 0 } };
+    });
   }
 
   function drawSeries(id, ts, ytitle, withMarks) {
     var el = document.getElementById(id);
     if (!el || !ts) return;
-    var extra = withMarks ? changeMarks(ts) : {};
-    extra.xaxis = { type: "date", range: [ts.since, ts.until] };
-    Plotly.react(el, lines(ts), layout(ts.label, ytitle, extra), CONFIG);
+    var traces = lines(ts), extra = { xaxis: { type: "date", range: [ts.since, ts.until] } };
+    var points = withMarks ? ts.change_points || [] : [];
+    if (points.length) {
+      traces.push(changeMarkers(points));
+      extra.yaxis2 = { overlaying: "y", range: [0, 1.04], visible: false, fixedrange: true };
+      extra.shapes = modeBands(ts);
+    }
+    Plotly.react(el, traces, layout(ts.label, ytitle, extra), CONFIG);
   }
 
   function drawBars(id, perMode, title, xtitle, xs) {

@@ -115,6 +115,7 @@ def test_shadow_fills_the_acceptance_chart_and_prod_fills_the_multipliers(
 
     # when: shadow with the draft, K = 3, every request measured
     row.get_by_role("link", name="demo").click()
+    page.click("#endpoint-tabs >> text=Settings")
     page.check("#policy-form input[name=mode][value=shadow]")
     page.select_option("#id_mechanism", "draft_model")
     page.select_option("#id_draft", "demo-draft")
@@ -174,9 +175,11 @@ def test_shadow_fills_the_acceptance_chart_and_prod_fills_the_multipliers(
     assert page.evaluate("document.getElementById('chart-bars').data.length") == 2
     page.screenshot(path=str(artifacts_dir / "dashboard_prod_overview.png"), full_page=True)
     page.locator("tr[data-endpoint=demo]").get_by_role("link", name="demo").click()
+    page.click("#endpoint-tabs >> text=Records")
     prod_rows = page.locator("#records-table tr[data-action=speculated] td[data-multiplier]")
     expect(prod_rows.first).to_contain_text("×")
     assert prod_rows.count() >= 1
+    page.click("#endpoint-tabs >> text=Overview")
     page.wait_for_function(
         """() => { const el = document.getElementById('chart-multiplier');
                    return el && el.data && el.data.some(t => t.name === 'prod' && t.y.length > 0); }""",
