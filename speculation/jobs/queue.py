@@ -17,6 +17,7 @@ PROD_TASK = "speculation.tasks.prod_generate_task"
 SHADOW_TASK = "speculation.tasks.shadow_measure_task"
 CALIBRATION_TASK = "speculation.tasks.calibrate_costs_task"
 CANDIDATES_TASK = "speculation.tasks.replay_candidates_task"
+TRAINING_TASK = "speculation.tasks_eagle.train_eagle_head_task"
 
 
 def enqueue_prod(job: ProdJob, *, expires_s: float) -> None:
@@ -41,3 +42,8 @@ def enqueue_candidates(*, node_class: str, **kwargs: Any) -> None:
     app.send_task(
         CANDIDATES_TASK, kwargs={**kwargs, "node_class": node_class}, queue=background_queue(node_class), retry=False
     )
+
+
+def enqueue_training(*, run_id: int, node_class: str) -> None:
+    """Queue an EAGLE head's training run on the node class's GPU queue."""
+    app.send_task(TRAINING_TASK, args=[run_id], queue=gpu_queue(node_class))

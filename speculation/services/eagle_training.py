@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from speculation.jobs import queue
 from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.offline.eagle.prompts import DOCSTRINGS, SPEC_BENCH, STDLIB
 from speculation.offline.eagle.settings import (
@@ -158,10 +159,8 @@ def create_training_run(
 
 def start_training_run(**kwargs: Any) -> TrainingRun:
     """Create a run and queue it on the node class's GPU queue once the row is committed."""
-    from speculation.worker.tasks_eagle import enqueue_training
-
     run = create_training_run(**kwargs)
-    transaction.on_commit(lambda: enqueue_training(run))
+    transaction.on_commit(lambda: queue.enqueue_training(run_id=run.pk, node_class=run.node_class))
     return run
 
 

@@ -94,5 +94,8 @@ def test_the_gateway_queues_by_task_name_on_the_node_class_queue(monkeypatch):
 def test_the_worker_registers_the_task_names_the_gateway_sends():
     from speculation.worker import tasks
 
-    assert tasks.prod_generate_task.name == queue.PROD_TASK
-    assert tasks.shadow_measure_task.name == queue.SHADOW_TASK
+    registered = {task.name for task in (tasks.prod_generate_task, tasks.shadow_measure_task)}
+    registered |= {tasks.calibrate_costs_task.name, tasks.replay_candidates_task.name}
+    registered.add(tasks.train_eagle_head_task.name)
+    sent = {queue.PROD_TASK, queue.SHADOW_TASK, queue.CALIBRATION_TASK, queue.CANDIDATES_TASK, queue.TRAINING_TASK}
+    assert registered == sent
