@@ -19,6 +19,7 @@ the target's true positions, the outputs of those target layers and the final-no
 feed the head's own predicted feature (H wide) as before, so it is trained with its own predictions as inputs
 too (training-time test, speculation.offline.eagle.train). Such a head is saved as format 2 (format 1, EAGLE-1,
 still loads unchanged); its `fuse` is ACE's own layout, not vLLM's EAGLE-3 one, so it runs on ACE's local path.
+Multi-layer heads ACE trains now are format 3 (``eagle3=True``): vLLM's EAGLE-3 layout, engine/eagle3.py.
 """
 
 from __future__ import annotations
@@ -34,15 +35,25 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from speculation.engine.eagle_format import (
+    ACE_SECTION,
+    FORMAT_EAGLE1,
+    FORMAT_EAGLE3,
+    FORMAT_MULTI_LAYER,
+    FORMATS,
+    aux_layer_ids,
+    default_aux_layer_ids,
+    eagle3_problems,
+    head_format,
+    layer_config,
+)
 from speculation.engine.errors import SpecDecodeError, VocabMismatchError
 from speculation.engine.model import Block, KVCache, ModelArgs, Transformer, rope_tables
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.tree import TreeShape, expand_eagle_tree
 
-FORMAT_VERSION = 1  # EAGLE-1: vLLM's `method: "eagle"` layout
-FORMAT_MULTI_LAYER = 2  # EAGLE-3-style multi-layer features (a `fuse` layer): ACE's local path only
-FORMATS = (FORMAT_VERSION, FORMAT_MULTI_LAYER)
+FORMAT_VERSION = FORMAT_EAGLE1  # EAGLE-1: vLLM's `method: "eagle"` layout (format 2: ACE's local path only)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # The fingerprint reads the target's config and a fixed sample of its weight bytes: constant time for any size.
@@ -68,6 +79,10 @@ class EagleConfig:
     target_fingerprint: str = ""
     # target layers whose outputs join the final-norm feature (EAGLE-3); () reads the final-norm feature only
     feature_layers: tuple[int, ...] = ()
+    # vLLM's EAGLE-3 layout (engine/eagle3.py): the aux states only (not the final-norm feature), the head's own norm
+    eagle3: bool = False
+    norm_before_residual: bool = False  # EAGLE-3: the residual is the normed input feature (speculators' default)
+    draft_vocab_size: int = 0  # EAGLE-3: a reduced draft vocabulary with its d2t map; 0: the target's
 
     @property
     def feature_width(self) -> int:
@@ -76,6 +91,8 @@ class EagleConfig:
 
     @property
     def format(self) -> int:
+        if self.eagle3:
+            return FORMAT_EAGLE3
         return FORMAT_MULTI_LAYER if self.feature_layers else FORMAT_VERSION
 
     @property
@@ -104,12 +121,15 @@ class EagleConfig:
         intermediate_size: int | None = None,
         multi_layer: bool = False,
     ):
-        """A head shaped for the target in target_dir (HF Llama config.json); multi_layer: EAGLE-3 features from
-        the layers default_feature_layers picks (a chain of final-norm features when the target is too shallow)."""
+        """A head shaped for the target in target_dir (HF Llama config.json); multi_layer: an EAGLE-3 head (vLLM's
+        layout) reading vLLM's default aux layers (an EAGLE-1 head when the target has fewer than 4 layers)."""
         config = json.loads((Path(target_dir) / CONFIG_FILE).read_text())
         heads = config["num_attention_heads"]
+        eagle3 = multi_layer and config["num_hidden_layers"] >= 4
+        taps = tuple(i - 1 for i in default_aux_layer_ids(config["num_hidden_layers"])) if eagle3 else ()
         return cls(
-            feature_layers=default_feature_layers(config["num_hidden_layers"]) if multi_layer else (),
+            feature_layers=taps,
+            eagle3=eagle3,
             hidden_size=config["hidden_size"],
             intermediate_size=intermediate_size or config["intermediate_size"],
             num_attention_heads=heads,
@@ -210,6 +230,18 @@ class EagleHead(nn.Module):
         a = self.args
         self.kv_cache = KVCache(a.n_kv_heads, max_len, a.head_dim, param.dtype, param.device)
 
+    def fuse_true(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's true features -> the H-wide feature the head reads ([low, mid, high] fused for format 2)."""
+        return self.fuse(features) if self.fuse is not None else features
+
+    def feature_of(self, g: torch.Tensor) -> torch.Tensor:
+        """What the head predicts of the target's final-norm feature: g itself."""
+        return g
+
+    def logits(self, g: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Draft logits [.., V]: the target's LM head over g."""
+        return g @ lm_head_weight.T
+
     def forward(
         self,
         features: torch.Tensor,  # [B, T, H] (or [B, T, (n + 1) * H] true multi-layer ones): f_i or the head's g_i
@@ -269,11 +301,16 @@ class EagleHead(nn.Module):
         return directory
 
     @classmethod
-    def load(cls, directory: Path, *, target_dir: Path | None = None, device: str | torch.device = "cpu") -> EagleHead:
-        """Load a head; with target_dir, refuse (EagleHeadError) a head trained for another target."""
-        config = read_head_config(directory)
+    def load(cls, directory: Path, *, target_dir: Path | None = None, device: str | torch.device = "cpu"):
+        """Load a head of any format (an Eagle3Head for format 3); with target_dir, refuse (EagleHeadError) a head
+        trained for another target, or one from elsewhere whose shapes do not fit it."""
+        config = read_head_config(directory, target_layers=_target_layers(target_dir))
         if target_dir is not None:
             check_target(config, target_dir)
+        if config.eagle3:
+            from speculation.engine.eagle3 import Eagle3Head
+
+            return Eagle3Head.from_checkpoint(config, Path(directory)).to(device).eval()
         head = cls(config)
         try:
             head.load_state_dict(from_hf_tensors(load_file(str(Path(directory) / WEIGHTS_FILE))))
@@ -311,12 +348,28 @@ def from_hf_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def read_head_config(directory: Path) -> EagleConfig:
+def make_head(config: EagleConfig) -> nn.Module:
+    """A new head of the config's layout: an Eagle3Head (vLLM's EAGLE-3) or an EagleHead (formats 1 and 2)."""
+    if config.eagle3:
+        from speculation.engine.eagle3 import Eagle3Head
+
+        return Eagle3Head(config)
+    return EagleHead(config)
+
+
+def read_head_config(directory: Path, *, target_layers: int | None = None) -> EagleConfig:
+    """The head's config from its config.json: ACE's `ace_eagle` section, or an EAGLE-3 head's own keys (a head
+    trained elsewhere; target_layers gives vLLM's default aux layers when it names none)."""
     path = Path(directory) / CONFIG_FILE
     try:
-        meta = json.loads(path.read_text())["ace_eagle"]
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
-        raise EagleHeadError(f"{directory} is not an ACE EAGLE head directory (no ace_eagle in config.json)") from exc
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EagleHeadError(f"{directory} has no readable config.json: {exc}") from exc
+    meta = raw.get(ACE_SECTION) if isinstance(raw, dict) else None
+    if not isinstance(meta, dict):
+        if isinstance(raw, dict) and head_format(raw) == FORMAT_EAGLE3:
+            return eagle3_config(raw, target_layers=target_layers, where=str(directory))
+        raise EagleHeadError(f"{directory} is not an EAGLE head directory (no ace_eagle in config.json, not EAGLE-3)")
     if meta.get("format") not in FORMATS:
         raise EagleHeadError(f"{directory}: head format {meta.get('format')} is not one of {FORMATS}")
     fields = EagleConfig.__dataclass_fields__
@@ -325,7 +378,53 @@ def read_head_config(directory: Path) -> EagleConfig:
     return EagleConfig(**config)
 
 
+def eagle3_config(raw: dict, *, target_layers: int | None = None, where: str = "the head") -> EagleConfig:
+    """An EagleConfig for an EAGLE-3 head trained elsewhere (EAGLE authors' or speculators format); EagleHeadError
+    naming what ACE's local path cannot run exactly."""
+    problems = eagle3_problems(raw)
+    if problems:
+        raise EagleHeadError(f"{where}: an EAGLE-3 head with {'; '.join(problems)} does not run on ACE's engine")
+    c = layer_config(raw)
+    aux = aux_layer_ids(raw)
+    if aux is None:
+        if target_layers is None:
+            raise EagleHeadError(f"{where} names no eagle_aux_hidden_state_layer_ids: give the target to read them")
+        aux = default_aux_layer_ids(target_layers)
+    try:
+        heads = int(c["num_attention_heads"])
+        return EagleConfig(
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(c.get("num_key_value_heads") or heads),
+            vocab_size=int(c["vocab_size"]),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            feature_layers=tuple(sorted({int(i) - 1 for i in aux})),
+            eagle3=True,
+            norm_before_residual=bool(c.get("norm_before_residual", False)),
+            draft_vocab_size=int(c.get("draft_vocab_size") or 0),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EagleHeadError(f"{where}: config.json lacks or mangles {exc}") from exc
+
+
+def _target_layers(target_dir: Path | None) -> int | None:
+    if target_dir is None:
+        return None
+    try:
+        return int(json.loads((Path(target_dir) / CONFIG_FILE).read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def check_target(config: EagleConfig, target_dir: Path) -> None:
+    """ACE's heads: the target's fingerprint must be the one the head was trained on. A head from elsewhere (no
+    fingerprint): the target's hidden size, vocabulary and layer count must fit it."""
+    if not config.target_fingerprint:
+        _check_shapes(config, target_dir)
+        return
     found = target_fingerprint(target_dir)
     if found != config.target_fingerprint:
         raise EagleHeadError(
@@ -335,12 +434,32 @@ def check_target(config: EagleConfig, target_dir: Path) -> None:
         )
 
 
+def _check_shapes(config: EagleConfig, target_dir: Path) -> None:
+    try:
+        target = json.loads((Path(target_dir) / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise EagleHeadError(f"cannot read the target's config.json in {target_dir}: {exc}") from exc
+    problems = []
+    if target.get("hidden_size") != config.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} (the target's: {target.get('hidden_size')})")
+    if target.get("vocab_size") != config.vocab_size:
+        problems.append(f"vocabulary {config.vocab_size} (the target's: {target.get('vocab_size')})")
+    layers = target.get("num_hidden_layers") or 0
+    if any(i >= layers for i in config.feature_layers):
+        problems.append(f"aux layers {[i + 1 for i in config.feature_layers]} (the target has {layers} layers)")
+    if problems:
+        raise EagleHeadError(f"this EAGLE head does not fit the target in {target_dir}: {'; '.join(problems)}")
+
+
 def param_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
 def init_weights(head: EagleHead, generator: torch.Generator, std: float = 0.02) -> None:
     """Seeded initialisation (normal(0, std), norms at 1); fc starts as [0, I] so the first g is close to f."""
+    if head.config.eagle3:
+        head.init_weights(generator, std)
+        return
     h = head.config.hidden_size
     with torch.no_grad():
         for name, param in head.named_parameters():
@@ -411,7 +530,7 @@ class EagleDrafter:
         g = self.feed_true()  # [1, 1, H]
         drafted, all_logits = [], []
         for step in range(k):
-            logits = g[0, 0] @ self.lm_head_weight.T  # [V]
+            logits = self.logits(g[0, 0])  # [V]
             token = choose(logits)
             drafted.append(token)
             all_logits.append(logits)
@@ -419,6 +538,10 @@ class EagleDrafter:
                 embed = F.embedding(token.view(1, 1), self.embed_weight)
                 g = self.head(g, embed, self.true_length + step, use_cache=True)
         return torch.stack(drafted), torch.stack(all_logits)
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """The head's draft logits [.., V] for its features g [.., H]."""
+        return self.head.logits(g, self.lm_head_weight)
 
     @torch.no_grad()
     def feed_true(self) -> torch.Tensor:

@@ -131,7 +131,7 @@ def expand_eagle_tree(drafter: EagleDrafter, shape: TreeShape) -> DraftTree:
     g = drafter.feed_true()[0, 0]  # [H]: the head's feature for the root
     k, true_len, device = shape.top_k, drafter.true_length, g.device
     scale = 1.0 / shape.score_temperature
-    scores, tokens = torch.log_softmax((g @ drafter.lm_head_weight.T).float() * scale, -1).topk(k)  # level 1: [k]
+    scores, tokens = torch.log_softmax(drafter.logits(g).float() * scale, -1).topk(k)  # level 1: [k]
     pool_tokens, pool_scores, pool_parents = [tokens], [scores], [torch.zeros(k, dtype=torch.long, device=device)]
     pool_depths = [torch.ones(k, dtype=torch.long, device=device)]
     feed_rows = torch.arange(1, k + 1, device=device)  # tree rows of the nodes fed next (pool index + 1)
@@ -150,7 +150,7 @@ def expand_eagle_tree(drafter: EagleDrafter, shape: TreeShape) -> DraftTree:
         embeds = F.embedding(tokens, drafter.embed_weight)  # [k, H]
         out = drafter.head(feed_features[None], embeds[None], true_len + fed, use_cache=True,
                            positions=positions, mask=mask)[0]  # fmt: skip  # [k, H]
-        logp = torch.log_softmax((out @ drafter.lm_head_weight.T).float() * scale, -1)  # [k, V]
+        logp = torch.log_softmax(drafter.logits(out).float() * scale, -1)  # [k, V]
         child_scores, child_tokens = logp.topk(k)  # [k, k]
         cand_scores, cand_tokens = (scores[:, None] + child_scores).flatten(), child_tokens.flatten()  # [k*k]
         pool_tokens.append(cand_tokens)

@@ -4,12 +4,13 @@ ACE's "native" verification path leaves drafting to the server. This module answ
 question "what do I add to my server's command line to run this draft?" exactly, per server kind:
 
 - vLLM: one `--speculative-config` JSON (`vllm/config/speculative.py`, `SpeculativeConfig`): `method`
-  ("draft_model", "eagle", "ngram" or "suffix"), `model` (the draft's directory), `num_speculative_tokens` (K),
+  ("draft_model", "eagle", "eagle3", "ngram" or "suffix"), `model` (the draft's directory), `num_speculative_tokens`
+  (K),
   `prompt_lookup_max` / `prompt_lookup_min` for n-gram, and for suffix decoding `suffix_decoding_max_cached_requests`
   (ACE's ACE_SUFFIX_CACHE_REQUESTS) and `suffix_decoding_min_token_prob` (vLLM's suffix decoding runs through
   Arctic Inference, which the server's environment must have; never run here).
 - SGLang (`python/sglang/srt/server_args.py`): `--speculative-algorithm` (STANDALONE for a separate draft
-  model, EAGLE for an EAGLE head, NGRAM for prompt lookup), `--speculative-draft-model-path`,
+  model, EAGLE or EAGLE3 for an EAGLE head, NGRAM for prompt lookup), `--speculative-draft-model-path`,
   `--speculative-num-steps` (K), `--speculative-eagle-topk` (1: a chain) and
   `--speculative-num-draft-tokens` (K + 1 for a chain: the K drafts plus the verified root). SGLang has no
   suffix decoding: a suffix policy gets no SGLang flags (ACE's local or remote path runs it). With the policy's
@@ -18,9 +19,11 @@ question "what do I add to my server's command line to run this draft?" exactly,
 - vLLM 0.32 has no tree setting for EAGLE (its `--speculative-config` drafts a chain of
   `num_speculative_tokens`): a tree policy gives vLLM a chain of K, and the flags' notes say so.
 
-An EAGLE head saved by ACE uses vLLM's EAGLE-1 Llama layout (`fc` over [embedding, feature] and one
-decoder layer whose input norm is the identity; the target's embedding and LM head are shared), so the
-same directory is what `method: "eagle"` loads.
+The head's format (its config.json, engine/eagle_format.py) picks the method: an EAGLE-1 head (vLLM's EAGLE-1
+Llama layout) runs as `method: "eagle"` / SGLang EAGLE; an EAGLE-3 head (what `--multi-layer` training saves, or
+one trained elsewhere: vLLM's `llama_eagle3.py` layout, the aux layers in its config.json) as `method: "eagle3"` /
+SGLang EAGLE3 (the real vLLM CPU build drafts with ACE's: tests/speculation/selectors/test_native_flags_vllm.py).
+ACE's older multi-layer format 2 runs on ACE's local path only.
 
 The builders are pure functions of (server kind, draft kind, path, K, tree); `flags_for_endpoint` reads the
 endpoint's policy for the defaults.
@@ -31,10 +34,10 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from django.conf import settings
 
+from speculation.engine.eagle_format import FORMAT_EAGLE3, FORMAT_MULTI_LAYER, head_format, read_config
 from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_expansion, tree_shape_problems
 from speculation.models import LOOKUP_KINDS, DraftKind
 
@@ -53,6 +56,7 @@ _VLLM_METHOD = {
     DraftKind.SUFFIX: "suffix",
 }
 _SGLANG_ALGORITHM = {DraftKind.DRAFT_MODEL: "STANDALONE", DraftKind.EAGLE_HEAD: "EAGLE", DraftKind.NGRAM: "NGRAM"}
+_EAGLE3 = {"vllm": "eagle3", "sglang": "EAGLE3"}  # an EAGLE-3 head's method / algorithm
 
 
 class NativeFlagsError(ValueError):
@@ -100,10 +104,10 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
     if draft_kind not in LOOKUP_KINDS and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
-    if draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) != 1:
+    if draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) == FORMAT_MULTI_LAYER:
         raise NativeFlagsError(
-            "this EAGLE head reads several target layers (ACE's multi-layer format 2): it runs on ACE's local path "
-            "only; vLLM's and SGLang's EAGLE load single-feature heads (train one without --multi-layer)"
+            "this EAGLE head is in ACE's older multi-layer format 2, which runs on ACE's local path only: train it "
+            "again with --multi-layer (saved in vLLM's EAGLE-3 layout, method eagle3 / SGLang EAGLE3)"
         )
 
 
@@ -114,18 +118,20 @@ HYBRID_NOT_NATIVE = (
 
 
 def _head_format(draft_path: str) -> int:
-    """The ACE head format in the directory's config.json (1 when it is not an ACE head or not readable here:
-    the directory may lie on the server's machine only)."""
-    try:
-        meta = json.loads((Path(draft_path) / "config.json").read_text()).get("ace_eagle") or {}
-    except (OSError, ValueError):
-        return 1
-    return int(meta.get("format") or 1)
+    """The head format in the directory's config.json (1 when it is not readable here: the directory may lie on the
+    server's machine only, and then the operator picks the method)."""
+    config = read_config(draft_path) if draft_path else None
+    return head_format(config) if config is not None else 1
+
+
+def _eagle3(draft_kind: str, draft_path: str) -> bool:
+    return draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) == FORMAT_EAGLE3
 
 
 def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
     _check(draft_kind, draft_path, k, tree)
-    config: dict = {"method": _VLLM_METHOD[draft_kind], "num_speculative_tokens": k}
+    method = _EAGLE3["vllm"] if _eagle3(draft_kind, draft_path) else _VLLM_METHOD[draft_kind]
+    config: dict = {"method": method, "num_speculative_tokens": k}
     notes = []
     if tree:
         notes.append(
@@ -159,7 +165,8 @@ def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, t
         raise NativeFlagsError(
             f"SGLang has no {draft_kind} speculation: run it on ACE's local or remote path, or choose another draft"
         )
-    args = ["--speculative-algorithm", _SGLANG_ALGORITHM[draft_kind]]
+    algorithm = _EAGLE3["sglang"] if _eagle3(draft_kind, draft_path) else _SGLANG_ALGORITHM[draft_kind]
+    args = ["--speculative-algorithm", algorithm]
     notes = []
     if draft_kind == DraftKind.NGRAM:
         args += ["--speculative-num-draft-tokens", str(k + 1)]

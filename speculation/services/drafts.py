@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from fleet import permissions
+from speculation.engine.eagle_format import eagle3_problems, is_eagle3_config, is_head_config
 from speculation.models import LOOKUP_KINDS, REGISTRABLE_KINDS, DraftKind, DraftModel
 from speculation.services.model_files import inspect_model_dir
 
@@ -21,7 +22,7 @@ HYBRID_IS_A_MECHANISM = (
     "suffix_draft is a policy's mechanism, not a kind of draft: register the draft model (kind draft_model) and set "
     "the endpoint's policy to mechanism suffix_draft with it"
 )
-# The section of config.json that makes a folder an EAGLE head (speculation.engine.eagle.EagleHead.save).
+# The section of config.json that makes a folder one of ACE's EAGLE heads (speculation.engine.eagle_format).
 EAGLE_CONFIG_KEY = "ace_eagle"
 # Weights plus activations and a short KV cache: a deliberately simple estimate, stated as such in the API.
 VRAM_OVERHEAD = 1.2
@@ -47,18 +48,23 @@ def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[s
 
 
 def _check_kind(directory, config: dict[str, Any], kind: str) -> None:
-    """The kind must be what the folder holds: an EAGLE head's config.json carries its `ace_eagle` section
-    (speculation.engine.eagle), a draft model's does not. A mismatch would fall back on every prod request."""
-    is_head = isinstance(config.get(EAGLE_CONFIG_KEY), dict)
+    """The kind must be what the folder holds: an EAGLE head's config.json carries ACE's `ace_eagle` section or is
+    an EAGLE-3 head's (one trained elsewhere: speculation.engine.eagle_format), a draft model's is neither. A
+    mismatch would fall back on every prod request; an EAGLE-3 head ACE's engine cannot replay is refused."""
+    is_head = is_head_config(config)
     if kind == DraftKind.EAGLE_HEAD and not is_head:
         raise ValidationError(
             {
                 "path": [
                     f"{directory} holds a plain model, not an EAGLE head (its config.json has no {EAGLE_CONFIG_KEY} "
-                    f"section): register it as kind {DraftKind.DRAFT_MODEL}"
+                    f"section and is not an EAGLE-3 head's): register it as kind {DraftKind.DRAFT_MODEL}"
                 ]
             }
         )
+    problems = eagle3_problems(config) if is_head and is_eagle3_config(config) else []
+    if problems:
+        raise ValidationError({"path": [f"{directory}: an EAGLE-3 head with {'; '.join(problems)}: ACE runs "
+                                        "Llama-layout EAGLE-3 heads only"]})  # fmt: skip
     if kind == DraftKind.DRAFT_MODEL and is_head:
         raise ValidationError(
             {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from speculation.engine.eagle import EagleConfig, EagleHead, default_feature_layers, param_count
+from speculation.engine.eagle import EagleConfig, EagleHead, init_weights, make_head, param_count
 from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.offline.eagle.prompts import read_prompts, split_prompts
 from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress, kept_report
@@ -27,11 +27,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def _collected(
-    model, tokenizer, settings: PipelineSettings, work: Path, progress: Progress
+    model, tokenizer, settings: PipelineSettings, work: Path, progress: Progress, layers: tuple[int, ...]
 ) -> tuple[Sequences, Sequences]:
     """Collect features once; a restart with the same settings reuses the saved ones."""
     key_file, train_file, test_file = work / "collect.json", work / "train.pt", work / "held_out.pt"
-    key = settings.collect_key()
+    key = {**settings.collect_key(), "feature_layers": list(layers)}  # the taps the features hold
     if key_file.is_file() and json.loads(key_file.read_text()) == key and train_file.is_file() and test_file.is_file():
         progress.stage("collect", "reusing collected features")
         return Sequences.load(train_file), Sequences.load(test_file)
@@ -45,7 +45,6 @@ def _collected(
     def report(done: int, total: int) -> None:
         progress.stage("collect", f"{done}/{total} prompts")
 
-    layers = feature_layers(settings, model)
     options = {"max_prompt_tokens": settings.max_prompt_tokens, "new_tokens": settings.new_tokens,
                "feature_layers": layers, "both_ends": settings.both_ends}  # fmt: skip
     train = collect(model, tokenizer, train_prompts, progress=report, **options)
@@ -80,11 +79,6 @@ def _initial_weights(settings: PipelineSettings, config: EagleConfig, target_dir
     return start.state_dict()
 
 
-def feature_layers(settings: PipelineSettings, model) -> tuple[int, ...]:
-    """The target layers the head reads besides the final-norm feature (EAGLE-3 when settings.multi_layer)."""
-    return default_feature_layers(model.config.num_hidden_layers) if settings.multi_layer else ()
-
-
 def run_pipeline(
     *, target_dir: Path, out_dir: Path, settings: PipelineSettings, target_name: str = "", progress: Progress
 ) -> PipelineResult:
@@ -96,15 +90,19 @@ def run_pipeline(
     progress.stage("load", f"target {target_dir} on {device}")
     model, tokenizer = load_target(target_dir, device)
     embed, lm_head = target_weights(model)
-    train, held_out = _collected(model, tokenizer, settings, work, progress)
     config = EagleConfig.for_target(
         target_dir,
         target_name=target_name,
         intermediate_size=settings.intermediate_size or None,
         multi_layer=settings.multi_layer,
     )
-    head = EagleHead(config)
+    train, held_out = _collected(model, tokenizer, settings, work, progress, config.feature_layers)
+    head = make_head(config)
     initial = _initial_weights(settings, config, target_dir)
+    if initial is None and config.eagle3:  # EAGLE-3's own final norm starts as the target's
+        init_weights(head, torch.Generator().manual_seed(settings.train.seed))
+        head.norm.weight.data.copy_(model.model.norm.weight.detach())
+        initial = {name: tensor.clone() for name, tensor in head.state_dict().items()}
     progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens"
                    + (f", starting from {settings.init_from}" if initial else ""))  # fmt: skip
     reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work,

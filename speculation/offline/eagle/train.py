@@ -86,19 +86,21 @@ def losses(head: EagleHead, embed, lm_head, tokens, features, valid, settings: T
         steps = unrolled(head, embed, tokens, inputs, settings.unroll)
     feature_loss = token_loss = 0.0
     for s, predicted in enumerate(steps, start=1):  # step s predicts f_{i+s}
-        f_loss, t_loss = _step_losses(predicted[:, : final.shape[1] - s], final[:, s:], valid[:, s - 1 :], lm_head)
+        predicted = predicted[:, : final.shape[1] - s]
+        f_loss, t_loss = _step_losses(head, predicted, final[:, s:], valid[:, s - 1 :], lm_head)
         feature_loss, token_loss = feature_loss + f_loss / len(steps), token_loss + t_loss / len(steps)
     return settings.feature_weight * feature_loss + settings.token_weight * token_loss, feature_loss, token_loss
 
 
-def _step_losses(predicted, target, valid, lm_head):
+def _step_losses(head, predicted, target, valid, lm_head):
     """SmoothL1 to the target's feature and cross-entropy to its distribution: the mean over the valid positions,
-    weighted by ``valid`` when it holds weights."""
+    weighted by ``valid`` when it holds weights. An EAGLE-3 head's feature is its output through its own norm."""
     count = valid.sum().clamp(min=1e-6) if valid.is_floating_point() else valid.sum().clamp(min=1)
-    feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * valid).sum() / count
+    feature = head.feature_of(predicted)
+    feature_loss = (F.smooth_l1_loss(feature, target, reduction="none").mean(-1) * valid).sum() / count
     with torch.no_grad():
         p = F.softmax(target @ lm_head.T, dim=-1)  # [B, T', V]
-    log_q = F.log_softmax(predicted @ lm_head.T, dim=-1)
+    log_q = F.log_softmax(head.logits(predicted, lm_head), dim=-1)
     token_loss = (-(p * log_q).sum(-1) * valid).sum() / count
     return feature_loss, token_loss
 
@@ -112,7 +114,7 @@ def unrolled(head: EagleHead, embed, tokens, inputs, steps: int) -> list[torch.T
     """
     b, length, _ = inputs.shape
     padded = F.pad(tokens, (0, steps))  # tokens past the end: masked out of the losses
-    true = head.fuse(inputs) if head.fuse is not None else inputs  # [B, L, H]
+    true = head.fuse_true(inputs)  # [B, L, H]
     embeds = [F.embedding(padded[:, s : s + length], embed) for s in range(1, steps + 1)]
     features = [true]
     for s in range(1, steps + 1):

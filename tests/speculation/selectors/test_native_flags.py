@@ -251,8 +251,30 @@ def test_a_managed_sglang_endpoint_in_prod_is_launched_with_the_policys_tree(db)
     assert "tree" not in speculation_of(policy)
 
 
-def test_a_multi_layer_head_has_no_native_flags(tmp_path):
+def test_a_head_in_the_older_multi_layer_format_has_no_native_flags(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"ace_eagle": {"format": 2, "feature_layers": [1, 3]}}))
     for server_kind in ("vllm", "sglang"):
         with pytest.raises(NativeFlagsError, match="local path only"):
             native_flags(server_kind=server_kind, draft_kind="eagle_head", draft_path=str(tmp_path), k=5)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"architectures": ["LlamaForCausalLMEagle3"], "ace_eagle": {"format": 3, "feature_layers": [1, 3, 4]}},
+        {"architectures": ["LlamaForCausalLMEagle3"], "eagle_aux_hidden_state_layer_ids": [2, 16, 29]},  # elsewhere
+        {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"},
+    ],
+)
+def test_an_eagle3_head_runs_as_vllms_eagle3_and_sglangs_eagle3(tmp_path, config):
+    # given: an EAGLE-3 head ACE saved, or one trained elsewhere (EAGLE authors' or speculators format)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    # when
+    vllm = native_flags(server_kind="vllm", draft_kind="eagle_head", draft_path=str(tmp_path), k=4)
+    sglang = native_flags(server_kind="sglang", draft_kind="eagle_head", draft_path=str(tmp_path), k=4)
+    # then: vLLM's SpeculativeConfig method and SGLang's server_args algorithm for EAGLE-3
+    assert vllm.speculative_config == {"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 4}
+    assert sglang.args[:2] == ["--speculative-algorithm", "EAGLE3"]
+    assert sglang.args[sglang.args.index("--speculative-draft-model-path") + 1] == str(tmp_path)
+    assert sglang.args[sglang.args.index("--speculative-num-steps") + 1] == "4"
+    assert sglang.args[sglang.args.index("--speculative-num-draft-tokens") + 1] == "5"

@@ -48,6 +48,23 @@ def test_an_eagle_head_registered_as_a_draft_model_is_refused(api, tiny_model_di
     assert right.status_code == 201, right.content
 
 
+def test_an_eagle3_head_trained_elsewhere_registers_as_an_eagle_head(api, tiny_model_dir, tmp_path):
+    # given: the published EAGLE-3 heads' config (no ace_eagle section), beside the target's tokenizer
+    eagle3 = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": 32,
+              "eagle_aux_hidden_state_layer_ids": [1, 2]}  # fmt: skip
+    head = _copy(tiny_model_dir, tmp_path, "published", **eagle3)
+    odd = _copy(tiny_model_dir, tmp_path, "odd", **eagle3, fc_norm=True)
+    # when
+    right = api.post(DRAFTS, {"name": "e3", "kind": "eagle_head", "path": str(head)}, format="json")
+    wrong = api.post(DRAFTS, {"name": "e3-model", "kind": "draft_model", "path": str(head)}, format="json")
+    refused = api.post(DRAFTS, {"name": "odd", "kind": "eagle_head", "path": str(odd)}, format="json")
+    # then: an EAGLE head; a variant ACE's engine cannot replay is a 400 naming it
+    assert right.status_code == 201, right.content
+    assert wrong.status_code == 400 and "an EAGLE head" in wrong.json()["path"][0]
+    assert refused.status_code == 400 and "fc_norm" in refused.json()["path"][0]
+    assert list(DraftModel.objects.values_list("name", flat=True)) == ["e3"]
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [("vocab_size", 10**12), ("hidden_size", 10**9), ("num_hidden_layers", 100_000), ("intermediate_size", 10**10)],
