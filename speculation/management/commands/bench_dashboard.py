@@ -6,7 +6,8 @@
 Creates a fresh database (the test database of the configured engine, named apart from the test suite's; with
 --database postgresql, a throw-away PostgreSQL server, speculation.bench.postgres), loads N stage records spread
 over the last --days days on one endpoint (the worst case for its page) plus a few other endpoints, renders the
-fleet overview, the endpoint page (day range, the default) and the timeseries API through Django's test client, and
+fleet overview, the endpoint page (day range, the default; its overview, then each of its views) and the
+timeseries API through Django's test client, and
 reports the median of --repeat timed renders after one warm-up render. The one-off rollup of the freshly loaded
 records (what the first page view after a bulk import pays) is timed apart as rollup_backfill_ms. The database is
 destroyed afterwards.
@@ -45,6 +46,7 @@ from fleet.permissions import ADMIN, grant_role
 from speculation.bench.postgres import throwaway_server
 from speculation.models import Action, Mode, SpeculationPolicy, StageRecord
 from speculation.selectors.rollup_store import refresh_rollups
+from speculation.web.endpoint_page import VIEWS
 
 BATCH = 5000  # rows per INSERT batch: large enough to amortise, small enough for SQLite's variable limit
 EXTRA_ENDPOINTS = 4
@@ -267,6 +269,7 @@ class Command(BaseCommand):
         client = Client()
         client.force_login(user)
         timeseries = reverse("dashboard-api:endpoint-timeseries", args=[main.pk])
+        page = reverse("speculation:endpoint", args=[main.pk])
         return {
             "records": StageRecord.objects.count(),
             "records_main_endpoint": StageRecord.objects.filter(endpoint=main).count(),
@@ -277,9 +280,8 @@ class Command(BaseCommand):
             "rollup_backfill_ms": round(backfill_ms, 1),
             "rollup_rows": rolled_rows,
             "overview_ms": _time_get(client, reverse("speculation:overview"), repeat),
-            "endpoint_page_ms": _time_get(
-                client, reverse("speculation:endpoint", args=[main.pk]) + "?range=day", repeat
-            ),
+            "endpoint_page_ms": _time_get(client, f"{page}?range=day", repeat),  # the overview, its default view
+            "endpoint_views_ms": {view: _time_get(client, f"{page}?range=day&view={view}", repeat) for view in VIEWS},
             "timeseries_api_ms": _time_get(client, f"{timeseries}?metric=acceptance_rate&range=day", repeat),
             "debug": settings.DEBUG,
         }
