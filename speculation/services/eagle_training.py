@@ -2,7 +2,9 @@
 
 `start_training_run` creates the row and queues the Celery task on the node class's GPU queue (on commit);
 `run_training` executes a run in this process (the task and the management command both call it). A run
-that crashed resumes from its last epoch checkpoint when run again (same out directory).
+that crashed resumes from its last epoch checkpoint when run again (same out directory). A run's prompts are named
+sources, files under the model roots, or an endpoint's captured traffic (`captured:<endpoint>[:<workload>]`, for its
+team's admins: its served outputs are the training sequences, speculation.offline.eagle.captured).
 """
 
 from __future__ import annotations
@@ -11,14 +13,24 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.http import Http404
 from django.utils import timezone
 from django.utils.text import slugify
 
+from fleet.models import Endpoint
+from fleet.permissions import check_captures
 from speculation.jobs import queue
-from speculation.models import DraftKind, DraftModel, TrainingRun, TrainingStatus
-from speculation.offline.eagle.prompts import DOCSTRINGS, SPEC_BENCH, STDLIB
+from speculation.models import CapturedRequest, DraftKind, DraftModel, TrainingRun, TrainingStatus
+from speculation.offline.eagle.prompts import (
+    CAPTURED,
+    DOCSTRINGS,
+    SPEC_BENCH,
+    STDLIB,
+    CapturedSequence,
+    captured_source,
+)
 from speculation.offline.eagle.settings import (
     EpochReport,
     PipelineResult,
@@ -27,6 +39,8 @@ from speculation.offline.eagle.settings import (
     TrainSettings,
     default_target_name,
 )
+from speculation.selectors.capabilities import tokenizer_fingerprint
+from speculation.selectors.captures import sequences
 from speculation.services import model_files
 from speculation.services.drafts import register_draft
 
@@ -41,6 +55,7 @@ MAX_SEED = 2**31 - 1  # the database column's range
 # A prompt file is read whole by the worker: 64 MiB is some 100,000 long prompts.
 PROMPTS_MAX_BYTES = 64 * 1024 * 1024
 NAMED_PROMPT_SOURCES = (SPEC_BENCH, STDLIB, DOCSTRINGS)
+MIN_CAPTURED = 8  # captured requests a run needs: some to train on, some (the oldest of each workload) held out
 # CLI options (PipelineSettings / TrainSettings fields) that size the work: (minimum, maximum).
 OPTION_BOUNDS = {
     "max_prompts": (0, 1_000_000),
@@ -87,6 +102,54 @@ def _checked_prompts(prompts: str) -> str:
     return ",".join(checked)
 
 
+def _checked_captured(prompts: str, *, user: AbstractBaseUser | None, target_fingerprint: str) -> str:
+    """`captured:<endpoint name or id>[:<workload>]` sources, as `captured:<id>[:<workload>]`: endpoints whose
+    captured traffic the user may use (its team's admins: fleet.permissions.check_captures; None, the CLI: any),
+    with the target's tokenizer, holding at least MIN_CAPTURED requests. One message for an endpoint that does not
+    exist and one the user may not use: the error must not tell another team what exists."""
+    checked = []
+    for part in prompts.split(","):
+        source = captured_source(part)
+        if source is None:
+            raise ValidationError({"prompts": ["captured traffic is not mixed with other prompt sources"]})
+        name, workload = source
+        endpoint = Endpoint.objects.filter(**({"pk": int(name)} if name.isdigit() else {"name": name})).first()
+        try:
+            if endpoint is None:
+                raise Http404
+            if user is not None:
+                check_captures(user, endpoint)
+        except (Http404, PermissionDenied) as exc:
+            raise ValidationError(
+                {"prompts": [f"{part.strip()}: no endpoint whose captured traffic you may use (its team's admins)"]}
+            ) from exc
+        endpoint_fingerprint = tokenizer_fingerprint(endpoint)
+        if endpoint_fingerprint and target_fingerprint and endpoint_fingerprint != target_fingerprint:
+            raise ValidationError(
+                {"prompts": [f"{part.strip()}: the endpoint's tokenizer is not target_dir's: train for its own model"]}
+            )
+        rows = CapturedRequest.objects.filter(endpoint=endpoint, **({"workload": workload} if workload else {}))
+        count = rows.count()
+        if count < MIN_CAPTURED:
+            raise ValidationError(
+                {"prompts": [f"{part.strip()}: {count} captured requests; a run needs at least {MIN_CAPTURED}"]}
+            )
+        checked.append(f"{CAPTURED}:{endpoint.pk}" + (f":{workload}" if workload else ""))
+    return ",".join(checked)
+
+
+def captured_sequences(settings: PipelineSettings) -> list[CapturedSequence] | None:
+    """The decrypted sequences of a run's captured sources (the newest max_prompts of each when set), or None when
+    it trains on text prompts. Read in the worker, held in memory only."""
+    sources = [captured_source(part) for part in settings.prompts.split(",")]
+    if not all(sources):
+        return None
+    out: list[CapturedSequence] = []
+    for endpoint, workload in sources:
+        out += sequences(endpoint_id=int(endpoint), workload=workload, limit=settings.max_prompts)
+    return out
+
+
 def _check_bounds(*, epochs: int, seed: int, options: dict[str, Any]) -> None:
     bounds = {"epochs": (1, MAX_EPOCHS), "seed": (0, MAX_SEED), **OPTION_BOUNDS}
     values = {"epochs": epochs, "seed": seed, **options}
@@ -120,13 +183,17 @@ def create_training_run(
     `owner` and `team` decide who sees the run and the head it registers (fleet.permissions); neither: admins only.
     """
     # Both under the model roots: the worker reads the target and writes (then reloads) its work files there.
-    target_dir = str(model_files.inspect_model_dir(target_dir, field="target_dir", llama=True).directory)
+    target = model_files.inspect_model_dir(target_dir, field="target_dir", llama=True)
+    target_dir = str(target.directory)
     out_dir = str(model_files.under_roots(out_dir, field="out_dir"))
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValidationError({"out_dir": [f"{out_dir} exists and is not a directory"]})
     options = dict(options or {})
     _check_bounds(epochs=epochs, seed=seed, options=options)
-    prompts = _checked_prompts(prompts)
+    if any(captured_source(part) for part in (prompts or "").split(",")):
+        prompts = _checked_captured(prompts, user=owner, target_fingerprint=target.tokenizer_fingerprint)
+    else:
+        prompts = _checked_prompts(prompts)
     train_fields = set(TrainSettings.__dataclass_fields__)
     train = {k: options.pop(k) for k in list(options) if k in train_fields}
     patience = train.get("patience", 0)
@@ -200,12 +267,14 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
     from speculation.offline.eagle.pipeline import run_pipeline  # torch: imported by the worker only
 
     try:
+        settings = PipelineSettings.from_dict(run.config)
         result = run_pipeline(
             target_dir=Path(run.target_dir),
             out_dir=Path(run.out_dir),
-            settings=PipelineSettings.from_dict(run.config),
+            settings=settings,
             target_name=run.target_name,
             progress=_RowProgress(run, echo),
+            captured=captured_sequences(settings),
         )
         draft = register_eagle_head(run=run, result=result) if register else None
     except BaseException as exc:

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from speculation.engine.eagle import EagleConfig, EagleHead, init_weights, make_head, param_count
+from speculation.offline.eagle.captured import captured_sets
 from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
-from speculation.offline.eagle.prompts import read_prompts, split_prompts
+from speculation.offline.eagle.prompts import CapturedSequence, read_prompts, split_prompts
 from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress, kept_report
 from speculation.offline.eagle.train import train_head
 
@@ -80,8 +81,15 @@ def _initial_weights(settings: PipelineSettings, config: EagleConfig, target_dir
 
 
 def run_pipeline(
-    *, target_dir: Path, out_dir: Path, settings: PipelineSettings, target_name: str = "", progress: Progress
+    *,
+    target_dir: Path,
+    out_dir: Path,
+    settings: PipelineSettings,
+    target_name: str = "",
+    progress: Progress,
+    captured: list[CapturedSequence] | None = None,
 ) -> PipelineResult:
+    """Train and save a head; `captured`: an endpoint's captured traffic to train on instead of settings.prompts."""
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     work = out_dir / WORK
     work.mkdir(parents=True, exist_ok=True)
@@ -96,7 +104,12 @@ def run_pipeline(
         intermediate_size=settings.intermediate_size or None,
         multi_layer=settings.multi_layer,
     )
-    train, held_out = _collected(model, tokenizer, settings, work, progress, config.feature_layers)
+    if captured is not None:  # token ids with the target's own outputs: teacher-forced, never written to disk
+        train, held_out = captured_sets(
+            model, captured, settings=settings, feature_layers=config.feature_layers, progress=progress
+        )
+    else:
+        train, held_out = _collected(model, tokenizer, settings, work, progress, config.feature_layers)
     head = make_head(config)
     initial = _initial_weights(settings, config, target_dir)
     if initial is None and config.eagle3:  # EAGLE-3's own final norm starts as the target's

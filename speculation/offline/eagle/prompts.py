@@ -6,7 +6,10 @@ corpus' training split, category "code"), `docstrings` (the starts of 512 paragr
 evenly spread, category "prose": the demo target answers any prompt with a memorised passage, and its main draft
 is distilled on its continuations of such docstring text), or a file: JSON lines (objects with a "prompt", "text" or
 "turns" field and an optional "category") or plain text, one prompt per paragraph.
-(Shadow traffic is not a source: stage records keep counts and rates, never prompt text.)
+An endpoint's captured traffic is a source of another kind, `captured:<endpoint id>[:<workload>]` (pooled, or one
+workload's): token ids of prompts and of the outputs the target served (speculation.services.captures), trained on
+as they are (speculation.offline.eagle.captured), never mixed with text sources. Stage records are no source: they
+keep counts and rates, never prompts.
 """
 
 from __future__ import annotations
@@ -26,10 +29,31 @@ DOCSTRING_PROMPTS = 512
 DOCSTRING_PROMPT_CHARS = 160
 
 
+CAPTURED = "captured"
+
+
 @dataclass(frozen=True)
 class Prompt:
     category: str
     text: str
+
+
+@dataclass(frozen=True)
+class CapturedSequence:
+    """One captured request: its prompt and the output the target served, as token ids; category: its workload."""
+
+    category: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+def captured_source(part: str) -> tuple[str, str | None] | None:
+    """(endpoint, workload or None) of a `captured:<endpoint>[:<workload>]` source; None for any other source."""
+    kind, _, rest = part.strip().partition(":")
+    if kind != CAPTURED or not rest:
+        return None
+    endpoint, _, workload = rest.partition(":")  # a workload key may hold ":" itself; an endpoint name never does
+    return endpoint, workload or None
 
 
 class PromptSourceError(ValueError):
@@ -107,18 +131,18 @@ def _read_source(source: str) -> list[Prompt]:
 
 
 def split_prompts(
-    prompts: list[Prompt], *, held_out: float, min_held_out: int = 3
-) -> tuple[list[Prompt], list[Prompt]]:
+    prompts: list[Prompt] | list[CapturedSequence], *, held_out: float, min_held_out: int = 3
+) -> tuple[list, list]:
     """Hold out the first prompts of every category (file order), at least min_held_out of each when it has more.
 
     The benchmark (`python -m speculation.bench`) measures on the first prompts of each Spec-Bench category, so
     a head is never trained on the prompts it is benchmarked on.
     """
-    by_category: dict[str, list[Prompt]] = {}
+    by_category: dict[str, list] = {}
     for prompt in prompts:
         by_category.setdefault(prompt.category, []).append(prompt)
-    train: list[Prompt] = []
-    test: list[Prompt] = []
+    train: list = []
+    test: list = []
     for category in sorted(by_category):
         group = by_category[category]
         n_test = min(len(group) - 1, max(min_held_out, round(len(group) * held_out)))
