@@ -35,9 +35,6 @@ LAZY_ALLOWED = {
         "the batch step timer runs prod's own TokenStream per step (to go with costs_batch, when timing reads the "
         "real step)"
     ),
-    ("fleet.managed.services", "speculation.services.policies"): (
-        "a managed endpoint's switch validates the policy as any endpoint's (to go behind a small interface)"
-    ),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -198,10 +199,11 @@ def _switch_running(managed: ManagedServer) -> bool:
     return Switch.objects.filter(managed=managed, status__in=[SwitchStatus.PENDING, SwitchStatus.STARTING]).exists()
 
 
-def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed: ManagedServer) -> None:
+def _validate_for_switch(
+    policy: SpeculationPolicy, endpoint: Endpoint, managed: ManagedServer, validate: Callable[..., None]
+) -> None:
     from speculation.models import Mode
     from speculation.selectors.native_flags import NativeFlagsError
-    from speculation.services.policies import validate_policy
 
     # Prod on path auto or native runs the server's own speculation on the new instance: everything but the path
     # is checked as shadow checks it (fields, draft, tokenizer), then the flags must exist for this server kind.
@@ -210,7 +212,7 @@ def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed:
     if mode == Mode.PROD and not ace_speculates(policy):
         policy.mode = Mode.SHADOW
     try:
-        validate_policy(policy=policy, endpoint=endpoint)
+        validate(policy=policy, endpoint=endpoint)
     finally:
         policy.mode = mode
     errors: dict[str, list[str]] = {}
@@ -227,18 +229,23 @@ def _validate_for_switch(policy: SpeculationPolicy, endpoint: Endpoint, managed:
 
 
 def request_switch(
-    *, endpoint: Endpoint, policy: SpeculationPolicy, changes: dict[str, list[Any]], user: AbstractBaseUser | None
+    *,
+    endpoint: Endpoint,
+    policy: SpeculationPolicy,
+    changes: dict[str, list[Any]],
+    user: AbstractBaseUser | None,
+    validate: Callable[..., None],
+    editable: Collection[str],
 ) -> Switch:
     """Queue a blue/green switch for a policy change (the policy in memory holds the new values, unsaved).
 
-    Called inside the policy service's transaction; the saved policy is left as it is until the new instance
-    serves. Raises ValidationError (keyed by field) when the change cannot be applied.
+    Called inside the policy service's transaction, which passes its own check (``validate(policy=, endpoint=)``,
+    raising ValidationError) and the policy fields a switch applies (``editable``): the saved policy is left as it
+    is until the new instance serves. Raises ValidationError (keyed by field) when the change cannot be applied.
     """
-    from speculation.services.policies import EDITABLE_FIELDS
-
     managed = ManagedServer.objects.select_for_update().get(endpoint_id=endpoint.pk)
-    _validate_for_switch(policy, endpoint, managed)
-    fields = {name: getattr(policy, name) for name in EDITABLE_FIELDS if name != "draft"}
+    _validate_for_switch(policy, endpoint, managed, validate)
+    fields = {name: getattr(policy, name) for name in editable if name != "draft"}
     fields["draft"] = policy.draft_id
     if policy.mode == "prod" and not ace_speculates(policy):
         fields["path"] = "native"  # prod on path auto: the server's own speculation on the new instance

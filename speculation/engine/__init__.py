@@ -2,7 +2,8 @@
 
 Entry points:
 - ``load_causal_lm(dir)`` -> ``Transformer`` (an HF checkpoint of Llama, Mistral, Qwen 2/3, Gemma 2/3 or Phi-3,
-  ``engine/families.py``; static KV cache);
+  ``engine/families.py``; static KV cache), or ``GenericCausalLM`` for another dense decoder-only model transformers
+  implements (``engine/generic.py``; ``implementation`` says which);
   ``Transformer.forward(tokens, start, return_hidden=False)`` -> logits [T, V] (+ hidden [T, D]).
 - targets: ``LocalTarget(model)``; proposers: ``DraftModelProposer(model, target_vocab_size=...)``,
   ``NgramProposer()``, ``SuffixProposer(SuffixIndex())`` (suffix decoding over earlier responses),

@@ -328,7 +328,14 @@ def update_policy(
         if managed_services.needs_switch(endpoint=endpoint, policy=policy):
             # A managed endpoint whose server must run differently: applied blue/green once the new instance
             # serves (fleet.managed); until then the saved policy stays as it is.
-            managed_services.request_switch(endpoint=endpoint, policy=policy, changes=changes, user=user)
+            managed_services.request_switch(
+                endpoint=endpoint,
+                policy=policy,
+                changes=changes,
+                user=user,
+                validate=validate_policy,
+                editable=EDITABLE_FIELDS,
+            )
             policy.refresh_from_db()
             return policy
         validate_policy(policy=policy, endpoint=endpoint, changed=changes.keys())
