@@ -31,10 +31,6 @@ LAZY_ALLOWED = {
         "the remote calibration times prod's own RemoteTarget, built by generation.build (to go when building a "
         "path moves out of generation)"
     ),
-    ("speculation.worker.costs_batch", "speculation.worker.generation"): (
-        "the batch step timer runs prod's own TokenStream per step (to go with costs_batch, when timing reads the "
-        "real step)"
-    ),
 }
 
 

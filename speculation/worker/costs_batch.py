@@ -191,7 +191,7 @@ class BatchStepTimer:
 class StepRelay:
     """A prod request thread's part of each step, played beside a calibration's steps: in prod the batch loop hands
     each step's tokens to the request's thread, which runs them through the stop matcher (the incremental
-    detokenizer) and sends them to the gateway in one Redis round trip (speculation.worker.generation.TokenStream)
+    detokenizer) and sends them to the gateway in one Redis round trip (speculation.worker.stream.TokenStream)
     while the loop runs the next step. That thread takes the worker process's GIL between the loop's torch calls:
     on the demo pair at one thread the draft step takes 25-45 % longer per token with the relay beside it and
     verify(n) 1-17 % longer, so a calibration without it projects prod's worker step too fast.
@@ -202,9 +202,9 @@ class StepRelay:
 
     def __init__(self, tokenizer: Any, *, client: Any = None) -> None:
         from speculation.jobs.channel import WorkerChannel
-        from speculation.worker.generation import TokenStream
         from speculation.worker.paths.stopping import StopMatcher, StopRule
         from speculation.worker.paths.text import IncrementalText
+        from speculation.worker.stream import TokenStream
 
         # prod's own per-step work (TokenStream: the matcher a token at a time, then one send), on a throwaway key
         channel = WorkerChannel(client, f"calibration-{uuid.uuid4().hex}") if client is not None else None

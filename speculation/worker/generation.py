@@ -35,7 +35,7 @@ from speculation.engine.decode import truncate_at_stop
 from speculation.engine.projection import StepCosts
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import Cancelled as CancelledMessage
-from speculation.jobs.channel import Done, Error, Ready, Tokens, WorkerChannel
+from speculation.jobs.channel import Done, Error, Ready, WorkerChannel
 from speculation.jobs.job import ProdJob
 from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
 from speculation.openai_fields import is_greedy
@@ -47,6 +47,7 @@ from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
 from speculation.worker.paths.text import IncrementalText, eos_token_ids
 from speculation.worker.stats import stage_fields
+from speculation.worker.stream import TokenStream
 
 logger = logging.getLogger(__name__)
 
@@ -288,39 +289,6 @@ def _batched(prepared: Prepared, config: GenerationConfig, prompt_ids: list[int]
 
     batching.speculate(prepared, config=config, prompt_ids=prompt_ids, emit=emit)
     return stats
-
-
-class TokenStream:
-    """The request's stop rules applied one committed token at a time (the matcher is set once the tokenizer is
-    loaded), and each verification's kept tokens sent to the gateway with the text they complete."""
-
-    def __init__(self, channel: WorkerChannel, slot: JobSlot) -> None:
-        self.channel, self.slot = channel, slot
-        self.matcher: StopMatcher | None = None
-        self.sent = 0
-        self.ids: list[int] = []  # the tokens sent (what suffix decoding stores afterwards)
-        self._text: list[str] = []
-        self._first: tuple[float, int] | None = None  # when the first step's tokens came, and how many
-
-    def decode_tok_s(self, ended: float) -> float | None:
-        """Tokens after the first step over the time after it (perf_counter `ended`); None with one step only."""
-        if self._first is None or self.sent <= self._first[1] or ended <= self._first[0]:
-            return None
-        return (self.sent - self._first[1]) / (ended - self._first[0])
-
-    def ends_after(self, token: int) -> bool:
-        assert self.matcher is not None
-        self._text.append(self.matcher.feed([token])[1])
-        return self.matcher.finished
-
-    def send(self, ids: list[int]) -> None:
-        if self._first is None:
-            self._first = (time.perf_counter(), len(ids))
-        text, self._text = "".join(self._text), []
-        self.sent += len(ids)
-        self.ids += ids
-        # one round trip: the tokens out, the slot refreshed, and Cancelled raised when the client went away
-        self.channel.send(Tokens(ids, text), slot=self.slot)
 
 
 def _baseline(client: redis.Redis, endpoint: Endpoint, job: ProdJob) -> float | None:
