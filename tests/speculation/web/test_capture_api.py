@@ -76,11 +76,10 @@ def test_a_team_admin_deletes_one_workloads_captures_or_all(endpoint):
 
 def test_another_teams_admin_can_neither_read_nor_delete_them(endpoint):
     client = api_as(make_user("blue-admin", ADMIN, teams=("blue",)))
-    for url in _urls(endpoint):
-        assert client.get(url).status_code == 404
-        assert client.delete(url).status_code in (404, 405)
-    assert client.patch(_urls(endpoint)[0], {"enabled": False}, format="json").status_code == 404
-    assert client.delete(_urls(endpoint)[1]).status_code == 404
+    setting, listing = _urls(endpoint)
+    assert client.get(setting).status_code == 404 and client.get(listing).status_code == 404
+    assert client.patch(setting, {"enabled": False}, format="json").status_code == 404
+    assert client.delete(listing).status_code == 404
     assert CapturedRequest.objects.count() == 3
     assert CaptureSetting.objects.get(endpoint=endpoint).enabled
 
@@ -99,3 +98,16 @@ def test_a_viewer_or_operator_of_the_team_can_neither_read_nor_delete_them(endpo
 def test_a_user_of_another_team_does_not_learn_the_endpoint_exists(endpoint):
     client = api_as(make_user("blue-viewer", VIEWER, teams=("blue",)))
     assert client.get(_urls(endpoint)[1]).status_code == 404
+
+
+def test_the_settings_view_shows_sizes_to_the_teams_admins_only(endpoint):
+    from django.urls import reverse
+
+    from tests.support.users import browser_as
+
+    url = reverse("speculation:endpoint", args=[endpoint.pk]) + "?view=settings"
+    page = browser_as(make_user("red-admin", ADMIN, teams=("red",))).get(url).content.decode()
+    assert 'id="captures"' in page and 'data-workload="chat"' in page and "7001" not in page
+    for who, role, teams in (("red-op", OPERATOR, ("red",)), ("blue-admin", ADMIN, ("blue",))):
+        page = browser_as(make_user(who, role, teams=teams)).get(url)
+        assert page.status_code == 200 and 'id="captures"' not in page.content.decode()
