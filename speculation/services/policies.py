@@ -224,8 +224,8 @@ def _check_tree(policy: SpeculationPolicy) -> dict[str, list[str]]:
 
 
 def _check_target_path(policy: SpeculationPolicy, endpoint: Endpoint, *, identity: bool) -> None:
-    """In every mode: target_path is a Llama-style model under the model roots, with the endpoint's tokenizer;
-    with `identity`, one that reproduces the endpoint's served model (speculation.services.target_identity).
+    """In every mode: target_path is a model of a family the engine runs, under the model roots, with the endpoint's
+    tokenizer; with `identity`, one that reproduces the endpoint's served model (speculation.services.target_identity).
 
     Stores the canonical path (symlinks resolved) on the policy.
     """

@@ -43,7 +43,9 @@ class Command(BaseCommand):
     help = "Train an EAGLE head on a target's features and register it as a draft (kind eagle_head)."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--target", required=True, help="the target's Hugging Face Llama directory")
+        parser.add_argument(
+            "--target", required=True, help="the target's Hugging Face checkpoint (any family the engine runs)"
+        )
         parser.add_argument(
             "--out", required=True, help="where the head (and its _work/ checkpoint) goes: under ACE_MODEL_ROOTS"
         )
