@@ -9,7 +9,8 @@ constant schedule, no confidence cut-off: the same drafting as ACE's K=5); and t
 chain (``eagle``, K=5 and dynamic K) and as draft trees (``eagle_tree``, shapes in speculation/bench/trees.py): built
 first when it is missing (speculation.offline.eagle.demo_head, cached in ``$ACE_HOME/models/<version>-eagle``, a few
 minutes once; ``--no-eagle`` skips it). Greedy throughout.
-Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here.
+Prints a table and writes JSON (``--json PATH``); ``--quick`` keeps the run under two minutes here. ``--device cuda``
+(``--dtype``, default: the loader's, bf16 on CUDA) runs every model there (scripts/device/engine_gpu.sh).
 """
 
 from __future__ import annotations
@@ -110,12 +111,13 @@ def step_costs(target: Transformer, draft: Transformer, k: int) -> dict[str, flo
 
     def timed(model: Transformer, n_tokens: int) -> float:
         model.setup_cache(model.max_len)
-        tokens = torch.arange(n_tokens) % model.vocab_size
-        model(torch.arange(200) % model.vocab_size, 0)
+        device = model.output.weight.device
+        tokens = torch.arange(n_tokens, device=device) % model.vocab_size
+        model(torch.arange(200, device=device) % model.vocab_size, 0)
         samples = []
         for _ in range(TIMING_REPEATS):
             t0 = time.perf_counter()
-            model(tokens, 200)
+            model(tokens, 200).logits.sum().item()  # waits for the device (CUDA runs asynchronously)
             samples.append(time.perf_counter() - t0)
         return statistics.median(samples)
 
@@ -191,7 +193,7 @@ def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Pr
 
 @torch.inference_mode()
 def run_hf(mech: Mechanism, hf_target, hf_draft, prompt: Prompt, max_new: int, eos: int):
-    input_ids = torch.tensor([prompt.ids])
+    input_ids = torch.tensor([prompt.ids], device=hf_target.device)
     kwargs = dict(
         max_new_tokens=max_new,
         do_sample=False,
@@ -238,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         "--demo-version", help="demo pair to benchmark (default: speculation.offline.demo's DEMO_VERSION), e.g. demo-v4"
     )
     parser.add_argument("--draft", default="draft", help="the pair's draft to run (DemoPair.drafts)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), help="default: float32 on CPU, bf16 on CUDA"
+    )
     parser.add_argument("--eagle-head", type=Path, help="EAGLE head directory (default: $ACE_HOME/models/<pair>-eagle)")
     parser.add_argument("--no-eagle", action="store_true", help="no EAGLE runs (the demo head is not built either)")
     parser.add_argument(
@@ -252,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if not args.questions.is_file():
         parser.error(f"no Spec-Bench questions at {args.questions} (pass --questions PATH)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -268,11 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(
         tokenizer, args.questions, per_category=1 if args.quick else 3, code_prompts=1 if args.quick else 6
     )
-    target_model = load_causal_lm(pair.target_dir, max_len=1024)
-    draft_model = load_causal_lm(draft_dir, max_len=1024)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    target_model = load_causal_lm(pair.target_dir, max_len=1024, device=args.device, dtype=dtype)
+    draft_model = load_causal_lm(draft_dir, max_len=1024, device=args.device, dtype=dtype)
     target = LocalTarget(target_model)
-    hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
-    hf_draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    dtype = target_model.output.weight.dtype
+    hf_target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=dtype).to(args.device).eval()
+    hf_draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=dtype).to(args.device).eval()
 
     # the demo target's EAGLE head (built once when missing) runs as mechanism "eagle" (a chain) and "eagle_tree"
     if not args.no_eagle and args.eagle_head is None:
@@ -348,6 +358,12 @@ def run_interleaved(
     return results, round(time.perf_counter() - started, 1)
 
 
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s))"
+
+
 def write_json(report: dict, path: Path | None) -> None:
     if path:
         path.write_text(json.dumps(report, indent=2) + "\n")
@@ -411,7 +427,7 @@ def build_report(results, costs, prompts, max_new, pair, args) -> dict:
             )
     info = pair.build_info
     return {
-        "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s))",
+        "device": device_name(args.device),
         "date": dt.date.today().isoformat(),
         "command": "python -m speculation.bench " + " ".join(sys.argv[1:]),
         "quick": args.quick,
