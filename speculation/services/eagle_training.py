@@ -102,12 +102,17 @@ def _checked_prompts(prompts: str) -> str:
     return ",".join(checked)
 
 
-def _checked_captured(prompts: str, *, user: AbstractBaseUser | None, target_fingerprint: str) -> str:
-    """`captured:<endpoint name or id>[:<workload>]` sources, as `captured:<id>[:<workload>]`: endpoints whose
-    captured traffic the user may use (its team's admins: fleet.permissions.check_captures; None, the CLI: any),
-    with the target's tokenizer, holding at least MIN_CAPTURED requests. One message for an endpoint that does not
-    exist and one the user may not use: the error must not tell another team what exists."""
-    checked = []
+def _checked_captured(
+    prompts: str, *, user: AbstractBaseUser | None, target_fingerprint: str, team: Group | None
+) -> tuple[str, Group | None]:
+    """`captured:<endpoint name or id>[:<workload>]` sources, as `captured:<id>[:<workload>]`, and the run's team:
+    endpoints whose captured traffic the user may use (its team's admins: fleet.permissions.check_captures; None,
+    the CLI: any), with the target's tokenizer, holding at least MIN_CAPTURED requests. One message for an endpoint
+    that does not exist and one the user may not use: the error must not tell another team what exists.
+
+    A head learns its training data: the run and its head belong to the endpoints' team (so the head is one of
+    their auto-pairing candidates, speculation.selectors.drafts.drafts_usable_by), never to another team."""
+    checked, teams = [], set()
     for part in prompts.split(","):
         source = captured_source(part)
         if source is None:
@@ -135,7 +140,13 @@ def _checked_captured(prompts: str, *, user: AbstractBaseUser | None, target_fin
                 {"prompts": [f"{part.strip()}: {count} captured requests; a run needs at least {MIN_CAPTURED}"]}
             )
         checked.append(f"{CAPTURED}:{endpoint.pk}" + (f":{workload}" if workload else ""))
-    return ",".join(checked)
+        teams.add(endpoint.team)
+    if len(teams) > 1:
+        raise ValidationError({"prompts": ["captured traffic of one team's endpoints at a time"]})
+    own = teams.pop()
+    if team is not None and team != own:
+        raise ValidationError({"team": ["a run on captured traffic belongs to its endpoint's team"]})
+    return ",".join(checked), own
 
 
 def captured_sequences(settings: PipelineSettings) -> list[CapturedSequence] | None:
@@ -191,7 +202,9 @@ def create_training_run(
     options = dict(options or {})
     _check_bounds(epochs=epochs, seed=seed, options=options)
     if any(captured_source(part) for part in (prompts or "").split(",")):
-        prompts = _checked_captured(prompts, user=owner, target_fingerprint=target.tokenizer_fingerprint)
+        prompts, team = _checked_captured(
+            prompts, user=owner, target_fingerprint=target.tokenizer_fingerprint, team=team
+        )
     else:
         prompts = _checked_prompts(prompts)
     train_fields = set(TrainSettings.__dataclass_fields__)

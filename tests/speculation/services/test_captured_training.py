@@ -16,6 +16,7 @@ from fleet.permissions import ADMIN, OPERATOR
 from speculation.models import CaptureSetting, DraftKind, TrainingStatus
 from speculation.offline.eagle.prompts import split_prompts
 from speculation.offline.eagle.settings import PipelineSettings
+from speculation.selectors.drafts import drafts_usable_by
 from speculation.services import captures
 from speculation.services.eagle_training import captured_sequences, create_training_run, run_training
 from tests.support.users import make_user
@@ -91,6 +92,8 @@ def test_a_run_on_captured_traffic_trains_a_head_that_drafts(tmp_path, target_di
     assert set(run.log[-1]["categories"]) == {"chat", "code"}
     # whose drafts the target accepts on the held-out captures
     assert run.alpha > 0 and run.mean_accepted_len > 1.0
+    # and which belongs to the endpoint's team: one of its auto-pairing candidates, no other team's
+    assert run.draft.team.name == "red" and drafts_usable_by(endpoint).filter(pk=run.draft.pk).exists()
     # and no decrypted token ids were written beside it
     work = Path(run.out_dir) / "_work"
     assert not (work / "train.pt").exists() and not (work / "held_out.pt").exists()
@@ -106,6 +109,18 @@ def test_a_run_on_one_workload_reads_only_its_captures(target_dir, tmp_path, end
 
 def test_a_run_on_text_prompts_reads_no_captures():
     assert captured_sequences(PipelineSettings(prompts="spec_bench")) is None
+
+
+def test_a_run_on_captured_traffic_belongs_to_the_endpoints_team(target_dir, tmp_path, endpoint):
+    admin = make_user("red-admin", ADMIN, teams=("red", "blue"))
+    run = create_training_run(target_dir=str(target_dir), out_dir=str(tmp_path / "h"),
+                              prompts=f"captured:{endpoint.name}", owner=admin)  # fmt: skip
+    assert run.team.name == "red"
+    with pytest.raises(ValidationError) as caught:
+        create_training_run(target_dir=str(target_dir), out_dir=str(tmp_path / "h2"),
+                            prompts=f"captured:{endpoint.name}", owner=admin,
+                            team=Group.objects.get(name="blue"))  # fmt: skip
+    assert "team" in caught.value.message_dict
 
 
 @pytest.mark.parametrize(("who", "role", "teams"), [("blue-admin", ADMIN, ("blue",)), ("red-op", OPERATOR, ("red",))])
