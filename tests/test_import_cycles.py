@@ -132,6 +132,17 @@ def test_the_check_counts_imports_inside_functions():
     assert seen == [("from typing import TYPE_CHECKING", False), ("from speculation import limits", True)]
 
 
+def test_the_gateway_never_imports_the_worker_and_nothing_below_it_imports_the_gateway():
+    # the web process queues jobs by task name (speculation.jobs.queue); services, selectors, jobs and fleet are
+    # what the gateway is built on
+    graph = import_graph()
+    below = ("speculation.services", "speculation.selectors", "speculation.jobs", "speculation.worker", "fleet")
+    into_worker = [(a, b) for a in graph for b in graph[a] if a.startswith("speculation.gateway.")]
+    assert [(a, b) for a, b in into_worker if b.startswith("speculation.worker")] == []
+    into_gateway = [(a, b) for a in graph for b in graph[a] if b.startswith("speculation.gateway")]
+    assert [(a, b) for a, b in into_gateway if a.startswith(below)] == []
+
+
 def test_the_check_sees_a_cycle():
     # given: a graph where a imports b and b imports a (and c is on its own)
     graph = {"a": {"b"}, "b": {"a"}, "c": set()}

@@ -184,7 +184,7 @@ def keep_capture(*, endpoint_id: int, workload: str, mode: str, prompt_ids: list
         }
     )
     if _flusher is None or _flusher.done() or _flusher.get_loop() is not asyncio.get_running_loop():
-        from speculation.gateway.background import spawn
+        from ace.background import spawn
 
         _flusher = spawn(_flush_loop(), what="captures")
 
