@@ -14,7 +14,14 @@ from django.core.exceptions import ValidationError
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
-from speculation.models import LOOKUP_KINDS, SpeculationPolicy, VerificationPath, candidate_name
+from speculation.models import (
+    LOOKUP_KINDS,
+    DraftModel,
+    SpeculationPolicy,
+    TrainingRun,
+    VerificationPath,
+    candidate_name,
+)
 from speculation.selectors.autopairing import MIN_REQUESTS, OVERALL, Recommendation, pairing_table, recommend
 from speculation.selectors.drafts import drafts_usable_by, visible_drafts
 from speculation.services.policies import resolve_path, runnable_mechanisms, update_policy
@@ -121,6 +128,13 @@ def _scope(policy: SpeculationPolicy, endpoint: Endpoint) -> str:
     return "the endpoint's best overall (what prod runs where a workload's own evidence is short)"
 
 
+def trained_on(draft: DraftModel | None) -> str:
+    """What a draft was trained on, for the change history: its training run and the run's prompt sources
+    (`captured:<endpoint id>[:<workload>]` for an endpoint's captured traffic); "" when no run registered it."""
+    run = TrainingRun.objects.filter(draft=draft).order_by("-pk").first() if draft is not None else None
+    return f"training run {run.pk} on {run.prompts}" if run is not None else ""
+
+
 def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     """For a `draft: auto` policy, apply the winner when auto_decision says so; the change is recorded with
     changed_by empty and {"auto": [None, evidence]}. Returns the changed policy, or None when nothing changed."""
@@ -136,11 +150,12 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
     draft = None
     if recommendation.kind not in LOOKUP_KINDS:
         draft = drafts_usable_by(endpoint).filter(pk=recommendation.draft_id).first()
+    trained = trained_on(draft)  # a head trained on the endpoint's captured traffic says so in the history
     try:
         return update_policy(
             endpoint=endpoint,
             user=None,
-            note={"auto": [None, why]},
+            note={"auto": [None, why], **({"trained_on": [None, trained]} if trained else {})},
             mechanism=recommendation.kind,
             draft=draft,
             k=recommendation.k,

@@ -132,3 +132,18 @@ def test_on_aces_own_paths_the_hybrid_leader_is_applied(endpoint, draft):
 
     assert policy is not None and (policy.mechanism, policy.draft.name, policy.k) == ("suffix_draft", "small", 2)
     assert "cannot run" not in PolicyChange.objects.get(policy=policy).changes["auto"][1]
+
+
+def test_a_switch_to_a_draft_trained_on_captured_traffic_says_what_it_was_trained_on(endpoint, draft):
+    from speculation.models import TrainingRun
+
+    run = TrainingRun.objects.create(
+        name="from-traffic", target_dir="/t", out_dir="/o", prompts=f"captured:{endpoint.pk}:code", draft=draft
+    )
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+
+    policy = auto_apply(endpoint=endpoint)
+
+    change = PolicyChange.objects.get(policy=policy)
+    assert change.changes["trained_on"] == [None, f"training run {run.pk} on captured:{endpoint.pk}:code"]
+    assert "small at K = 3 projects 1.60x" in change.changes["auto"][1]  # and what shadow measured
