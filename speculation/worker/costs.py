@@ -27,6 +27,7 @@ once (the second finds the first's row fresh).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +50,7 @@ from fleet.adapters import Unsupported, WireError, wire_for
 from fleet.models import Endpoint
 from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
 from speculation.engine.costs import REPEATS, non_decreasing, time_draft_step, time_verify
+from speculation.engine.families import implementation_of
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.jobs import queue
 from speculation.models import (
@@ -320,7 +323,20 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     from speculation.worker import batching
 
     local = path == VerificationPath.LOCAL and bool(policy.target_path)
-    return local and batching.enabled() and policy.mechanism in BATCHED_KINDS
+    if not (local and batching.enabled() and policy.mechanism in BATCHED_KINDS):
+        return False
+    # a model transformers runs for ACE (implementation "generic") is served at batch one (batching.serves)
+    draft_native = policy.draft is None or policy.draft.implementation in (None, "native")
+    return draft_native and _target_implementation(policy.target_path) == "native"
+
+
+def _target_implementation(directory: str) -> str:
+    """How the engine runs the target in `directory` (speculation.engine.families), from its config.json."""
+    try:
+        model_type = json.loads((Path(directory) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return "native"  # unreadable: loading it will say why
+    return implementation_of(model_type)
 
 
 def _draft_proposer(policy: SpeculationPolicy) -> Any:

@@ -143,3 +143,24 @@ def test_the_relay_goes_on_when_the_matcher_fails(tiny_model_dir, redis_server):
     messages = [json.loads(m) for m in client.lrange(relay._stream.channel.key, 0, -1)]
     assert relay.relayed == 3 and [m["ids"] for m in messages] == [[5, 9], [13], [14]]
     assert messages[1]["text"] == ""
+
+
+def test_a_policy_on_a_model_transformers_runs_is_timed_single_stream(settings, tiny_model_dir, tmp_path):
+    # given batching on, and local-path policies whose target or draft runs through transformers (generic)
+    import json
+
+    from speculation.models import DraftModel, SpeculationPolicy, VerificationPath
+    from speculation.worker.costs import batched_path
+
+    settings.PROD_BATCH_SLOTS = 4
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    native = DraftModel(kind="draft_model", config={"model_type": "llama"})
+    generic = DraftModel(kind="draft_model", config={"model_type": "gpt_neox"})
+
+    def policy(target: str, draft: DraftModel) -> SpeculationPolicy:
+        return SpeculationPolicy(mechanism="draft_model", draft=draft, target_path=target)
+
+    # then: the batch loop's costs only where both are native (batching.serves runs the others at batch one)
+    assert batched_path(policy=policy(str(tiny_model_dir), native), path=VerificationPath.LOCAL)
+    assert not batched_path(policy=policy(str(tiny_model_dir), generic), path=VerificationPath.LOCAL)
+    assert not batched_path(policy=policy(str(tmp_path), native), path=VerificationPath.LOCAL)
