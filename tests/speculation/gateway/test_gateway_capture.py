@@ -39,6 +39,18 @@ def completions(request) -> tuple[int, dict, bytes]:
     return 200, {"content-type": "text/event-stream"}, stream
 
 
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    """Route tables are cached per event loop, and a later test's loop may reuse an id."""
+    from speculation.gateway import auth, routes
+
+    routes._caches.clear()
+    auth.forget_all()
+    yield
+    routes._caches.clear()
+    auth.forget_all()
+
+
 @pytest.fixture
 def setup(http_stub, django_user_model, redis_server):
     from rest_framework.authtoken.models import Token
@@ -148,3 +160,61 @@ def test_a_rate_of_zero_captures_nothing(setup):
     for _ in range(5):
         ask(endpoint, token)
     assert not CapturedRequest.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_lean_app_honours_the_opt_out_header(setup):
+    import httpx
+
+    from ace.asgi import application
+
+    # given an off endpoint that captures every request
+    endpoint, stub, token = setup()
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            for extra in ({"X-ACE-No-Capture": "1"}, {}):
+                body = {"model": endpoint.name, "prompt": "hi", "max_tokens": 2, "temperature": 0}
+                response = await client.post(
+                    "/v1/completions", json=body, headers={"Authorization": f"Bearer {token}", **extra}
+                )
+                assert response.status_code == 200
+        await captures.aflush()
+
+    # when one request opts out and one does not, through ace.asgi.application (what serves /v1)
+    async_to_sync(go)()
+    # then only the other was captured
+    assert ["return_token_ids" in r.json() for r in stub.requests] == [False, True]
+    assert CapturedRequest.objects.filter(endpoint=endpoint).count() == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prods_own_answers_give_their_ids_and_read_as_without_them(monkeypatch, stream):
+    """Prod answers with ACE's own vLLM-shaped response (speculation.gateway.openai_format.Shape): what capture asks
+    of it (return_token_ids) it reads back and strips to null, as vLLM sends it without the flag."""
+    from types import SimpleNamespace
+
+    from fleet.adapters import wire_for
+    from speculation.gateway import capture
+    from speculation.gateway.openai_format import Shape
+
+    kept: list[dict] = []
+    monkeypatch.setattr(capture, "keep_capture", lambda **row: kept.append(row))
+    route = SimpleNamespace(endpoint_id=7, mode=Mode.PROD)
+    call = SimpleNamespace(route=route, request_id="r", body={}, kind="completion", workload="w")
+    tap = capture.CaptureTap(call, injected=True, wire=wire_for("vllm"), workload="w")
+    shape = Shape(kind="completion", request_id="r", model=MODEL, prompt_ids=PROMPT_IDS, return_token_ids=True)
+    if stream:
+        parts = [shape.chunk("a", OUTPUT_IDS[:1], first=True), shape.chunk("b", OUTPUT_IDS[1:], first=False),
+                 shape.chunk("", [], finish_reason="length", first=False)]  # fmt: skip
+        out = b"".join(tap.on_chunk(part) for part in parts)
+        events = [json.loads(line[6:]) for line in out.decode().split("\n\n") if line.startswith("data: {")]
+        assert all(e["choices"][0]["token_ids"] is None for e in events)
+        tap.done(complete=True)
+    else:
+        body = json.dumps(shape.response("ab", OUTPUT_IDS, "length", None)).encode()
+        choice = json.loads(tap.on_body(200, body))["choices"][0]
+        assert (choice["token_ids"], choice["prompt_token_ids"]) == (None, None)
+        tap.done(complete=True)
+    assert [(r["prompt_ids"], r["output_ids"], r["mode"]) for r in kept] == [(PROMPT_IDS, OUTPUT_IDS, Mode.PROD)]
