@@ -94,13 +94,14 @@ PROBE_INTERVAL_S = env_int("ACE_PROBE_INTERVAL", 600, minimum=10)
 # prod: how long the gateway waits for a worker to take a request, and for its next tokens, before falling back.
 PROD_START_TIMEOUT_S = env_float("ACE_PROD_START_TIMEOUT", 5.0, minimum=0.1)
 PROD_STEP_TIMEOUT_S = env_float("ACE_PROD_STEP_TIMEOUT", 30.0, minimum=0.1)
-# prod: go plain at a load where speculation measured slower than plain serving (speculation.gateway.goodput).
+# prod: go plain where the guard's cost model, corrected by measured goodput, says speculation would be slower
+# (speculation.gateway.guard).
 GOODPUT_GUARD = env_bool("ACE_GOODPUT_GUARD", True)
 # ...and above one request in flight, speculate at most this many of an endpoint's requests at once where speculation
 # measured faster: the verdict is measured with one learner among plain neighbours (docs/BENCHMARKS.md, concurrency)
 GOODPUT_SPECULATING = env_int("ACE_GOODPUT_SPECULATING", 1, minimum=1)
 # ...and where the worker's engine shares the server's machine, learn loads above one request in flight anyway instead
-# of presuming them slower (speculation.gateway.goodput.shares_machine; e.g. the server runs on a GPU of that machine)
+# of presuming them slower (speculation.gateway.guard.topology.shares_machine; e.g. the server runs on its GPU)
 GOODPUT_SHARED_LEARN = env_bool("ACE_GOODPUT_SHARED_LEARN", False)
 # The GPU worker's torch (OpenMP) threads on a CPU (speculation.worker.openmp): idle threads spin this many
 # iterations (GOMP_SPINCOUNT, about 0.1 ms at 10000; -1: OpenMP's default) and then sleep, so between steps they
