@@ -640,6 +640,11 @@ class EagleProposer:
         self, head: EagleHead, target_model: Transformer, *, max_len: int | None = None, tree: TreeShape | None = None
     ):
         config = head.config
+        if getattr(target_model, "implementation", "native") != "native":
+            raise EagleHeadError(
+                "EAGLE heads read the features of ACE's own model layer; this target runs through transformers "
+                "(implementation generic)"
+            )
         if config.vocab_size != target_model.vocab_size:
             raise VocabMismatchError(
                 f"the head's vocabulary ({config.vocab_size}) differs from the target's ({target_model.vocab_size})"

@@ -135,3 +135,13 @@ def test_it_refuses_a_model_whose_state_cannot_be_cut_back(tmp_path):
 )
 def test_it_says_which_implementation_runs_a_config(config, expected):
     assert implementation(config) == expected
+
+
+def test_it_refuses_an_eagle_head_over_a_target_transformers_runs(checkpoints):
+    from speculation.engine.eagle import EagleConfig, EagleHead, EagleHeadError, EagleProposer
+
+    model = load_causal_lm(checkpoints("gpt_neox")[0])
+    config = EagleConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=VOCAB, max_position_embeddings=128)  # fmt: skip
+    with pytest.raises(EagleHeadError, match="runs through transformers"):
+        EagleProposer(EagleHead(config), model)
