@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from speculation.jobs.channel import key
+from speculation.jobs.channel import Message, from_wire, key
 
 _pools: dict[int, aioredis.Redis] = {}
 
@@ -38,8 +37,8 @@ class GatewayChannel:
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
             raise ChannelError(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
 
-    async def receive(self, timeout_s: float) -> dict[str, Any] | None:
-        """The next message, or None when none came within timeout_s."""
+    async def receive(self, timeout_s: float) -> Message | None:
+        """The next message, or None when none came within timeout_s; ChannelError when it cannot be read."""
         try:
             got = await asyncio.wait_for(client().blpop([self.key], timeout=timeout_s), timeout=timeout_s + 2.0)
         except TimeoutError:
@@ -48,7 +47,10 @@ class GatewayChannel:
             raise ChannelError(f"redis failed while streaming: {type(exc).__name__}: {exc}") from exc
         if got is None:
             return None
-        return json.loads(got[1])
+        try:
+            return from_wire(json.loads(got[1]))
+        except ValueError as exc:  # not JSON, or not a message of this code's contract
+            raise ChannelError(f"unreadable worker message: {exc}") from exc
 
     async def discard(self) -> None:
         try:

@@ -31,6 +31,7 @@ from speculation.gateway.preflight import preflight
 from speculation.gateway.recording import PlainRecorder
 from speculation.gateway.sse import DONE, EventSplitter, dumps, payload_of
 from speculation.jobs import queue
+from speculation.jobs.channel import Cancelled, Done, Error, Tokens
 from speculation.jobs.job import ProdJob
 from speculation.models import Action
 from speculation.services.records import keep_record
@@ -42,6 +43,10 @@ STEP_TIMEOUT_S = settings.PROD_STEP_TIMEOUT_S
 # Applied by the worker exactly as the server applies them (speculation.worker.paths.stopping).
 STOP_FIELDS = openai_fields.STOP
 SLOT_SLACK_S = 30.0  # a queued job's slot outlives its queue expiry by this much unless a worker refreshes it
+
+
+def _failure(message: Error | Cancelled) -> str:
+    return message.reason if isinstance(message, Error) else "worker error"
 
 
 async def plain(call: Call, *, action: str, reason: str, extra: dict | None = None):
@@ -167,8 +172,8 @@ async def serve(call: Call):
             action=Action.FELL_BACK,
             reason=f"no worker on gpu.{route.node_class} took the request within {START_TIMEOUT_S:g} s",
         )
-    if first.get("type") in ("error", "cancelled"):
-        return await plain(call, action=Action.FELL_BACK, reason=first.get("reason", "worker error"))
+    if isinstance(first, Error | Cancelled):
+        return await plain(call, action=Action.FELL_BACK, reason=_failure(first))
     shape = Shape(
         kind=call.kind,
         request_id=call.request_id,
@@ -216,7 +221,7 @@ class ProdRun:
         self.recorded = False
         self.unfinished = False  # the plain continuation failed as well: the stream ends with an error event
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncIterator[Tokens]:
         """Token messages until done; on failure sets self.failure and stops."""
         while True:
             try:
@@ -229,22 +234,20 @@ class ProdRun:
                 self.stop_worker()
                 await self.channel.discard()
                 return
-            kind = message.get("type")
-            if kind == "tokens":
-                self.ids.extend(message["ids"])
-                self.text += message.get("text", "")
+            if isinstance(message, Tokens):
+                self.ids.extend(message.ids)
+                self.text += message.text
                 yield message
-            elif kind == "done":
-                self.finish_reason = message.get("finish_reason", "length")
-                self.stop_reason = message.get("stop_reason")
-                self.stats = message.get("stats", {})
-                tail = message.get("text", "")
-                self.text += tail
-                if tail:
-                    yield {"type": "tokens", "ids": [], "text": tail}
+            elif isinstance(message, Done):
+                self.finish_reason = message.finish_reason
+                self.stop_reason = message.stop_reason
+                self.stats = message.stats
+                self.text += message.text
+                if message.text:
+                    yield Tokens([], message.text)
                 return
-            elif kind in ("error", "cancelled"):
-                self.failure = f"{message.get('reason', 'worker error')} (after {len(self.ids)} tokens)"
+            elif isinstance(message, Error | Cancelled):
+                self.failure = f"{_failure(message)} (after {len(self.ids)} tokens)"
                 return
 
     def stop_worker(self) -> None:
@@ -322,8 +325,8 @@ class ProdRun:
         sent_any = False
         try:
             async for message in self.messages():
-                if message["ids"] or message.get("text"):
-                    yield self.shape.chunk(message.get("text", ""), message["ids"], first=not sent_any)
+                if message.ids or message.text:
+                    yield self.shape.chunk(message.text, message.ids, first=not sent_any)
                     sent_any = True
             if self.failure:
                 async for piece in self._continue_plain(first_sent=sent_any):
