@@ -87,7 +87,7 @@ class Command(BaseCommand):
         parser.add_argument("--intermediate-size", type=int, default=0, help="the head's MLP width (0: target's)")
         parser.add_argument(
             "--multi-layer", action="store_true",
-            help="EAGLE-3 features: the target's low, mid and final layers (a format 2 head, ACE's local path only)",
+            help="an EAGLE-3 head in vLLM's layout (the target's layers vLLM picks; vLLM eagle3, SGLang EAGLE3)",
         )  # fmt: skip
         parser.add_argument(
             "--unroll", type=int, default=1,

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 EAGLE1 = PipelineSettings(
     prompts="spec_bench,stdlib", max_prompts=96, new_tokens=48, text_windows=256, train=TrainSettings(epochs=4)
 )
-# EAGLE-3-style: the target's low / mid / final features, two drafting steps trained (training-time test), and
+# EAGLE-3 (vLLM's layout): the target's aux layers, two drafting steps trained (training-time test), and
 # EAGLE-3's token-led loss (settings.MULTI_LAYER_WEIGHTS).
 EAGLE3 = replace(EAGLE1, multi_layer=True, train=replace(EAGLE1.train, unroll=2, **MULTI_LAYER_WEIGHTS))
 # Sized for a target that does not loop (demo-v7): twice the prompts, the bench's 256-token prompt length (a

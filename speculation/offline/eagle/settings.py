@@ -83,7 +83,7 @@ class PipelineSettings:
     # Teacher-forced windows of the demo corpus' training text (stdlib sources), added to the training set.
     text_windows: int = 0
     window_tokens: int = 128
-    # EAGLE-3 features: the head reads the target's low / mid / high layers (eagle.default_feature_layers)
+    # an EAGLE-3 head (engine/eagle3.py): it reads the target's aux layers vLLM picks by default
     multi_layer: bool = False
     # A saved head for the same target to start from (more training steps for a head that was still improving,
     # on new data); "" starts from the seeded initialisation.
