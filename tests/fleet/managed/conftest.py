@@ -1,5 +1,6 @@
 """Shared fixtures of the managed endpoint tests: a stand-in managed endpoint and its first instance (no server
-process), and for the real-vLLM test an admin, its token and the openai client pointed at ACE under uvicorn."""
+process), and for the real-vLLM tests an admin, its token, the openai client pointed at ACE under uvicorn and a real
+Celery worker running the supervisor."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from fleet.managed.models import InstanceRole, InstanceState, ServerInstance
 from fleet.managed.services import create_managed_endpoint
 from fleet.models import Endpoint
 from fleet.permissions import ADMIN, OPERATOR, grant_role
-from tests.support.stack import start_ace
+from tests.support.stack import database_url, start_ace
+
+MANAGED_NODE_CLASS = "managedtest"  # the GPU queue managed_worker consumes
 
 
 @pytest.fixture
@@ -80,3 +83,25 @@ def gateway_client(managed_ace_server, user):
 
     token = Token.objects.create(user=user).key
     return openai.OpenAI(base_url=managed_ace_server.url + "/v1", api_key=token, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def managed_worker(django_db_setup, django_db_blocker, redis_server, artifacts_dir: Path) -> Iterator:
+    """A real `celery worker` consuming gpu.<node class> (``.extra["node_class"]``): it starts the supervisor of
+    that node class, and runs the shadow and prod jobs of its endpoints."""
+    env = {
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_server.url,
+        "DJANGO_SETTINGS_MODULE": "ace.settings",
+        "ACE_CELERY_EAGER": "false",
+        "ACE_MANAGED_SUPERVISOR": "true",
+        "ACE_MANAGED_START_TIMEOUT": "420",
+    }
+    proc = processes.start_celery_worker(
+        env=env, log_dir=artifacts_dir, queues=f"gpu.{MANAGED_NODE_CLASS}", name="managed-worker"
+    )
+    proc.extra["node_class"] = MANAGED_NODE_CLASS
+    try:
+        yield proc
+    finally:
+        proc.stop(grace_s=40)

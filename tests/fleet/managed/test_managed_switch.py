@@ -23,14 +23,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 
-from ace import processes
 from fleet.managed.models import (
     EventKind,
     InstanceRole,
@@ -45,38 +43,16 @@ from fleet.models import Endpoint
 from speculation.models import DraftModel, PolicyChange, StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import get_policy, update_policy
-from tests.support.stack import database_url
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 logger = logging.getLogger(__name__)
 
-NODE_CLASS = "managedtest"
 WAIT_S = 600
 PROMPT = "for i in range(10):\n    print(i)\nfor i in range(10):\n"
 MAX_TOKENS = 16
 CLIENTS = 8  # half greedy, half at temperature 0.7
 ROUTE_MARGIN_S = 5.0  # a request sent this soon after a switch was done may still reach the old instance
-
-
-@pytest.fixture(scope="module")
-def managed_worker(django_db_setup, django_db_blocker, redis_server, artifacts_dir: Path) -> Iterator:
-    """A real `celery worker` consuming gpu.<NODE_CLASS>: it starts the supervisor of that node class."""
-    env = {
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": redis_server.url,
-        "DJANGO_SETTINGS_MODULE": "ace.settings",
-        "ACE_CELERY_EAGER": "false",
-        "ACE_MANAGED_SUPERVISOR": "true",
-        "ACE_MANAGED_START_TIMEOUT": "420",
-    }
-    proc = processes.start_celery_worker(
-        env=env, log_dir=artifacts_dir, queues=f"gpu.{NODE_CLASS}", name="managed-worker"
-    )
-    try:
-        yield proc
-    finally:
-        proc.stop(grace_s=40)
 
 
 def _wait(what: str, check, timeout_s: float = WAIT_S):
@@ -227,7 +203,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
         name="managed-demo",
         model_dir=str(demo_pair.target_dir),
         served_name="managed-demo-model",
-        node_class=NODE_CLASS,
+        node_class=managed_worker.extra["node_class"],
         server_args={"dtype": "float32", "max_model_len": 1024, "enforce_eager": True},
         created_by=user,
     )
