@@ -90,3 +90,49 @@ def test_eagle_head_flags_start_a_vllm_that_drafts_with_the_head(demo_pair, arti
 
     # then: vLLM ran ACE's head as its EAGLE drafter
     assert drafts > 0, "vLLM reported no EAGLE drafts"
+
+
+def test_an_eagle3_head_from_the_rest_flags_drafts_in_vllm_and_answers_as_the_plain_server(
+    demo_pair, artifacts_dir, tmp_path, api, vllm_server
+):
+    # given: an EAGLE-3 head saved by ACE for the demo target (what `--multi-layer` training writes; here untrained,
+    # as the training pipeline starts it), the policy of a vLLM endpoint drafting with it
+    import torch
+
+    from speculation.engine.eagle import EagleConfig, init_weights, make_head
+    from speculation.engine.loader import load_causal_lm
+    from speculation.models import SpeculationPolicy
+
+    head = make_head(EagleConfig.for_target(demo_pair.target_dir, multi_layer=True))
+    init_weights(head, torch.Generator().manual_seed(0))
+    head.norm.weight.data.copy_(load_causal_lm(demo_pair.target_dir).norm.weight)
+    head.save(tmp_path / "head")
+    endpoint = Endpoint.objects.create(name="local-vllm-eagle3", base_url="http://127.0.0.1:1", kind="vllm")
+    draft = DraftModel.objects.create(name="demo-eagle3", kind="eagle_head", path=str(tmp_path / "head"))
+    SpeculationPolicy.objects.create(endpoint=endpoint, mechanism="eagle_head", draft=draft, k=3)
+    body = api.get(f"/api/v1/endpoints/{endpoint.pk}/native-flags/").json()
+    assert body["speculative_config"] == {"method": "eagle3", "model": str(tmp_path / "head"),
+                                          "num_speculative_tokens": 3}  # fmt: skip
+
+    # when: vLLM starts with exactly those flags (served as the plain server's model) and answers greedy requests
+    config = json.loads(body["args"][1])
+    proc = processes.start_vllm(model_dir=demo_pair.target_dir, served_model_name=vllm_server.model,
+                                log_dir=artifacts_dir, speculative_config=config)  # fmt: skip
+    prompts = ["def parse_args(argv):\n    ", "class Stack:\n    def __init__(self):\n", "The quick brown fox"]
+    try:
+        before = spec_drafts_total(proc.url)
+        answers = [_greedy(proc.url, vllm_server.model, prompt) for prompt in prompts]
+        drafts = spec_drafts_total(proc.url) - before
+    finally:
+        proc.stop()
+
+    # then: vLLM drafted with ACE's head, and its greedy answers are the plain server's
+    assert drafts > 0, "vLLM reported no EAGLE-3 drafts"
+    assert answers == [_greedy(vllm_server.base_url, vllm_server.model, prompt) for prompt in prompts]
+
+
+def _greedy(base_url: str, model: str, prompt: str) -> str:
+    response = httpx.post(f"{base_url}/v1/completions", timeout=300,
+                          json={"model": model, "prompt": prompt, "max_tokens": 32, "temperature": 0})  # fmt: skip
+    response.raise_for_status()
+    return response.json()["choices"][0]["text"]
