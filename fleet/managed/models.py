@@ -44,6 +44,10 @@ class InstanceRole(models.TextChoices):
     DRAINING = "draining", "Draining"  # routed away; finishing in-flight requests
 
 
+# Where a managed endpoint points until its first instance serves: port 0 never answers.
+NOT_STARTED_URL = "http://127.0.0.1:0"
+
+
 class InstanceState(models.TextChoices):
     STARTING = "starting", "Starting"
     READY = "ready", "Ready"

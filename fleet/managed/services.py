@@ -23,7 +23,7 @@ from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 from fleet.managed import canary
 from fleet.managed.args import ServerArgsError, validate_server_args
-from fleet.managed.models import ManagedKind, ManagedServer, ServerEvent, Switch, SwitchStatus
+from fleet.managed.models import NOT_STARTED_URL, ManagedKind, ManagedServer, ServerEvent, Switch, SwitchStatus
 from fleet.models import Endpoint, EndpointStatus
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Where a managed endpoint points until its first instance serves: port 0 never answers.
-NOT_STARTED_URL = "http://127.0.0.1:0"
 VLLM_PER_REQUEST_METRICS = ("--per-request-spec-decode-metrics", "summary")
 SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")
 

@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ace import json_body, throttle
 from fleet import netpolicy
+from fleet.managed.models import NOT_STARTED_URL
 from speculation.gateway import capture, passthrough, validation
 from speculation.gateway.auth import Principal, authenticate
 from speculation.gateway.call import Call, new_request_id
@@ -26,6 +27,9 @@ from speculation.gateway.routes import route_cache
 from speculation.models import Mode
 from speculation.selectors import metrics as stage_metrics
 from speculation.workloads import keys as workload_keys
+
+# A managed endpoint's first server is typically serving within a minute of its start.
+STARTING_RETRY_S = 10
 
 
 def _unauthorized(request_id: str) -> HttpResponse:
@@ -115,6 +119,11 @@ async def serve(
     if url_problem:  # stored unchecked (an older row, SQL by hand): httpx would refuse it and a log line split
         message = f"endpoint {route.name} has a base URL ACE cannot use ({url_problem}); an operator must correct it."
         return error_response(502, message, code="upstream_misconfigured", request_id=request_id)
+    if route.base_url == NOT_STARTED_URL:  # a managed endpoint before its first server serves
+        message = f"endpoint {route.name}: its managed server is starting (see its page); retry shortly."
+        response = error_response(503, message, code="upstream_starting", request_id=request_id)
+        response["Retry-After"] = str(STARTING_RETRY_S)
+        return response
     if route.mode != Mode.OFF:  # off relays the server's own answer, errors included
         body, invalid = validation.checked(body, kind=kind)
         if invalid is not None:

@@ -151,3 +151,19 @@ def test_a_request_refused_by_a_stopped_instance_goes_where_the_endpoint_moved(r
     assert first[0] == 200 and " old" in first[1]
     assert second[0] == 200 and second[1].endswith("data: [DONE]\n\n") and " new" in second[1], second
     assert new.hits["/v1/completions"] == 1
+
+
+@pytest.mark.parametrize("mode", ["off", "prod"])
+def test_a_managed_endpoint_before_its_first_server_serves_answers_503_with_retry_after(redis_server, token, mode):
+    from fleet.managed.models import NOT_STARTED_URL
+
+    _endpoint(NOT_STARTED_URL, mode=mode, mechanism="ngram", path="native", k=3)
+    response = async_to_sync(AsyncClient().post)(
+        "/v1/completions",
+        data={"model": "moving", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 503 and response["Retry-After"] == "10"
+    error = json.loads(response.content)["error"]
+    assert error["code"] == "upstream_starting" and "managed server is starting" in error["message"]
