@@ -166,13 +166,16 @@ def prune_captures(*, now: datetime | None = None) -> int:
 
 _queue: deque[dict[str, Any]] = deque()
 _flusher: asyncio.Task | None = None
+_dropped = 0
 
 
 def keep_capture(*, endpoint_id: int, workload: str, mode: str, prompt_ids: list[int], output_ids: list[int]) -> None:
     """Queue a served request's ids from the gateway (its event loop); written by the flusher, never blocking."""
-    global _flusher
+    global _flusher, _dropped
     if len(_queue) >= QUEUE_ROWS:
-        logger.warning("capture queue full (%d): a capture of endpoint %s dropped", QUEUE_ROWS, endpoint_id)
+        _dropped += 1
+        if _dropped % 100 == 1:  # one line per 100 under overload, not one per request
+            logger.warning("capture queue full (%d): %d captures dropped so far", QUEUE_ROWS, _dropped)
         return
     _queue.append(
         {
