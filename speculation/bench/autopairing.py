@@ -124,8 +124,9 @@ def candidate_costs(
                     index.add(f"s{i}", tokens)
                 proposer = SuffixProposer(index)
             if candidate.kind in DRAFT_MODEL_KINDS:  # a hybrid's model steps cost the draft's
-                model = resources.model(candidate.draft.path).model
-                proposer = DraftModelProposer(model, target_vocab_size=target.vocab_size)
+                draft = resources.model(candidate.draft.path)
+                shared = resources.shared_vocab(draft, target.vocab_size)  # a draft padded to another size
+                proposer = DraftModelProposer(draft.model, target_vocab_size=target.vocab_size, shared_vocab=shared)
             lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
             step = time_draft_step(proposer, lookup_context or context)
             if candidate.kind in DRAFT_MODEL_KINDS:

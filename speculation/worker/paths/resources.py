@@ -12,6 +12,7 @@ they fit, and a worker serving many endpoints reloads rather than grows.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -146,5 +147,19 @@ def draft_width(draft: Loaded, target_path: str = "") -> int:
     tokenizer's ids only): as prod's local path drafts, so that shadow's replays of it draft alike."""
     from speculation.engine.vocab import draft_width as width
 
-    target_vocab = model(target_path).model.vocab_size if target_path else draft.model.vocab_size
+    target_vocab = (target_vocab_size(target_path) if target_path else None) or draft.model.vocab_size
     return width(draft.model.vocab_size, target_vocab, shared_vocab(draft, target_vocab))
+
+
+def target_vocab_size(directory: str) -> int | None:
+    """The vocabulary size of the model in directory: the loaded model's, else its config.json's (nothing is
+    loaded for it); None where it cannot be read (prod refuses such a target_path anyway)."""
+    with _lock:
+        found = _loaded.get(directory)
+    if found is not None:
+        return found.model.vocab_size
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+        return int((config.get("text_config") or config)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

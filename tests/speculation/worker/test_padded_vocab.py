@@ -37,15 +37,17 @@ class _Policy:
 
 def test_it_drafts_among_the_tokenizers_ids_against_a_target_padded_otherwise(fresh, padded):
     target_dir, draft_dir = padded
-    target, draft = resources.model(str(target_dir)), resources.model(str(draft_dir))
+    draft = resources.model(str(draft_dir))
     tokens = len(draft.tokenizer)
     assert tokens < 310
-    # prod's local path: the proposer reads the tokenizer's ids and drafts over the target's
-    setup = _draft_model(_Policy(draft_dir), target)
-    assert (setup.proposer.width, setup.vocab_size) == (tokens, 320)
-    # shadow's greedy replay drafts alike against that target, and with the whole vocabulary against a server
+    # shadow's greedy replay drafts among the tokenizer's ids against that target (its size read from its config,
+    # the target not loaded for it), and with the whole vocabulary against a server
     assert resources.draft_width(draft, str(target_dir)) == tokens
+    assert str(target_dir) not in resources._loaded
     assert resources.draft_width(draft) == 310
+    # prod's local path: the proposer reads the tokenizer's ids and drafts over the target's
+    setup = _draft_model(_Policy(draft_dir), resources.model(str(target_dir)))
+    assert (setup.proposer.width, setup.vocab_size) == (tokens, 320)
 
 
 def test_shadow_reads_a_padded_drafts_sampled_acceptance_over_the_targets_ids(fresh, padded):
