@@ -364,12 +364,12 @@ def read_head_config(directory: Path, *, target_layers: int | None = None) -> Ea
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise EagleHeadError(f"{directory} has no readable config.json: {exc}") from exc
+        raise EagleHeadError(f"{directory} is not an ACE EAGLE head directory (no readable config.json)") from exc
     meta = raw.get(ACE_SECTION) if isinstance(raw, dict) else None
     if not isinstance(meta, dict):
         if isinstance(raw, dict) and head_format(raw) == FORMAT_EAGLE3:
             return eagle3_config(raw, target_layers=target_layers, where=str(directory))
-        raise EagleHeadError(f"{directory} is not an EAGLE head directory (no ace_eagle in config.json, not EAGLE-3)")
+        raise EagleHeadError(f"{directory} is not an ACE EAGLE head directory (no ace_eagle) nor an EAGLE-3 head's")
     if meta.get("format") not in FORMATS:
         raise EagleHeadError(f"{directory}: head format {meta.get('format')} is not one of {FORMATS}")
     fields = EagleConfig.__dataclass_fields__
