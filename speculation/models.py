@@ -442,6 +442,8 @@ class CapturedRequest(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     size_bytes = models.PositiveIntegerField(default=0)  # len(sealed)
+    # served greedily (temperature 0): a replay of its output is exact (held-out replays read only these)
+    greedy = models.BooleanField(default=False)
     sealed = models.TextField()
 
     class Meta:

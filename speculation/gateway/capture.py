@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from django.http import HttpResponseBase
 
 from fleet.adapters import ServerWire, Unsupported, wire_for
+from speculation.gateway import sampling as request_sampling
 from speculation.gateway.call import Call
 from speculation.gateway.shadow import ShadowCapture
 from speculation.services.captures import keep_capture
@@ -112,4 +113,10 @@ class CaptureTap(ShadowCapture):
             mode=self.call.route.mode,
             prompt_ids=self.prompt_ids,
             output_ids=self.output_ids,
+            greedy=_greedy(self.call.body),
         )
+
+
+def _greedy(body: dict) -> bool:
+    sampling = request_sampling.parse(body)
+    return not isinstance(sampling, str) and sampling.greedy

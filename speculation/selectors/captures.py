@@ -3,11 +3,10 @@ sequences a training run trains on (for the worker only: nothing here is shown o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.db.models import Count, Max, Min, Sum
 
 from speculation.models import CapturedRequest
+from speculation.offline.eagle.prompts import CapturedSequence
 from speculation.services.captures import open_capture
 
 
@@ -32,15 +31,6 @@ def summary(*, endpoint_id: int) -> dict:
     return {"workloads": workloads, "total": total}
 
 
-@dataclass(frozen=True)
-class CapturedSequence:
-    """One captured request as a training sequence: the prompt and the output the target served."""
-
-    category: str  # its workload key ("" when none)
-    prompt_ids: list[int]
-    output_ids: list[int]
-
-
 def sequences(*, endpoint_id: int, workload: str | None = None, limit: int = 0) -> list[CapturedSequence]:
     """The endpoint's captures (one workload's, or all), oldest first, decrypted; `limit` > 0 keeps the newest."""
     rows = CapturedRequest.objects.filter(endpoint_id=endpoint_id)
@@ -52,5 +42,13 @@ def sequences(*, endpoint_id: int, workload: str | None = None, limit: int = 0) 
     out = []
     for row in reversed(list(rows)):
         prompt_ids, output_ids = open_capture(row)
-        out.append(CapturedSequence(category=row.workload, prompt_ids=prompt_ids, output_ids=output_ids))
+        out.append(
+            CapturedSequence(
+                category=row.workload,
+                prompt_ids=prompt_ids,
+                output_ids=output_ids,
+                capture_id=row.pk,
+                greedy=row.greedy,
+            )
+        )
     return out

@@ -169,7 +169,9 @@ _flusher: asyncio.Task | None = None
 _dropped = 0
 
 
-def keep_capture(*, endpoint_id: int, workload: str, mode: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+def keep_capture(
+    *, endpoint_id: int, workload: str, mode: str, prompt_ids: list[int], output_ids: list[int], greedy: bool = False
+) -> None:
     """Queue a served request's ids from the gateway (its event loop); written by the flusher, never blocking."""
     global _flusher, _dropped
     if len(_queue) >= QUEUE_ROWS:
@@ -184,6 +186,7 @@ def keep_capture(*, endpoint_id: int, workload: str, mode: str, prompt_ids: list
             "mode": mode,
             "prompt_ids": prompt_ids,
             "output_ids": output_ids,
+            "greedy": greedy,
         }
     )
     if _flusher is None or _flusher.done() or _flusher.get_loop() is not asyncio.get_running_loop():
@@ -243,6 +246,7 @@ def write_captures(rows: list[dict[str, Any]]) -> int:
                 prompt_tokens=len(row["prompt_ids"]),
                 output_tokens=len(row["output_ids"]),
                 size_bytes=len(sealed),
+                greedy=bool(row.get("greedy")),
                 sealed=sealed,
             )
         )

@@ -30,6 +30,7 @@ from speculation.offline.eagle.prompts import (
     STDLIB,
     CapturedSequence,
     captured_source,
+    split_prompts,
 )
 from speculation.offline.eagle.settings import (
     EpochReport,
@@ -281,13 +282,14 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
 
     try:
         settings = PipelineSettings.from_dict(run.config)
+        captured = captured_sequences(settings)
         result = run_pipeline(
             target_dir=Path(run.target_dir),
             out_dir=Path(run.out_dir),
             settings=settings,
             target_name=run.target_name,
             progress=_RowProgress(run, echo),
-            captured=captured_sequences(settings),
+            captured=captured,
         )
         draft = register_eagle_head(run=run, result=result) if register else None
     except BaseException as exc:
@@ -303,7 +305,20 @@ def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bo
     run.alpha, run.mean_accepted_len = result.kept.alpha, result.kept.mean_accepted_len  # the saved epoch's
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "stage", "draft", "alpha", "mean_accepted_len", "finished_at", "updated_at"])
+    if captured and draft is not None:
+        _prove_on_held_out(captured, settings)
     return run
+
+
+def _prove_on_held_out(captured: list[CapturedSequence], settings: PipelineSettings) -> None:
+    """The new head replayed with every candidate on the captures the run held out (speculation.services.
+    capture_replay); a failure there is logged, never the run's."""
+    from speculation.services.capture_replay import replay_held_out
+
+    try:
+        replay_held_out(split_prompts(captured, held_out=settings.held_out)[1])
+    except Exception:  # noqa: BLE001 - the head is trained and registered; live shadow traffic measures it too
+        logger.exception("held-out captures not replayed")
 
 
 def register_eagle_head(*, run: TrainingRun, result: PipelineResult) -> DraftModel:

@@ -45,6 +45,8 @@ class CapturedSequence:
     category: str
     prompt_ids: list[int]
     output_ids: list[int]
+    capture_id: int = 0  # the CapturedRequest it was read from
+    greedy: bool = False  # served with temperature 0
 
 
 def captured_source(part: str) -> tuple[str, str | None] | None:

@@ -101,7 +101,7 @@ def test_it_captures_the_served_token_ids_of_an_opted_in_endpoint_in_every_mode(
     # and the capture holds the ids the server produced, with the request's workload and mode
     row = CapturedRequest.objects.get(endpoint=endpoint)
     assert captures.open_capture(row) == (PROMPT_IDS, OUTPUT_IDS)
-    assert (row.workload, row.mode, row.prompt_tokens, row.output_tokens) == ("faq", mode, 3, 2)
+    assert (row.workload, row.mode, row.prompt_tokens, row.output_tokens, row.greedy) == ("faq", mode, 3, 2, True)
 
 
 @pytest.mark.django_db
@@ -112,6 +112,13 @@ def test_it_captures_a_streamed_answer_and_strips_the_ids_it_asked_for(setup):
     assert [e["choices"][0]["text"] for e in events] == ["a", "b"]
     assert all(e["choices"][0]["token_ids"] is None and e["choices"][0]["prompt_token_ids"] is None for e in events)
     assert captures.open_capture(CapturedRequest.objects.get(endpoint=endpoint)) == (PROMPT_IDS, OUTPUT_IDS)
+
+
+@pytest.mark.django_db
+def test_a_sampled_request_is_kept_as_sampled(setup):
+    endpoint, stub, token = setup()
+    ask(endpoint, token, temperature=0.8)
+    assert CapturedRequest.objects.get(endpoint=endpoint).greedy is False
 
 
 @pytest.mark.django_db

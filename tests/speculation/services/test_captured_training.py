@@ -68,13 +68,17 @@ def endpoint(served) -> Endpoint:
     )
     CaptureSetting.objects.create(endpoint=endpoint, enabled=True, sample_rate=1.0)
     rows = [dict(endpoint_id=endpoint.pk, workload=("chat", "code")[i % 2], mode="shadow", prompt_ids=prompt,
-                 output_ids=output) for i, (prompt, output) in enumerate(served)]  # fmt: skip
+                 output_ids=output, greedy=True) for i, (prompt, output) in enumerate(served)]  # fmt: skip
     captures.write_captures(rows)
     return endpoint
 
 
 @pytest.mark.parametrize("multi_layer", [False, True])
-def test_a_run_on_captured_traffic_trains_a_head_that_drafts(tmp_path, target_dir, endpoint, multi_layer):
+def test_a_run_on_captured_traffic_trains_a_head_that_drafts(tmp_path, target_dir, endpoint, multi_layer, monkeypatch):
+    from speculation.worker import candidates
+
+    replayed: list[str] = []
+    monkeypatch.setattr(candidates, "measure_candidates", lambda **job: replayed.append(job["request_id"]))
     # given a team admin's run on the endpoint's captured traffic, pooled
     admin = make_user("red-admin", ADMIN, teams=("red",))
     run = create_training_run(target_dir=str(target_dir), out_dir=str(tmp_path / "head"), name="from-traffic",
@@ -94,6 +98,8 @@ def test_a_run_on_captured_traffic_trains_a_head_that_drafts(tmp_path, target_di
     assert run.alpha > 0 and run.mean_accepted_len > 1.0
     # and which belongs to the endpoint's team: one of its auto-pairing candidates, no other team's
     assert run.draft.team.name == "red" and drafts_usable_by(endpoint).filter(pk=run.draft.pk).exists()
+    # and it was replayed with the other candidates on the captures it held out
+    assert replayed == [f"capture-{s.capture_id}" for s in held_part]
     # and no decrypted token ids were written beside it
     work = Path(run.out_dir) / "_work"
     assert not (work / "train.pt").exists() and not (work / "held_out.pt").exists()
