@@ -1,6 +1,7 @@
 """Train an EAGLE head for a target and register it as a draft:
 
-    python manage.py train_eagle --target DIR --out DIR [--prompts spec_bench|FILE] [--epochs N] [--seed S]
+    python manage.py train_eagle --target DIR --out DIR [--prompts spec_bench|FILE|captured:ENDPOINT[:WORKLOAD]]
+        [--epochs N] [--seed S]
         [--multi-layer] [--unroll N]
 
 Prints progress (stages, then one line per epoch: loss, held-out alpha and mean accepted length). Running
@@ -52,7 +53,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prompts",
             default="spec_bench",
-            help="spec_bench (default), stdlib, docstrings, a .jsonl/.txt file, or several joined by commas",
+            help="spec_bench (default), stdlib, docstrings, a .jsonl/.txt file, or several joined by commas; or an "
+            "endpoint's captured traffic, captured:ENDPOINT[:WORKLOAD] (not mixed with the others)",
         )
         parser.add_argument("--epochs", type=int, default=4)
         parser.add_argument("--seed", type=int, default=0)

@@ -153,3 +153,17 @@ def test_a_bad_captured_source_is_refused_naming_prompts(target_dir, tmp_path, e
     with pytest.raises(ValidationError) as caught:
         create_training_run(target_dir=str(target_dir), out_dir=str(tmp_path / "h"), prompts=prompts)
     assert says in " ".join(caught.value.message_dict["prompts"])
+
+
+def test_the_command_line_queues_a_run_on_captured_traffic(target_dir, tmp_path, endpoint):
+    import io
+
+    from django.core.management import call_command
+
+    from speculation.models import TrainingRun
+
+    # --queue records the run and queues it once the row commits: this test's transaction never does
+    args = ["--target", str(target_dir), "--out", str(tmp_path / "h"), "--prompts", f"captured:{endpoint.name}:chat"]
+    call_command("train_eagle", *args, "--multi-layer", "--queue", stdout=io.StringIO())
+    run = TrainingRun.objects.get()
+    assert (run.prompts, run.team.name, run.config["multi_layer"]) == (f"captured:{endpoint.pk}:chat", "red", True)
