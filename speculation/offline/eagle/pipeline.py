@@ -112,9 +112,10 @@ def run_pipeline(
         train, held_out = _collected(model, tokenizer, settings, work, progress, config.feature_layers)
     head = make_head(config)
     initial = _initial_weights(settings, config, target_dir)
-    if initial is None and config.eagle3:  # EAGLE-3's own final norm starts as the target's
+    if initial is None and config.eagle3:  # EAGLE-3's own final norm starts with the target's scale
         init_weights(head, torch.Generator().manual_seed(settings.train.seed))
-        head.norm.weight.data.copy_(model.model.norm.weight.detach())
+        with torch.no_grad():  # the norm of a vector of ones: its scale whatever the family's convention (Gemma 1 + w)
+            head.norm.weight.copy_(model.model.norm(torch.ones(1, config.hidden_size, device=embed.device))[0].cpu())
         initial = {name: tensor.clone() for name, tensor in head.state_dict().items()}
     progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens"
                    + (f", starting from {settings.init_from}" if initial else ""))  # fmt: skip
