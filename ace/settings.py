@@ -317,6 +317,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(minutes=10),
         "options": {"queue": "control"},
     },
+    "retrain-from-captures": {
+        "task": "speculation.tasks.retrain_from_captures_task",
+        "schedule": timedelta(hours=1),
+        "options": {"queue": "control"},
+    },
 }
 CONTROL_QUEUE = "control"
 DEFAULT_NODE_CLASS = env_str("ACE_DEFAULT_NODE_CLASS", "cpu")

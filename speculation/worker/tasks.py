@@ -182,6 +182,15 @@ def refresh_rollups_task() -> int:
     return refresh_rollups()
 
 
+@shared_task(name="speculation.tasks.retrain_from_captures_task", ignore_result=True)
+def retrain_from_captures_task() -> int:
+    """Beat runs this on the control queue every hour: a finished run on an endpoint's captured traffic is queued
+    again once enough new traffic was captured (speculation.services.capture_retraining)."""
+    from speculation.services.capture_retraining import retrain_due
+
+    return len(retrain_due())
+
+
 @shared_task(name="speculation.tasks.prune_records_task", ignore_result=True)
 def prune_records_task() -> int:
     """Beat runs this on the control queue every 10 minutes: raw stage records past ACE_RECORD_RETENTION are
