@@ -325,13 +325,15 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     local = path == VerificationPath.LOCAL and bool(policy.target_path)
     if not (local and batching.enabled() and policy.mechanism in BATCHED_KINDS):
         return False
-    # a model transformers runs for ACE (implementation "generic") is served at batch one (batching.serves)
-    draft_native = policy.draft is None or policy.draft.implementation in (None, "native")
-    return draft_native and _target_implementation(policy.target_path) == "native"
+    # a model transformers runs for ACE (implementation "generic") is served at batch one (batching.serves, which
+    # reads the loaded models; here their config.json files, without loading them)
+    draft_native = policy.draft is None or policy.draft.kind != Mechanism.DRAFT_MODEL
+    draft_native = draft_native or _implementation(policy.draft.path) == "native"
+    return draft_native and _implementation(policy.target_path) == "native"
 
 
-def _target_implementation(directory: str) -> str:
-    """How the engine runs the target in `directory` (speculation.engine.families), from its config.json."""
+def _implementation(directory: str) -> str:
+    """How the engine runs the model in `directory` (speculation.engine.families), from its config.json."""
     try:
         model_type = json.loads((Path(directory) / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):

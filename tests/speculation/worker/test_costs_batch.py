@@ -154,8 +154,8 @@ def test_a_policy_on_a_model_transformers_runs_is_timed_single_stream(settings, 
 
     settings.PROD_BATCH_SLOTS = 4
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
-    native = DraftModel(kind="draft_model", config={"model_type": "llama"})
-    generic = DraftModel(kind="draft_model", config={"model_type": "gpt_neox"})
+    native = DraftModel(kind="draft_model", path=str(tiny_model_dir))
+    generic = DraftModel(kind="draft_model", path=str(tmp_path))
 
     def policy(target: str, draft: DraftModel) -> SpeculationPolicy:
         return SpeculationPolicy(mechanism="draft_model", draft=draft, target_path=target)
