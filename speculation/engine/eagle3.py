@@ -146,9 +146,10 @@ class Eagle3Head(nn.Module):
     # --- save / load ---------------------------------------------------------------------------------------
 
     def hf_config(self, extra: dict | None = None) -> dict:
+        """config.json: vLLM's and SGLang's keys (the aux layers in each one's numbering: eagle_format.aux_layer_ids;
+        no draft_vocab_size when the head uses the target's LM head, which is how SGLang knows to load it)."""
         c = self.config
-        aux = aux_ids(c)
-        return {
+        config = {
             "architectures": [EAGLE3_ARCHITECTURE],
             "model_type": "llama",
             "hidden_size": c.hidden_size,
@@ -158,7 +159,6 @@ class Eagle3Head(nn.Module):
             "num_key_value_heads": c.num_key_value_heads,
             "head_dim": c.head_dim,
             "vocab_size": c.vocab_size,
-            "draft_vocab_size": c.draft_vocab_size or c.vocab_size,
             "target_hidden_size": c.hidden_size,
             "rms_norm_eps": c.rms_norm_eps,
             "rope_theta": c.rope_theta,
@@ -167,10 +167,13 @@ class Eagle3Head(nn.Module):
             "tie_word_embeddings": False,
             "torch_dtype": "float32",
             "norm_before_residual": c.norm_before_residual,
-            "eagle_aux_hidden_state_layer_ids": aux,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+            "eagle_aux_hidden_state_layer_ids": aux_ids(c),  # vLLM: the inputs of these layers
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers), "use_aux_hidden_state": True},
             ACE_SECTION: {**asdict(c), "format": FORMAT_EAGLE3, **(extra or {})},
         }
+        if self.lm_head is not None:
+            config["draft_vocab_size"] = c.draft_vocab_size or c.vocab_size
+        return config
 
     def save(self, directory: Path, *, extra: dict | None = None) -> Path:
         directory = Path(directory)

@@ -79,11 +79,17 @@ def eagle3_problems(config: dict[str, Any]) -> list[str]:
 
 def aux_layer_ids(config: dict[str, Any]) -> list[int] | None:
     """The target layers an EAGLE-3 head reads, as vLLM numbers them (i: the residual stream entering layer i, so
-    the output of layer i - 1); None when config.json leaves them to the server's default."""
+    the output of layer i - 1); None when config.json leaves them to the server's default.
+
+    The two servers number them differently: vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` (first)
+    as layer inputs; SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as layer outputs (it adds one,
+    `set_eagle3_layers_to_capture`). ACE writes both, each in its reader's numbering."""
     merged = layer_config(config)
+    if merged.get("eagle_aux_hidden_state_layer_ids"):
+        return [int(i) for i in merged["eagle_aux_hidden_state_layer_ids"]]
     eagle_config = merged.get("eagle_config") if isinstance(merged.get("eagle_config"), dict) else {}
-    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or merged.get("eagle_aux_hidden_state_layer_ids")
-    return [int(i) for i in ids] if ids else None
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    return [int(i) + 1 for i in ids] if ids else None
 
 
 def default_aux_layer_ids(n_layers: int) -> list[int]:

@@ -104,9 +104,9 @@ def test_it_saves_the_checkpoint_vllm_and_sglang_load(tmp_path):
     tensors = load_file(tmp_path / "h" / "model.safetensors")
     # then: vLLM's Eagle3LlamaForCausalLM reads these keys and names (fc: 3H -> H; q/k/v read [embedding, feature])
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert config["draft_vocab_size"] == V and config["target_hidden_size"] == H
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: the inputs of layers 1, 2, 3
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang: the outputs of 0, 1, 2
+    assert "draft_vocab_size" not in config and config["target_hidden_size"] == H  # SGLang: the target's LM head
     assert config["norm_before_residual"] is False and head_format(config) == FORMAT_EAGLE3
     assert tensors["fc.weight"].shape == (H, 3 * H)
     assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 2 * H)
@@ -201,6 +201,14 @@ def test_a_head_trained_elsewhere_in_the_speculators_format_with_a_reduced_vocab
 def _checkpoint(head: Eagle3Head, tmp_path) -> dict:
     head.save(tmp_path / "saved")
     return load_file(tmp_path / "saved" / "model.safetensors")
+
+
+def test_sglangs_layer_numbering_in_eagle_config_reads_as_layer_outputs(tmp_path):
+    from speculation.engine.eagle_format import aux_layer_ids
+
+    assert aux_layer_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}}) == [2, 16, 29]
+    assert aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [2, 16, 29], "eagle_config": {}}) == [2, 16, 29]
+    assert aux_layer_ids({"architectures": ["LlamaForCausalLMEagle3"]}) is None  # the servers' default
 
 
 def test_a_head_with_a_variant_ace_cannot_run_is_refused_with_the_reason(tmp_path):
