@@ -56,16 +56,15 @@ def _names(source: str) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
 
 
-def training_options(*, new_tokens: int, multi_layer: bool, init_from: str) -> dict[str, Any]:
-    """The run's options: EAGLE-3's recipe (speculation.offline.eagle.demo_head.EAGLE3) on the captures, or the
-    single-layer head's defaults; init_from: fine-tune that head (its shape) rather than start from scratch."""
+def training_options(*, new_tokens: int, multi_layer: bool) -> dict[str, Any]:
+    """The run's options, from scratch: EAGLE-3's recipe (speculation.offline.eagle.demo_head.EAGLE3) on the
+    captures, or the single-layer head's defaults. (The shipped head reads other layers than an EAGLE-3 head, so a
+    run cannot start from it.)"""
     from speculation.offline.eagle.settings import MULTI_LAYER_WEIGHTS
 
     options: dict[str, Any] = {"new_tokens": new_tokens, "held_out": 0.25, "max_prompt_tokens": 256}
     if multi_layer:
         options.update(multi_layer=True, unroll=2, **MULTI_LAYER_WEIGHTS)
-    if init_from:
-        options.update(init_from=init_from, lr=1e-3)
     return options
 
 
@@ -107,16 +106,14 @@ def measure(
             "id": run.pk,
             "status": run.status,
             "draft": run.draft.name if run.draft else None,
-            "head_dir": run.out_dir,
             "train_s": round(train_s, 1),
             "train_requests": len(train_part),
             "held_out_requests": len(held_out),
             "multi_layer": settings.multi_layer,
-            "init_from": settings.init_from,
             "epochs": epochs,
             "kept_epoch": (run.log or [{}])[-1].get("best_epoch"),
             "run_mean_accepted_len": run.mean_accepted_len,
-        },  # fmt: skip
+        },
         "held_out_per_workload": {
             w: sum(1 for s in held_out if s.category == w) for w in {s.category for s in held_out}
         },

@@ -1,15 +1,16 @@
 """python manage.py bench_traffic_loop [--quick] [--json PATH] [--requests N] [--max-tokens N] [--epochs N]
-    [--workloads code,lists] [--single-layer] [--from-scratch] [--no-prod]
+    [--workloads code,lists] [--single-layer] [--no-prod]
 
 The captured-traffic loop on the run command's demo, every process started here and stopped at the end (the
 bench stack: redis, the real vLLM serving the demo target, a Celery worker, ACE): capture on (rate 1.0) for the
 demo endpoint, a synthetic mix of workloads unlike the shipped head's training data sent through the gateway (off
 mode, greedy, each request labelled with its workload), a head trained on the captures by a training run
-(`captured:<endpoint>`; by default EAGLE-3's multi-layer recipe fine-tuning the shipped head), and the shipped and
+(`captured:<endpoint>`; EAGLE-3's multi-layer recipe from scratch, or a single-layer head), and the shipped and
 the trained head replayed on the captures the run held out: mean accepted length per workload and `gain` (trained
 over shipped). Then, unless --no-prod, the endpoint runs the trained head in shadow and in prod (local path) on
 those held-out prompts: `prod_over_shadow` is prod's measured multiplier over shadow's projection (median per
-request). What is measured and how: speculation.bench.traffic_loop.
+request). The trained head's directory (under the model roots) is removed at the end, with the stack's database.
+What is measured and how: speculation.bench.traffic_loop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import shutil
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -44,12 +46,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--quick", action="store_true", help="fewer requests and epochs (about 10 min, 2 cores)")
         parser.add_argument("--json", dest="json_path", type=Path, help="write the results there as JSON")
-        parser.add_argument("--requests", type=positive_int, help="requests per workload (default 32, quick 24)")
+        parser.add_argument("--requests", type=positive_int, help="requests per workload (default 64, quick 32)")
         parser.add_argument("--max-tokens", type=positive_int, help="tokens per answer (default 64, quick 48)")
-        parser.add_argument("--epochs", type=positive_int, help="training epochs (default 4, quick 3)")
+        parser.add_argument("--epochs", type=positive_int, help="training epochs (default 10, quick 8)")
         parser.add_argument("--workloads", default=",".join(traffic_loop.WORKLOADS), help="comma-separated")
         parser.add_argument("--single-layer", action="store_true", help="train a single-layer head (EAGLE-1)")
-        parser.add_argument("--from-scratch", action="store_true", help="do not start from the shipped head")
         parser.add_argument("--no-prod", action="store_true", help="skip the shadow and prod runs")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -62,18 +63,18 @@ class Command(BaseCommand):
         shipped = default_head_dir(pair)
         if not (shipped / "config.json").is_file():
             raise CommandError(f"no shipped EAGLE head for the demo target in {shipped}", returncode=2)
-        if plan["multi_layer"] is False and not plan["from_scratch"]:
-            plan["from_scratch"] = True  # the shipped head is multi-layer: a single-layer one cannot start from it
         prompts = traffic_loop.workload_prompts(plan["workloads"], per_workload=plan["requests"])
         from speculation.bench.stack import BenchStack
 
         stack = BenchStack(target_dir=pair.target_dir, draft_dir=pair.draft_dir, eagle_dir=shipped)
         self.stderr.write(f"starting redis, vLLM, worker, ACE (logs {stack.log_dir})")
-        stack.start()
+        out_dir = Path(tempfile.mkdtemp(prefix="traffic-loop-", dir=shipped.parent))  # under the model roots
         try:
-            result = self._run(stack, prompts, plan, shipped=shipped)
+            stack.start()
+            result = self._run(stack, prompts, plan, shipped=shipped, out_dir=out_dir)
         finally:
             stack.stop()
+            shutil.rmtree(out_dir, ignore_errors=True)
         result["meta"] = {
             "quick": plan["quick"],
             "plan": {k: v if isinstance(v, bool | int | None) else str(v) for k, v in plan.items()},
@@ -87,7 +88,7 @@ class Command(BaseCommand):
         if plan["json_path"]:
             plan["json_path"].write_text(text + "\n")
 
-    def _run(self, stack, prompts: dict[str, list[str]], plan: dict, *, shipped: Path) -> dict:
+    def _run(self, stack, prompts: dict[str, list[str]], plan: dict, *, shipped: Path, out_dir: Path) -> dict:
         endpoint = stack.endpoints["demo"]["id"]
         self._capture(stack, endpoint, enabled=True)
         for workload, batch in prompts.items():  # sent in order: the oldest captures of each are held out
@@ -96,9 +97,7 @@ class Command(BaseCommand):
         captured = self._wait_captures(stack, endpoint, sum(len(b) for b in prompts.values()))
         self._capture(stack, endpoint, enabled=False)  # the shadow and prod requests below are not training data
         self.stderr.write(f"captured {captured} requests; training")
-        options = traffic_loop.training_options(new_tokens=plan["max_tokens"], multi_layer=plan["multi_layer"],
-                                                init_from="" if plan["from_scratch"] else str(shipped))  # fmt: skip
-        out_dir = Path(tempfile.mkdtemp(prefix="traffic-loop-", dir=shipped.parent))  # under the model roots
+        options = traffic_loop.training_options(new_tokens=plan["max_tokens"], multi_layer=plan["multi_layer"])
         spec = {"endpoint_id": endpoint, "target_dir": str(stack.target_dir), "shipped_dir": str(shipped),
                 "out_dir": str(out_dir), "epochs": plan["epochs"], "options": options, "k": REPLAY_K}  # fmt: skip
         from ace import processes
@@ -181,10 +180,9 @@ def checked_plan(options: dict[str, Any]) -> dict[str, Any]:
         "quick": quick,
         "json_path": options.get("json_path"),
         "workloads": tuple(dict.fromkeys(workloads)),
-        "requests": options.get("requests") or (24 if quick else 32),
+        "requests": options.get("requests") or (32 if quick else 64),
         "max_tokens": options.get("max_tokens") or (48 if quick else 64),
-        "epochs": options.get("epochs") or (3 if quick else 4),
+        "epochs": options.get("epochs") or (8 if quick else 10),
         "multi_layer": not options.get("single_layer"),
-        "from_scratch": bool(options.get("from_scratch")),
         "no_prod": bool(options.get("no_prod")),
     }

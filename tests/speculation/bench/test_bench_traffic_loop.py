@@ -40,7 +40,7 @@ def test_it_exits_2_on_a_request_count_that_is_not_positive(capsys):
 def test_quick_sizes_apply_where_no_size_is_given_and_a_given_one_wins():
     plan = checked_plan({"quick": True, "workloads": "lists,code,lists", "epochs": 7})
     assert plan["workloads"] == ("lists", "code")
-    assert (plan["requests"], plan["max_tokens"], plan["epochs"]) == (24, 48, 7)
+    assert (plan["requests"], plan["max_tokens"], plan["epochs"]) == (32, 48, 7)
     assert plan["multi_layer"] is True
 
 
