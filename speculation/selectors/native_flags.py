@@ -215,6 +215,19 @@ def native_flags(
     return builder(draft_kind=draft_kind, draft_path=draft_path, k=k, tree=tree)
 
 
+def head_problem(*, server_kind: str, draft) -> str:
+    """Why a server of this kind cannot run this EAGLE head itself ("" when it can, or when no head is named yet):
+    an EAGLE head on path native is drafted by the server, which loads it with these flags (vLLM's eagle / eagle3,
+    SGLang's EAGLE / EAGLE3); ACE's older multi-layer format runs on ACE's local path only."""
+    if draft is None or draft.kind != DraftKind.EAGLE_HEAD:
+        return ""
+    try:
+        native_flags(server_kind=server_kind, draft_kind=DraftKind.EAGLE_HEAD, draft_path=draft.path)
+    except NativeFlagsError as exc:
+        return f"on path native the server runs the EAGLE head itself, and cannot run this one: {exc}"
+    return ""
+
+
 def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeFlags:
     """Flags for an endpoint: the draft and K default to the endpoint's policy (n-gram when it has no draft)."""
     policy = _policy_of(endpoint)

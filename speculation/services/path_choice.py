@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fleet.models import Endpoint
 from speculation.models import Action, Mechanism, Mode, SpeculationPolicy, StageRecord, VerificationPath
-from speculation.selectors import capabilities
+from speculation.selectors import capabilities, native_flags
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet
@@ -118,8 +118,12 @@ def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]
 
 
 def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
-    if policy.mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
-        return "an EAGLE head reads the target's hidden states: local only"
+    if policy.mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.REMOTE:
+        return "an EAGLE head reads the target's hidden states, which a scoring call does not return"
+    if policy.mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.NATIVE:
+        problem = native_flags.head_problem(server_kind=endpoint.kind, draft=policy.draft)
+        if problem:
+            return problem
     if policy.mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
         return "suffix decoding with a draft model's fallback runs in ACE's worker: a server runs one method"
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):

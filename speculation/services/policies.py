@@ -24,7 +24,7 @@ from speculation.models import (
     VerificationPath,
     draft_kind_for,
 )
-from speculation.selectors import capabilities
+from speculation.selectors import capabilities, native_flags
 from speculation.services import model_files, target_identity
 from speculation.services.path_choice import choose_path
 
@@ -164,14 +164,16 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
         ]
     if path == VerificationPath.LOCAL and not policy.target_path:
         return ["path local needs target_path: the target's model directory on the node class"]
-    problem = _mechanism_problem(policy.mechanism, path, endpoint)
+    problem = _mechanism_problem(policy.mechanism, path, endpoint, policy.draft)
     return [problem] if problem else []
 
 
-def _mechanism_problem(mechanism: str, path: str, endpoint: Endpoint) -> str | None:
-    """Why `mechanism` cannot run on `path` of this endpoint, or None."""
-    if mechanism == Mechanism.EAGLE_HEAD and path != VerificationPath.LOCAL:
-        return "an EAGLE head reads the target's hidden states: it needs path local"
+def _mechanism_problem(mechanism: str, path: str, endpoint: Endpoint, draft=None) -> str | None:
+    """Why `mechanism` (with `draft`, where named) cannot run on `path` of this endpoint, or None."""
+    if mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.REMOTE:
+        return EAGLE_NOT_REMOTE
+    if mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.NATIVE:
+        return native_flags.head_problem(server_kind=endpoint.kind, draft=draft) or None
     if mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
         return SUFFIX_NOT_MANAGED
     if mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
@@ -191,9 +193,15 @@ def runnable_mechanisms(*, policy: SpeculationPolicy, endpoint: Endpoint) -> fro
         path = _fresh_path(trial, endpoint)
         if not path:
             pathless.add(mechanism)
-        elif _mechanism_problem(mechanism, path, endpoint) is None:
+        elif _mechanism_problem(mechanism, path, endpoint, trial.draft) is None:
             runnable.add(mechanism)
     return frozenset(runnable or pathless)
+
+
+EAGLE_NOT_REMOTE = (
+    "an EAGLE head reads the target's hidden states, which a scoring call does not return: use path local (ACE's "
+    "engine runs the target) or native (the server runs the head)"
+)
 
 
 SUFFIX_DRAFT_NOT_NATIVE = (

@@ -112,7 +112,7 @@ def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> Draf
         return replace(model, proposer=HybridProposer(lookup, model.proposer, model_k=max(1, policy.k)))
     if policy.mechanism == Mechanism.EAGLE_HEAD:
         if target is None:
-            raise PathUnavailable("an EAGLE head reads the target's hidden states: it needs path local")
+            raise PathUnavailable("an EAGLE head reads the target's hidden states: on ACE's engine it needs path local")
         from speculation.engine.eagle import EagleProposer
         from speculation.engine.tree import TreeShape
 

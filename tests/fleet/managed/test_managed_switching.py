@@ -309,3 +309,47 @@ def test_the_lease_is_kept_while_a_long_step_blocks_the_loop(redis_server, monke
         assert spare._hold_lease() is False
 
     holder._release_lease()
+
+
+def _head(tmp_path: Path, config: dict):
+    from speculation.models import DraftModel
+
+    directory = tmp_path / f"head-{len(config)}"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return DraftModel.objects.create(
+        name=directory.name, kind="eagle_head", path=str(directory), tokenizer_fingerprint=FINGERPRINT
+    )
+
+
+def test_prod_native_with_an_eagle3_head_switches_the_server_to_draft_with_it(endpoint, user, tmp_path):
+    # given: a managed vLLM serving plain, and an EAGLE-3 head (vLLM's layout: what --multi-layer training saves)
+    _serving(endpoint)
+    head = _head(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"})
+
+    # when: prod with the head on path native
+    update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="eagle_head", draft=head, k=3, path="native")
+
+    # then: a blue/green switch to a server started with vLLM's eagle3 flags for the head
+    switch = Switch.objects.get()
+    assert switch.speculation == {"draft_kind": "eagle_head", "draft_path": head.path, "k": 3}
+    config = json.loads(spec_args(server_kind="vllm", speculation=switch.speculation)[1])
+    assert config == {"method": "eagle3", "model": head.path, "num_speculative_tokens": 3}
+
+
+def test_a_head_the_server_cannot_load_or_the_remote_path_is_refused_naming_why(endpoint, user, tmp_path):
+    _serving(endpoint)
+    caps = {**endpoint.capabilities, "token_id_prompts": True, "prompt_scoring_method": "prompt_logprobs"}
+    Endpoint.objects.filter(pk=endpoint.pk).update(capabilities=caps)
+    endpoint.refresh_from_db()
+    old = _head(tmp_path, {"ace_eagle": {"format": 2}, "model_type": "llama"})
+    head = _head(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "x": 1})
+
+    with pytest.raises(ValidationError) as native:
+        update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="eagle_head", draft=old, path="native")
+    with pytest.raises(ValidationError) as remote:
+        update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="eagle_head", draft=head, path="remote")
+
+    assert "format 2" in str(native.value) and "local path only" in str(native.value)
+    assert "scoring call does not return" in str(remote.value)
+    assert not Switch.objects.exists()
