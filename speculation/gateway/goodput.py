@@ -87,7 +87,7 @@ async def decide(call: Call, *, tokens: int | None = None) -> Decision:
         return Decision(plain=False)
     endpoint_id = call.route.endpoint_id
     try:
-        samples = await store.read(endpoint_id)
+        samples = await store.read(endpoint_id, store.pairing_of(call.route))
         shared = await topology.shares_machine(call.route)
     except (aioredis.RedisError, OSError) as exc:  # no measurement: speculate as without the guard
         logger.warning("goodput guard: Redis unavailable (%s)", exc)

@@ -1,7 +1,8 @@
 """The cost model of an endpoint's policy, from what was measured (rules.CostModel): the step costs of the newest
 calibration on prod's path (speculation.selectors.costs), and from the policy's newest records E[N] (tokens per
-verification, prod's and shadow's) and the setup a prod request costs beyond its steps (its latency less its
-verifications). Read from the database at most once per COSTS_TTL_S per process; None until both are measured."""
+verification, shadow's and prod's on the same path) and the setup a prod request on that path costs beyond its
+steps (its latency less its verifications). Read from the database at most once per COSTS_TTL_S per process;
+None until both are measured."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.models import Q
 
 from speculation.gateway.db import read
 from speculation.gateway.guard.rules import CostModel
@@ -52,10 +54,12 @@ def measure(endpoint_id: int, node_class: str, path: str, draft_id: int | None, 
     calibration = newest_calibration(endpoint_id=endpoint_id, node_class=node_class, path=path, draft_id=draft_id)
     if calibration is None:
         return None
+    # shadow's replays (which project for prod's path) and prod's own records on this path: another path's
+    # latency (the remote path's scoring calls) is not this one's setup
     records = list(
         StageRecord.objects.filter(
+            Q(action=Action.WOULD_SPECULATE) | Q(action=Action.SPECULATED, path=path),
             endpoint_id=endpoint_id,
-            action__in=(Action.SPECULATED, Action.WOULD_SPECULATE),
             target_passes__gt=0,
         )
         .order_by("-created_at", "-id")

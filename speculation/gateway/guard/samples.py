@@ -14,28 +14,54 @@ from speculation.gateway.channel import client
 from speculation.gateway.guard.rules import BUCKET_NAMES, PLAIN, SPEC, SPEC_TTL_S, TRAFFIC, WINDOW, Sample
 
 KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
+# What prod ran when the endpoint's speculative samples were kept (path, mechanism, draft, K): another pairing's
+# speed says nothing of this one's, so its samples are dropped when the route's pairing differs.
+PAIRING_KEY = "ace:goodput:{endpoint_id}:pairing"
 EXPIRE_S = 3600  # plain samples: refreshed with every sample
 READ_TTL_S = 1.0
 NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))
 Name = tuple[str, str, str]  # (traffic, bucket, SPEC | PLAIN)
 
-_read_cache: dict[int, tuple[float, dict[Name, list[Sample]]]] = {}
+_read_cache: dict[int, tuple[float, dict[Name, list[Sample]], str]] = {}
 
 
-async def read(endpoint_id: int) -> dict[Name, list[Sample]]:
+def pairing_of(route) -> str:
+    """What prod speculates with on this route: its samples are comparable only under the same pairing."""
+    parts = [getattr(route, name, "") for name in ("path", "mechanism", "draft_id", "k")]
+    parts.append(int(bool(getattr(route, "dynamic_k", False))))
+    return ":".join(str(part) for part in parts)
+
+
+async def read(endpoint_id: int, pairing: str = "") -> dict[Name, list[Sample]]:
     """The endpoint's kept samples, newest first, per (traffic, bucket, kind); from this process's copy when it was
-    read within READ_TTL_S."""
+    read within READ_TTL_S. With `pairing` (pairing_of the route): speculative samples kept under another pairing
+    are deleted first (the new pairing is learned afresh; plain ones stay)."""
     now = time.monotonic()
     found = _read_cache.get(endpoint_id)
-    if found is not None and now - found[0] < READ_TTL_S:
+    if found is not None and now - found[0] < READ_TTL_S and found[2] == pairing:
         return found[1]
     pipe = client().pipeline(transaction=False)
+    pipe.get(PAIRING_KEY.format(endpoint_id=endpoint_id))
     for traffic, bucket, kind in NAMES:
         pipe.lrange(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind), 0, WINDOW - 1)
-    raws = await pipe.execute()
+    kept, *raws = await pipe.execute()
     samples = {name: [parse(v) for v in raw] for name, raw in zip(NAMES, raws, strict=True) if raw}
-    _read_cache[endpoint_id] = (now, samples)
+    kept = kept.decode() if isinstance(kept, bytes) else kept
+    if pairing and kept != pairing:  # none kept yet: the samples there are taken for this pairing's
+        await _adopt(endpoint_id, pairing, forget=kept is not None)
+        if kept is not None:
+            samples = {name: found for name, found in samples.items() if name[2] != SPEC}
+    _read_cache[endpoint_id] = (now, samples, pairing)
     return samples
+
+
+async def _adopt(endpoint_id: int, pairing: str, *, forget: bool) -> None:
+    pipe = client().pipeline(transaction=False)
+    for traffic, bucket, kind in NAMES:
+        if forget and kind == SPEC:
+            pipe.delete(KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind))
+    pipe.set(PAIRING_KEY.format(endpoint_id=endpoint_id), pairing)
+    await pipe.execute()
 
 
 async def keep(endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
@@ -58,7 +84,8 @@ def _remember(endpoint_id: int, name: Name, sample: Sample) -> None:
     copy keeps what it was decided on)."""
     found = _read_cache.get(endpoint_id)
     if found is not None:
-        _read_cache[endpoint_id] = (found[0], {**found[1], name: [sample, *found[1].get(name, ())][:WINDOW]})
+        kept = {**found[1], name: [sample, *found[1].get(name, ())][:WINDOW]}
+        _read_cache[endpoint_id] = (found[0], kept, found[2])
 
 
 def forget() -> None:

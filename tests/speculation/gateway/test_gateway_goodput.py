@@ -739,10 +739,10 @@ def test_a_request_is_decided_at_the_load_that_arrived_while_the_guard_read_its_
     asyncio.run(_keep_at(9013, 8, PLAIN, 50.0, n=MIN_SAMPLES))
     read = store.read
 
-    async def burst_arrives_during_the_read(endpoint_id: int):
+    async def burst_arrives_during_the_read(endpoint_id: int, pairing: str = ""):
         for i in range(7):  # the rest of a burst of 8 begins while the first request awaits Redis
             goodput.begin(_call(endpoint_id, f"burst{i}"))
-        return await read(endpoint_id)
+        return await read(endpoint_id, pairing)
 
     monkeypatch.setattr(store, "read", burst_arrives_during_the_read)
     first = _call(9013, "first")
@@ -920,7 +920,7 @@ def test_at_one_stream_the_guard_sends_short_requests_plain_and_lets_long_ones_s
     )  # fmt: skip
     StageRecord.objects.create(
         endpoint=endpoint, request_id="measured", mode="prod", action="speculated", target_passes=40,
-        drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0,
+        drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0, path="local",
     )  # fmt: skip
     asyncio.run(_keep(endpoint.pk, PLAIN, 50.0, n=MIN_SAMPLES))
     asyncio.run(_keep(endpoint.pk, SPEC, 10.0, n=MIN_SAMPLES))
@@ -941,3 +941,26 @@ def test_at_one_stream_the_guard_sends_short_requests_plain_and_lets_long_ones_s
     # then fell back to plain)
     assert "tokenize failed" in records[1].reason
     assert [r.path for r in gateway.upstream.requests][-3:] == ["/v1/completions", "/tokenize", "/v1/completions"]
+
+
+def test_speculative_samples_of_another_pairing_are_dropped_and_plain_ones_kept(guard_on):
+    async def run():
+        # given: samples kept while prod ran on the remote path (plain ones are the server's own speed)
+        await _keep(9020, SPEC, 10.0, n=MIN_SAMPLES)
+        await _keep(9020, PLAIN, 50.0, n=MIN_SAMPLES)
+        remote = store.pairing_of(_call(9020, "a", path="remote").route)
+        local = store.pairing_of(_call(9020, "b", path="local").route)
+        # when: read under the remote pairing (none recorded yet: the samples there are taken for it), then local
+        first = await store.read(9020, remote)
+        store.forget()
+        again = await store.read(9020, remote)
+        store.forget()
+        moved = await store.read(9020, local)
+        return first, again, moved
+
+    first, again, moved = asyncio.run(run())
+
+    # then: the remote pairing keeps its samples; the local one starts without speculative ones
+    spec, plain = (GREEDY, "1", SPEC), (GREEDY, "1", PLAIN)
+    assert len(first[spec]) == len(again[spec]) == MIN_SAMPLES
+    assert spec not in moved and len(moved[plain]) == MIN_SAMPLES

@@ -122,7 +122,13 @@ def test_the_cost_model_is_read_from_the_newest_calibration_and_the_policys_reco
         StageRecord.objects.create(
             endpoint=endpoint, request_id=f"r{i}", mode="prod", action=Action.SPECULATED, target_passes=40,
             drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0 + 10 * (i - 1),
+            path="local",
         )  # fmt: skip
+    # a prod request on another path (the remote path's scoring calls: far slower) is not this path's setup
+    StageRecord.objects.create(
+        endpoint=endpoint, request_id="remote", mode="prod", action=Action.SPECULATED, target_passes=40,
+        drafted_tokens=200, accepted_tokens=0, output_tokens=40, latency_ms=90_000.0, path="remote",
+    )  # fmt: skip
 
     model = costs.measure(endpoint.pk, endpoint.node_class, "local", None, 5)
 
