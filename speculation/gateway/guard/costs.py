@@ -29,7 +29,7 @@ async def cost_model(route: Any) -> CostModel | None:
     k, path = getattr(route, "k", 0), getattr(route, "path", "")
     if not k or not path:
         return None
-    key = (route.endpoint_id, route.node_class, path, route.draft_id, k)
+    key = (route.endpoint_id, route.node_class, path, route.draft_id, k, getattr(route, "mechanism", ""))
     now = time.monotonic()
     found = _models.get(key)
     if found is not None and now - found[0] < COSTS_TTL_S:
@@ -47,18 +47,22 @@ def forget() -> None:
     _models.clear()
 
 
-def measure(endpoint_id: int, node_class: str, path: str, draft_id: int | None, k: int) -> CostModel | None:
+def measure(
+    endpoint_id: int, node_class: str, path: str, draft_id: int | None, k: int, mechanism: str = ""
+) -> CostModel | None:
     from speculation.models import Action, StageRecord
     from speculation.selectors.costs import newest_calibration
 
     calibration = newest_calibration(endpoint_id=endpoint_id, node_class=node_class, path=path, draft_id=draft_id)
     if calibration is None:
         return None
-    # shadow's replays (which project for prod's path) and prod's own records on this path: another path's
-    # latency (the remote path's scoring calls) is not this one's setup
+    # shadow's replays (which project for prod's path) and prod's own records on this path, of this mechanism:
+    # another path's latency (the remote path's scoring calls) or another drafter's steps are not this one's
+    same = Q(mechanism=mechanism) if mechanism else Q()
     records = list(
         StageRecord.objects.filter(
             Q(action=Action.WOULD_SPECULATE) | Q(action=Action.SPECULATED, path=path),
+            same,
             endpoint_id=endpoint_id,
             target_passes__gt=0,
         )

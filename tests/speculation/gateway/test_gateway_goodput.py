@@ -921,6 +921,7 @@ def test_at_one_stream_the_guard_sends_short_requests_plain_and_lets_long_ones_s
     StageRecord.objects.create(
         endpoint=endpoint, request_id="measured", mode="prod", action="speculated", target_passes=40,
         drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0, path="local",
+        mechanism=endpoint.policy.mechanism,
     )  # fmt: skip
     asyncio.run(_keep(endpoint.pk, PLAIN, 50.0, n=MIN_SAMPLES))
     asyncio.run(_keep(endpoint.pk, SPEC, 10.0, n=MIN_SAMPLES))

@@ -122,15 +122,18 @@ def test_the_cost_model_is_read_from_the_newest_calibration_and_the_policys_reco
         StageRecord.objects.create(
             endpoint=endpoint, request_id=f"r{i}", mode="prod", action=Action.SPECULATED, target_passes=40,
             drafted_tokens=200, accepted_tokens=80, output_tokens=120, latency_ms=250.0 + 40 * 29.0 + 10 * (i - 1),
-            path="local",
+            path="local", mechanism="draft_model",
         )  # fmt: skip
-    # a prod request on another path (the remote path's scoring calls: far slower) is not this path's setup
-    StageRecord.objects.create(
-        endpoint=endpoint, request_id="remote", mode="prod", action=Action.SPECULATED, target_passes=40,
-        drafted_tokens=200, accepted_tokens=0, output_tokens=40, latency_ms=90_000.0, path="remote",
-    )  # fmt: skip
+    # a prod request on another path (the remote path's scoring calls: far slower), or of another mechanism, is
+    # not this pairing's setup
+    for i, (path, mechanism) in enumerate((("remote", "draft_model"), ("local", "eagle_head"))):
+        StageRecord.objects.create(
+            endpoint=endpoint, request_id=f"other{i}", mode="prod", action=Action.SPECULATED, target_passes=40,
+            drafted_tokens=200, accepted_tokens=0, output_tokens=40, latency_ms=90_000.0, path=path,
+            mechanism=mechanism,
+        )  # fmt: skip
 
-    model = costs.measure(endpoint.pk, endpoint.node_class, "local", None, 5)
+    model = costs.measure(endpoint.pk, endpoint.node_class, "local", None, 5, "draft_model")
 
     assert model.target_step_s == pytest.approx(0.020) and model.c == pytest.approx(0.05)
     assert model.v == pytest.approx(1.2) and model.k == 5 and model.tokens_per_step == pytest.approx(3.0)
@@ -174,5 +177,5 @@ def test_the_cost_model_is_read_once_per_ttl_and_never_for_a_route_that_does_not
     finally:
         costs.forget()
 
-    assert models == [MEASURED] * 3 and reads == [(7, "cpu", "local", None, 5)]
+    assert models == [MEASURED] * 3 and reads == [(7, "cpu", "local", None, 5, "")]
     assert no_path is None
