@@ -8,7 +8,6 @@ the plain server keeps serving and the switch says why (as for draft models on v
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 from rest_framework.authtoken.models import Token
@@ -20,22 +19,12 @@ from fleet.models import Endpoint
 from speculation.models import DraftModel
 from speculation.services.policies import update_policy
 from tests.speculation.selectors.test_native_flags_vllm import spec_drafts_total
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-WAIT_S = 600
 PROMPTS = ["def parse_args(argv):\n    ", "class Stack:\n    def __init__(self):\n"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def _wait(what: str, check, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _greedy(client, model: str, prompt: str) -> str:
@@ -69,7 +58,7 @@ def test_prod_native_with_an_eagle3_head_switches_the_managed_vllm_to_draft_with
         server_args={"dtype": "float32", "max_model_len": 1024, "enforce_eager": True},
         created_by=user,
     )
-    _wait("the plain server", lambda: ServerInstance.objects.filter(
+    wait_for("the plain server", lambda: ServerInstance.objects.filter(
         managed__endpoint=endpoint, role=InstanceRole.ACTIVE, state=InstanceState.READY).exists())  # fmt: skip
     endpoint.refresh_from_db()  # routed, probed: its tokenizer fingerprint known
     off = [_greedy(gateway_client, endpoint.name, p) for p in PROMPTS]
@@ -83,7 +72,7 @@ def test_prod_native_with_an_eagle3_head_switches_the_managed_vllm_to_draft_with
     assert response.status_code == 201, response.content
     head = DraftModel.objects.get(name="demo-eagle3")
     update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="eagle_head", draft=head, k=3, path="native")
-    switch = _wait("the switch to end", lambda: Switch.objects.filter(
+    switch = wait_for("the switch to end", lambda: Switch.objects.filter(
         managed__endpoint=endpoint, status__in=[SwitchStatus.DONE, SwitchStatus.FAILED]).first())  # fmt: skip
 
     if switch.status == SwitchStatus.FAILED:  # then: the canary refused it saying why (on vLLM 0.32 CPU: wrong

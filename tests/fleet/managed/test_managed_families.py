@@ -22,26 +22,16 @@ from fleet.models import Endpoint
 from speculation.models import CandidateMeasurement, DraftModel, StageRecord
 from speculation.services.policies import update_policy
 from tests.support.families import DEMO_VOCAB, family_checkpoint, first_layer_draft
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-WAIT_S = 600
 PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n"]
 MAX_TOKENS = 16
 K = 3
 # family -> (target vocabulary, draft vocabulary): Qwen pads past its tokenizer, to sizes that differ
 FAMILIES = {"llama3": (DEMO_VOCAB, DEMO_VOCAB), "qwen3": (DEMO_VOCAB + 128, DEMO_VOCAB + 64)}
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}  # vLLM's CPU attention: head_dim >= 32
-
-
-def _wait(what: str, check, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _gateway_sees_it() -> None:
@@ -74,7 +64,7 @@ def test_a_same_family_draft_registers_shadow_measures_it_and_prod_local_gives_o
         server_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
         created_by=user,
     )
-    _wait(
+    wait_for(
         "the server to serve",
         lambda: ServerInstance.objects.filter(
             managed__endpoint=endpoint, role=InstanceRole.ACTIVE, state=InstanceState.READY
@@ -103,13 +93,13 @@ def test_a_same_family_draft_registers_shadow_measures_it_and_prod_local_gives_o
     for prompt in PROMPTS:
         assert _greedy(gateway_client, endpoint.name, prompt) == off[prompt]
     # then: its records carry the draft's acceptance, and the background work (cost calibration, candidates) ends
-    shadow = _wait(
+    shadow = wait_for(
         "shadow records with acceptance and a projection",
         lambda: list(StageRecord.objects.filter(endpoint=endpoint, mode="shadow", multiplier__gt=0)),
     )
     assert all(r.action == "would_speculate" and r.acceptance_rate is not None for r in shadow), shadow[0].reason
     assert sum(r.accepted_tokens for r in shadow) > 0
-    _wait(
+    wait_for(
         "the candidates' replays",
         lambda: CandidateMeasurement.objects.filter(endpoint=endpoint, request_id=shadow[-1].request_id).exists(),
     )
@@ -125,7 +115,7 @@ def test_a_same_family_draft_registers_shadow_measures_it_and_prod_local_gives_o
         found = list(StageRecord.objects.filter(endpoint=endpoint, mode="prod").order_by("pk"))
         return found if len(found) >= len(PROMPTS) else []
 
-    prod = _wait("a prod record per request", prod_records, 120)
+    prod = wait_for("a prod record per request", prod_records, 120)
     assert [(r.action, r.path) for r in prod] == [("speculated", "local")] * len(prod), prod[0].reason
     assert sum(r.accepted_tokens for r in prod) > 0
 

@@ -43,26 +43,16 @@ from fleet.models import Endpoint
 from speculation.models import DraftModel, PolicyChange, StageRecord
 from speculation.services.drafts import register_draft
 from speculation.services.policies import get_policy, update_policy
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 logger = logging.getLogger(__name__)
 
-WAIT_S = 600
 PROMPT = "for i in range(10):\n    print(i)\nfor i in range(10):\n"
 MAX_TOKENS = 16
 CLIENTS = 8  # half greedy, half at temperature 0.7
 ROUTE_MARGIN_S = 5.0  # a request sent this soon after a switch was done may still reach the old instance
-
-
-def _wait(what: str, check, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _active(endpoint: Endpoint) -> ServerInstance | None:
@@ -121,7 +111,7 @@ def _switch_and_drain(endpoint: Endpoint, clients: list[StreamingClient], **fiel
     update_policy(endpoint=endpoint, **fields)
     assert Switch.objects.filter(managed__endpoint=endpoint).count() == before + 1
     switch = Switch.objects.filter(managed__endpoint=endpoint).order_by("-pk").first()
-    _wait(
+    wait_for(
         f"the switch to {fields}",
         lambda: (
             Switch.objects.filter(pk=switch.pk)
@@ -132,8 +122,8 @@ def _switch_and_drain(endpoint: Endpoint, clients: list[StreamingClient], **fiel
     switch.refresh_from_db()
     assert switch.status == SwitchStatus.DONE, switch.reason
     served_before = sum(c.completed for c in clients)
-    _wait("requests after the switch", lambda: sum(c.completed for c in clients) >= served_before + CLIENTS, 300)
-    _wait(
+    wait_for("requests after the switch", lambda: sum(c.completed for c in clients) >= served_before + CLIENTS, 300)
+    wait_for(
         "the old instance to drain and stop",
         lambda: ServerInstance.objects.filter(pk=old.pk, state=InstanceState.STOPPED).exists(),
         180,
@@ -153,7 +143,7 @@ def _native_record(endpoint: Endpoint, gateway_client, mechanism: str) -> StageR
     the streams' records may have started under a load no baseline bucket covers as well)."""
     native = StageRecord.objects.filter(endpoint=endpoint, action="speculated", path="native", mechanism=mechanism)
     gateway_client.completions.create(model=endpoint.name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
-    return _wait(
+    return wait_for(
         f"a native {mechanism} record with a multiplier",
         lambda: native.filter(multiplier__isnull=False, acceptance_rate__isnull=False).first(),
         60,
@@ -167,7 +157,7 @@ def _canary_refuses_speculation(endpoint: Endpoint, user) -> None:
     update_policy(endpoint=endpoint, user=user, mode="prod", mechanism="ngram", k=3)
     switch = Switch.objects.filter(managed__endpoint=endpoint).order_by("-pk").first()
     assert switch.canary == {"outcome": "pending", "reason": ""}
-    _wait(
+    wait_for(
         "the canary's verdict",
         lambda: (
             Switch.objects.filter(pk=switch.pk)
@@ -209,7 +199,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     )
     draft = register_draft(name="demo-draft", kind="draft_model", path=str(demo_pair.draft_dir))
     # then: the supervisor starts it and routes the endpoint to it once probed
-    first = _wait("the first instance to serve", lambda: _active(endpoint))
+    first = wait_for("the first instance to serve", lambda: _active(endpoint))
     endpoint.refresh_from_db()
     assert endpoint.status == "ready", endpoint.status_reason
     assert endpoint.base_url == first.base_url
@@ -221,14 +211,14 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     )
     assert reference
     # and: the supervisor measures the plain baseline of the multiplier, per concurrency bucket
-    baseline = _wait("the baseline", lambda: ManagedServer.objects.get(endpoint=endpoint).baseline.get("buckets"))
+    baseline = wait_for("the baseline", lambda: ManagedServer.objects.get(endpoint=endpoint).baseline.get("buckets"))
     assert set(baseline) == {"1", "4"} and all(v > 0 for v in baseline.values())
 
     # when: 8 clients stream while the mode goes off -> prod (n-gram) -> prod (draft model) -> off
     clients = [StreamingClient(gateway_client, endpoint.name, 0.0 if i % 2 == 0 else 0.7) for i in range(CLIENTS)]
     for client in clients:
         client.start()
-    _wait("requests before the first switch", lambda: sum(c.completed for c in clients) >= CLIENTS, 300)
+    wait_for("requests before the first switch", lambda: sum(c.completed for c in clients) >= CLIENTS, 300)
     policy = get_policy(endpoint=endpoint)
     assert policy.mode == "off"
     _canary_refuses_speculation(endpoint, user)
@@ -252,7 +242,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
         tokenizer_fingerprint=endpoint.capabilities.get("tokenizer_fingerprint", ""),
     )
     update_policy(endpoint=endpoint, user=user, mechanism="draft_model", draft=bad, k=3)
-    failed = _wait(
+    failed = wait_for(
         "the failed switch",
         lambda: Switch.objects.filter(managed__endpoint=endpoint, status=SwitchStatus.FAILED, pk__gt=ngram.pk).first(),
     )
@@ -270,7 +260,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     off = _switch_and_drain(endpoint, clients, user=user, mode="off")
     # and: greedy requests of the last off period that began after its margin (the phases below count only those)
     back_at = off.finished_at.timestamp() + ROUTE_MARGIN_S
-    _wait(
+    wait_for(
         "greedy requests of the last off period",
         lambda: sum(sent > back_at for c in clients if c.temperature == 0 for sent, _, _ in list(c.texts)) >= 4,
         300,
@@ -346,13 +336,13 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
         assert outcome.get("finish") in ("length", "stop"), outcome
     logger.info("client mid-stream when the server was killed: %s", outcome)
     # and: the exit is recorded with its log tail and a new instance serves
-    exited = _wait(
+    exited = wait_for(
         "the exit to be recorded",
         lambda: endpoint.managed.events.filter(kind=EventKind.EXITED, instance_id=victim.pk).first(),
         60,
     )
     assert "signal 9" in exited.message and exited.exit_code == -9
-    third = _wait("the restarted instance", lambda: _active(endpoint))
+    third = wait_for("the restarted instance", lambda: _active(endpoint))
     assert third.pk != victim.pk and third.speculation == victim.speculation
     assert endpoint.managed.events.filter(kind=EventKind.RESTARTING).exists()
     reply = gateway_client.completions.create(model=endpoint.name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
@@ -366,7 +356,7 @@ def test_managed_endpoint_lifecycle(managed_worker, demo_pair, gateway_client, u
     # when: the endpoint is deleted, its server stops
     pid = third.pid
     Endpoint.objects.filter(pk=endpoint.pk).delete()
-    _wait("the server to stop", lambda: not _pid_alive(pid), 60)
+    wait_for("the server to stop", lambda: not _pid_alive(pid), 60)
 
     # then (checked last, so that every other finding above is known first): greedy outputs equal off's in both
     # off periods (the first one spans the switch the canary refused), whichever instance served them
