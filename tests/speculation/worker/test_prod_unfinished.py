@@ -18,6 +18,7 @@ from speculation.gateway.prod import ProdRun
 from speculation.gateway.routes import Route
 from speculation.gateway.sampling import RequestSampling
 from speculation.gateway.sse import DONE
+from speculation.jobs.channel import Error, Tokens
 from speculation.models import Action, StageRecord
 
 
@@ -25,7 +26,10 @@ class FailingChannel:
     """The worker sends two tokens, then reports a failure."""
 
     def __init__(self) -> None:
-        self.messages = [{"type": "tokens", "ids": [5, 6], "text": "ab"}, {"type": "error", "reason": "worker died"}]
+        self.messages = [
+            Tokens(ids=[5, 6], text="ab"),
+            Error(reason="worker died"),
+        ]  # as the gateway's channel reads them
 
     async def receive(self, timeout_s: float):
         return self.messages.pop(0)
