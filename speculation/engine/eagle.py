@@ -279,20 +279,7 @@ class EagleHead(nn.Module):
         c = self.config
         hf_config = {
             "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": 1,
-            "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim,
-            "vocab_size": c.vocab_size,
-            "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_position_embeddings,
-            "hidden_act": "silu",
-            "tie_word_embeddings": False,
-            "torch_dtype": "float32",
+            **llama_layer_keys(c),
             "ace_eagle": {**asdict(c), "format": c.format, **(extra or {})},
         }
         (directory / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
@@ -317,6 +304,26 @@ class EagleHead(nn.Module):
         except (RuntimeError, OSError, KeyError) as exc:
             raise EagleHeadError(f"cannot load the head's weights from {directory}: {exc}") from exc
         return head.to(device).eval()
+
+
+def llama_layer_keys(c: EagleConfig) -> dict:
+    """The head's decoder layer as a Llama config.json describes it (vLLM reads these keys for either format)."""
+    return {
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
 
 
 def to_hf_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -29,7 +29,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from speculation.engine.eagle import CONFIG_FILE, WEIGHTS_FILE, EagleConfig, EagleHeadError, _NoCache
+from speculation.engine.eagle import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    EagleConfig,
+    EagleHeadError,
+    _NoCache,
+    llama_layer_keys,
+)
 from speculation.engine.eagle_format import ACE_SECTION, EAGLE3_ARCHITECTURE, FORMAT_EAGLE3
 from speculation.engine.model import Block, KVCache, RMSNorm, rope_tables
 
@@ -151,21 +158,8 @@ class Eagle3Head(nn.Module):
         c = self.config
         config = {
             "architectures": [EAGLE3_ARCHITECTURE],
-            "model_type": "llama",
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": 1,
-            "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim,
-            "vocab_size": c.vocab_size,
+            **llama_layer_keys(c),
             "target_hidden_size": c.hidden_size,
-            "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_position_embeddings,
-            "hidden_act": "silu",
-            "tie_word_embeddings": False,
-            "torch_dtype": "float32",
             "norm_before_residual": c.norm_before_residual,
             "eagle_aux_hidden_state_layer_ids": aux_ids(c),  # vLLM: the inputs of these layers
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers), "use_aux_hidden_state": True},
