@@ -115,3 +115,15 @@ def other_model_dir(tiny_model_dir, tmp_path):
             param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.std())
     model.save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def fresh_caches():
+    """Route tables are cached per event loop, and a later test's loop may reuse an id."""
+    from speculation.gateway import auth, routes
+
+    routes._caches.clear()
+    auth.forget_all()
+    yield
+    routes._caches.clear()
+    auth.forget_all()

@@ -40,15 +40,8 @@ def completions(request) -> tuple[int, dict, bytes]:
 
 
 @pytest.fixture(autouse=True)
-def fresh_caches():
-    """Route tables are cached per event loop, and a later test's loop may reuse an id."""
-    from speculation.gateway import auth, routes
-
-    routes._caches.clear()
-    auth.forget_all()
-    yield
-    routes._caches.clear()
-    auth.forget_all()
+def _fresh(fresh_caches):
+    """Every test here starts with empty route and token caches."""
 
 
 @pytest.fixture

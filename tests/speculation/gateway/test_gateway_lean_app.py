@@ -22,7 +22,7 @@ from rest_framework.authtoken.models import Token
 
 from fleet.models import Endpoint, EndpointStatus, GatewayTokenScope
 from fleet.permissions import ADMIN, OPERATOR, VIEWER, grant_role
-from speculation.gateway import auth, freshness, routes
+from speculation.gateway import freshness
 from speculation.gateway.errors import REQUEST_ID_HEADER
 
 pytestmark = pytest.mark.django_db
@@ -32,12 +32,8 @@ COMPLETION = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "
 
 
 @pytest.fixture(autouse=True)
-def fresh_caches():
-    routes._caches.clear()
-    auth.forget_all()
-    yield
-    routes._caches.clear()
-    auth.forget_all()
+def _fresh(fresh_caches):
+    """Every test here starts with empty route and token caches."""
 
 
 @pytest.fixture
