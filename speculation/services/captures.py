@@ -1,7 +1,8 @@
 """Traffic capture: an endpoint's opt-in setting, and the captured requests kept for training (encrypted at rest).
 
 The gateway hands a served request's token ids to `keep_capture` (speculation.gateway.capture): it is queued in a
-bounded per-process queue and written by a flusher task, in batches, never by the request (a full queue drops it).
+bounded per-process queue and written behind the request, in batches (speculation.services.batched_writer, as stage
+records are); a full queue drops it (counted in `writer.dropped`, logged).
 Each row's ids are packed (`pack`) and sealed with the key that encrypts endpoint API keys (fleet.crypto.seal);
 only counts and sizes are stored in the clear. A batch is written only for endpoints whose setting is still on,
 and an endpoint over its size cap after a batch loses its oldest captures at once; `prune_captures` (beat's
@@ -10,16 +11,12 @@ prune_records_task) deletes what is past each endpoint's retention and trims eve
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import struct
 from array import array
-from collections import deque
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Sum
@@ -28,6 +25,7 @@ from django.utils import timezone
 from fleet import crypto
 from fleet.models import Endpoint
 from speculation.models import CapturedRequest, CaptureSetting
+from speculation.services.batched_writer import BatchedWriter
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -162,24 +160,19 @@ def prune_captures(*, now: datetime | None = None) -> int:
     return deleted
 
 
-# --- the gateway's batched writes ----------------------------------------------------------------------------
+# --- the gateway's batched writes (speculation.services.batched_writer) ---------------------------------------
 
-_queue: deque[dict[str, Any]] = deque()
-_flusher: asyncio.Task | None = None
-_dropped = 0
+
+def _dropped(row: dict[str, Any]) -> None:
+    if writer.dropped % 100 == 1:  # one line per 100 under overload, not one per request
+        logger.warning("capture queue full (%d): %d captures dropped so far", QUEUE_ROWS, writer.dropped)
 
 
 def keep_capture(
     *, endpoint_id: int, workload: str, mode: str, prompt_ids: list[int], output_ids: list[int], greedy: bool = False
 ) -> None:
     """Queue a served request's ids from the gateway (its event loop); written by the flusher, never blocking."""
-    global _flusher, _dropped
-    if len(_queue) >= QUEUE_ROWS:
-        _dropped += 1
-        if _dropped % 100 == 1:  # one line per 100 under overload, not one per request
-            logger.warning("capture queue full (%d): %d captures dropped so far", QUEUE_ROWS, _dropped)
-        return
-    _queue.append(
+    writer.put(
         {
             "endpoint_id": endpoint_id,
             "workload": workload,
@@ -189,40 +182,6 @@ def keep_capture(
             "greedy": greedy,
         }
     )
-    if _flusher is None or _flusher.done() or _flusher.get_loop() is not asyncio.get_running_loop():
-        from ace.background import spawn
-
-        _flusher = spawn(_flush_loop(), what="captures")
-
-
-async def _flush_loop() -> None:
-    while _queue:
-        if len(_queue) < BATCH_ROWS:
-            await asyncio.sleep(FLUSH_INTERVAL_S)
-        await sync_to_async(flush, thread_sensitive=True)()
-
-
-def _take() -> list[dict[str, Any]]:
-    batch: list[dict[str, Any]] = []
-    with contextlib.suppress(IndexError):  # another thread's flush may empty the queue meanwhile
-        while len(batch) < BATCH_ROWS:
-            batch.append(_queue.popleft())
-    return batch
-
-
-def flush() -> int:
-    """Write every queued capture now; returns the rows written."""
-    written = 0
-    while batch := _take():
-        try:
-            written += write_captures(batch)
-        except Exception:  # noqa: BLE001 - a capture never breaks the gateway; the batch is logged as lost
-            logger.exception("%d captures not written", len(batch))
-    return written
-
-
-async def aflush() -> int:
-    return await sync_to_async(flush, thread_sensitive=True)()
 
 
 def write_captures(rows: list[dict[str, Any]]) -> int:
@@ -258,5 +217,14 @@ def write_captures(rows: list[dict[str, Any]]) -> int:
     return len(objects)
 
 
-def queued() -> int:
-    return len(_queue)
+writer = BatchedWriter(
+    what="captures",
+    write=write_captures,
+    max_rows=lambda: QUEUE_ROWS,
+    batch_rows=BATCH_ROWS,
+    flush_interval_s=FLUSH_INTERVAL_S,
+    on_drop=_dropped,
+)
+flush = writer.flush
+aflush = writer.aflush
+queued = writer.queued

@@ -1,21 +1,16 @@
 """Stage records: one row per request the speculative_decoding stage saw (never for off mode).
 
-The gateway writes behind the request, in batches (`keep_record`): a record is appended to a process-wide bounded
-queue and the response goes on; a flusher task on the event loop writes what has queued every FLUSH_INTERVAL_S, or
-at once when BATCH_ROWS wait, with one INSERT per batch. Under overload (settings.RECORD_QUEUE_ROWS waiting) a record
-is dropped rather than anyone waiting, and counted in ace_stage_records_dropped_total; its request still counts in
-the other metrics. What is queued is written on shutdown (the ASGI lifespan's shutdown awaits `aflush`; an atexit
-hook writes what is left) and whenever `flush` / `aflush` is called (tests, benches).
+The gateway writes behind the request, in batches (`keep_record`, on speculation.services.batched_writer): a
+record is queued and the response goes on; it is written within FLUSH_INTERVAL_S, or at once when BATCH_ROWS wait,
+with one INSERT per batch. Under overload (settings.RECORD_QUEUE_ROWS waiting) a record is dropped rather than
+anyone waiting, and counted in ace_stage_records_dropped_total; its request still counts in the other metrics. What
+is queued is written on shutdown and whenever `flush` / `aflush` is called (tests, benches).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -23,10 +18,10 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
 from django.utils import timezone
 
-from ace import background
 from fleet.models import Endpoint
 from speculation.models import StageRecord
 from speculation.selectors import metrics
+from speculation.services.batched_writer import BatchedWriter
 
 logger = logging.getLogger(__name__)
 
@@ -159,72 +154,30 @@ async def arecord_stage(*, endpoint_id: int, request_id: str, mode: str, action:
     await sync_to_async(write_batch, thread_sensitive=True)([row])
 
 
-# --- the gateway's batched writes -----------------------------------------------------------------------------
+# --- the gateway's batched writes (speculation.services.batched_writer) ---------------------------------------
 
-_queue: deque[dict[str, Any]] = deque()
-_flusher: asyncio.Task | None = None
-_wake: asyncio.Event | None = None
+
+def _dropped(row: dict[str, Any]) -> None:
+    metrics.RECORDS_DROPPED.inc()
+    _observe(row, _cached_name(row["endpoint_id"]) or str(row["endpoint_id"]))
+
+
+writer = BatchedWriter(
+    what="stage records",
+    write=write_batch,
+    max_rows=lambda: settings.RECORD_QUEUE_ROWS,
+    batch_rows=BATCH_ROWS,
+    flush_interval_s=FLUSH_INTERVAL_S,
+    on_drop=_dropped,
+)
+flush = writer.flush
+aflush = writer.aflush
+queued = writer.queued
 
 
 def keep_record(**fields: Any) -> None:
     """Queue a record from the gateway; it is written by the flusher, never by the request (a client that
     disconnects right after the last byte does not lose it). Never blocks: a full queue drops it (counted)."""
-    global _flusher, _wake
     row = _clean(fields)
     row["created_at"] = timezone.now()  # when the request ended, not when its batch is written
-    if len(_queue) >= settings.RECORD_QUEUE_ROWS:
-        metrics.RECORDS_DROPPED.inc()
-        _observe(row, _cached_name(row["endpoint_id"]) or str(row["endpoint_id"]))
-        return
-    _queue.append(row)
-    loop = asyncio.get_running_loop()
-    if _flusher is None or _flusher.done() or _flusher.get_loop() is not loop:
-        _wake = asyncio.Event()
-        _flusher = background.spawn(_flush_loop(_wake), what="stage records")
-    elif len(_queue) >= BATCH_ROWS and _wake is not None:
-        _wake.set()
-
-
-async def _flush_loop(wake: asyncio.Event) -> None:
-    while _queue:
-        if len(_queue) < BATCH_ROWS:
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), FLUSH_INTERVAL_S)
-        batch = _take()
-        if batch:
-            await sync_to_async(write_batch, thread_sensitive=True)(batch)
-
-
-def _take() -> list[dict[str, Any]]:
-    batch: list[dict[str, Any]] = []
-    with contextlib.suppress(IndexError):  # another thread's flush may empty the queue meanwhile
-        while len(batch) < BATCH_ROWS:
-            batch.append(_queue.popleft())
-    return batch
-
-
-def flush() -> int:
-    """Write every queued record now, from sync code; returns the rows written."""
-    written = 0
-    while batch := _take():
-        written += write_batch(batch)
-    return written
-
-
-async def aflush() -> int:
-    """Write every queued record now, from async code (the lifespan's shutdown, tests)."""
-    return await sync_to_async(flush, thread_sensitive=True)()
-
-
-def queued() -> int:
-    return len(_queue)
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    if _queue:
-        try:
-            flush()
-        except Exception:  # noqa: BLE001 - at exit, a lost record is logged, never a traceback on shutdown
-            logger.exception("%d stage records not written at exit", len(_queue))
+    writer.put(row)

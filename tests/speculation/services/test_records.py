@@ -39,9 +39,9 @@ def inserts(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def empty_queue():
-    records._queue.clear()
+    records.writer.queue.clear()
     yield
-    records._queue.clear()
+    records.writer.queue.clear()
 
 
 def _record(endpoint_id: int, request_id: str, **fields) -> dict:
@@ -97,7 +97,7 @@ def test_a_full_queue_drops_records_and_counts_them_without_blocking(endpoint, s
 
 @pytest.mark.django_db(transaction=True)
 def test_the_lifespan_shutdown_writes_what_is_queued(endpoint, monkeypatch):
-    monkeypatch.setattr(records, "FLUSH_INTERVAL_S", 3600.0)  # the flusher would not write before shutdown
+    monkeypatch.setattr(records.writer, "flush_interval_s", 3600.0)  # the flusher would not write before shutdown
     app = GatewayApp(fallback=None)
     sent: list[dict] = []
 
@@ -156,7 +156,7 @@ def test_a_busy_database_is_retried_and_a_bad_row_costs_only_its_own_record(endp
 
 @pytest.mark.django_db(transaction=True)
 def test_flush_writes_what_is_queued_from_sync_code(endpoint):
-    records._queue.extend(_record(endpoint.pk, f"r{i}") for i in range(3))
+    records.writer.queue.extend(_record(endpoint.pk, f"r{i}") for i in range(3))
     assert records.flush() == 3
     assert records.queued() == 0
     assert StageRecord.objects.count() == 3
