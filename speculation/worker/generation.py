@@ -19,9 +19,10 @@ from django.conf import settings
 
 from fleet.adapters import wire_for
 from fleet.models import Endpoint
+from speculation import drafting
+from speculation.drafting.build import PathUnavailable
 from speculation.engine import (
     HYBRID_LOOKUP_K,
-    DraftModelProposer,
     GenerationConfig,
     HybridProposer,
     LocalTarget,
@@ -37,7 +38,7 @@ from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import Cancelled as CancelledMessage
 from speculation.jobs.channel import Done, Error, Ready, WorkerChannel
 from speculation.jobs.job import ProdJob
-from speculation.models import LOOKUP_KINDS, Mechanism, SpeculationPolicy, VerificationPath
+from speculation.models import SpeculationPolicy, VerificationPath
 from speculation.openai_fields import is_greedy
 from speculation.selectors.autopairing import Choice
 from speculation.services import target_identity
@@ -45,7 +46,7 @@ from speculation.worker import autopick, baseline, batching, costs, suffix_store
 from speculation.worker.paths import CommittedBatch, resources
 from speculation.worker.paths.remote import RemoteTarget
 from speculation.worker.paths.stopping import StopMatcher, StopRule
-from speculation.worker.paths.text import IncrementalText, eos_token_ids
+from speculation.worker.paths.text import IncrementalText
 from speculation.worker.stats import stage_fields
 from speculation.worker.stream import TokenStream
 
@@ -54,18 +55,6 @@ logger = logging.getLogger(__name__)
 
 def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=10)
-
-
-class PathUnavailable(RuntimeError):
-    """The policy's path cannot run here (missing tokenizer, target, draft)."""
-
-
-def _text_source(policy: SpeculationPolicy) -> str:
-    if policy.draft is not None and policy.draft.path:
-        return policy.draft.path
-    if policy.target_path:
-        return policy.target_path
-    raise PathUnavailable("no tokenizer in the worker: n-gram drafting needs target_path (the target's model dir)")
 
 
 @dataclass
@@ -88,58 +77,6 @@ class Prepared:
         return self.remote if params.greedy else self.remote.sampled(params.top_k, self.max_logprobs)
 
 
-@dataclass(frozen=True)
-class DraftSetup:
-    proposer: Any
-    tokenizer: Any
-    eos_ids: frozenset[int]
-    vocab_size: int
-
-
-def _drafter(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
-    """The engine proposer for the policy's mechanism, with the tokenizer and end tokens the request uses."""
-    if policy.mechanism in LOOKUP_KINDS:
-        source = _text_source(policy)
-        tok = resources.tokenizer(source)
-        vocab = target.model.vocab_size if target is not None else len(tok)
-        proposer = suffix_store.lookup_proposer(policy.mechanism, policy.endpoint_id)
-        return DraftSetup(proposer, tok, eos_token_ids(source, tok), vocab)
-    if policy.draft is None or not policy.draft.path:
-        raise PathUnavailable("the policy has no draft weights")
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT:  # suffix decoding first, the draft model where it finds little
-        model = _draft_model(policy, target)
-        lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, policy.endpoint_id)
-        return replace(model, proposer=HybridProposer(lookup, model.proposer, model_k=max(1, policy.k)))
-    if policy.mechanism == Mechanism.EAGLE_HEAD:
-        if target is None:
-            raise PathUnavailable("an EAGLE head reads the target's hidden states: on ACE's engine it needs path local")
-        from speculation.engine.eagle import EagleProposer
-        from speculation.engine.tree import TreeShape
-
-        try:
-            head = resources.eagle_head(policy.draft.path, target_dir=target.directory)
-            # the policy's EAGLE-2 draft tree (K caps its depth); {} drafts a chain of K
-            proposer = EagleProposer(head, target.model, tree=TreeShape.from_policy(policy.eagle_tree))
-        except Exception as exc:  # noqa: BLE001 - any load failure is a draft error the gateway falls back from
-            raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
-        return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)
-    return _draft_model(policy, target)
-
-
-def _draft_model(policy: SpeculationPolicy, target: resources.Loaded | None) -> DraftSetup:
-    """A draft model's proposer; against a local target whose checkpoint pads the vocabulary to another size, it
-    drafts among their tokenizer's ids (their tokenizers are one: the policy's fingerprint check)."""
-    vocab = target.model.vocab_size if target is not None else 0
-    try:
-        draft = resources.model(policy.draft.path)
-        vocab = vocab or draft.model.vocab_size
-        shared = resources.shared_vocab(draft, vocab)
-        proposer = DraftModelProposer(draft.model, target_vocab_size=vocab, shared_vocab=shared)
-    except Exception as exc:  # noqa: BLE001 - as above
-        raise PathUnavailable(f"draft error: cannot load {policy.draft.name}: {type(exc).__name__}: {exc}") from exc
-    return DraftSetup(proposer, draft.tokenizer, draft.eos_ids, vocab)
-
-
 def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
     """The engine proposer and target (local or remote), tokenizer and eos ids for this policy on this worker."""
     if path == VerificationPath.LOCAL:
@@ -149,7 +86,7 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
         if identity.problem:  # never serve another model's text as the endpoint's
             raise PathUnavailable(identity.problem)
         loaded = resources.model(policy.target_path)
-        drafter = _drafter(policy, loaded)
+        drafter = drafting.for_kind(policy.mechanism).proposer(policy, loaded)
         prepared = Prepared(drafter.proposer, drafter.tokenizer, drafter.eos_ids, target=LocalTarget(loaded.model))
         if not batching.serves(prepared):  # only the batch loop's controller starts from the stored costs
             return prepared
@@ -158,7 +95,7 @@ def build(endpoint: Endpoint, policy: SpeculationPolicy, path: str) -> Prepared:
         return replace(prepared, costs=stored)
     if path != VerificationPath.REMOTE:
         raise PathUnavailable(f"path {path!r} does not run in the worker")
-    drafter = _drafter(policy, None)
+    drafter = drafting.for_kind(policy.mechanism).proposer(policy, None)
     caps = dict(endpoint.capabilities or {})
     remote = RemoteTarget(
         client=upstream.http(),

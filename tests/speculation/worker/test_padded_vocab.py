@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from speculation import drafting
 from speculation.engine.sampling import SamplingParams
 from speculation.worker import sampled
-from speculation.worker.generation import _draft_model
 from speculation.worker.paths import resources
 from tests.support.families import first_layer_draft
 
@@ -46,7 +46,7 @@ def test_it_drafts_among_the_tokenizers_ids_against_a_target_padded_otherwise(fr
     assert str(target_dir) not in resources._loaded
     assert resources.draft_width(draft) == 310
     # prod's local path: the proposer reads the tokenizer's ids and drafts over the target's
-    setup = _draft_model(_Policy(draft_dir), resources.model(str(target_dir)))
+    setup = drafting.for_kind("draft_model").proposer(_Policy(draft_dir), resources.model(str(target_dir)))
     assert (setup.proposer.width, setup.vocab_size) == (tokens, 320)
 
 

@@ -1,0 +1,90 @@
+"""Each draft mechanism is one class, and the facts it owns are the ones the product's paths read."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculation import drafting
+from speculation.drafting.mechanisms import EAGLE_NOT_REMOTE, SUFFIX_DRAFT_NOT_NATIVE, SUFFIX_NOT_MANAGED
+from speculation.models import LOOKUP_KINDS, DraftKind, Mechanism
+
+LOCAL, REMOTE, NATIVE = "local", "remote", "native"
+
+
+def test_it_has_exactly_one_class_per_kind():
+    assert set(drafting.MECHANISMS) == set(DraftKind.values) == set(Mechanism.values)
+    classes = [type(m) for m in drafting.MECHANISMS.values()]
+    assert len(set(classes)) == len(classes)
+    for kind, mechanism in drafting.MECHANISMS.items():
+        assert mechanism.kind == kind
+        assert drafting.for_kind(kind) is mechanism
+
+
+def test_it_refuses_an_unknown_kind_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown draft mechanism 'medusa'.*ngram"):
+        drafting.for_kind("medusa")
+
+
+def test_it_batches_all_but_an_eagle_head():
+    assert drafting.BATCHED_KINDS == {"ngram", "suffix", "draft_model", "suffix_draft"}
+    assert not drafting.for_kind("eagle_head").batches
+
+
+def test_it_names_the_lookup_each_mechanism_drafts_with():
+    lookups = {kind: m.lookup_kind for kind, m in drafting.MECHANISMS.items()}
+    assert lookups == {"ngram": "ngram", "suffix": "suffix", "suffix_draft": "suffix", "draft_model": "",
+                       "eagle_head": ""}  # fmt: skip
+    assert {kind for kind, m in drafting.MECHANISMS.items() if m.looks_up} == LOOKUP_KINDS
+
+
+def test_its_sampled_replay_is_exact_for_one_hot_drafts_only():
+    exact = {kind for kind, m in drafting.MECHANISMS.items() if m.sampled_exact(None)}
+    assert exact == {"ngram", "suffix"}
+    assert drafting.for_kind("eagle_head").sampled_exact(object())  # a tree's candidates are one-hot
+    assert not drafting.for_kind("suffix_draft").sampled_exact(object())
+
+
+def test_only_an_eagle_head_reads_the_targets_features():
+    assert [k for k, m in drafting.MECHANISMS.items() if m.reads_target_features] == ["eagle_head"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "managed", "problem"),
+    [
+        ("eagle_head", REMOTE, False, EAGLE_NOT_REMOTE),
+        ("eagle_head", LOCAL, False, None),
+        ("eagle_head", NATIVE, False, None),  # no head named yet: the server's flags are checked once one is
+        ("suffix", NATIVE, True, SUFFIX_NOT_MANAGED),
+        ("suffix", NATIVE, False, None),
+        ("suffix", REMOTE, True, None),
+        ("suffix_draft", NATIVE, False, SUFFIX_DRAFT_NOT_NATIVE),
+        ("suffix_draft", LOCAL, False, None),
+        ("ngram", NATIVE, True, None),
+        ("draft_model", NATIVE, True, None),
+        ("draft_model", REMOTE, False, None),
+    ],
+)
+def test_it_says_which_paths_each_mechanism_cannot_run_on(kind, path, managed, problem):
+    assert drafting.for_kind(kind).path_problem(path, server_kind="vllm", managed=managed) == problem
+
+
+def test_it_names_each_mechanisms_native_method_per_server_kind():
+    vllm = {kind: m.native_names.get("vllm") for kind, m in drafting.MECHANISMS.items()}
+    sglang = {kind: m.native_names.get("sglang") for kind, m in drafting.MECHANISMS.items()}
+    assert vllm == {"draft_model": "draft_model", "eagle_head": "eagle", "ngram": "ngram", "suffix": "suffix",
+                    "suffix_draft": None}  # fmt: skip
+    assert sglang == {"draft_model": "STANDALONE", "eagle_head": "EAGLE", "ngram": "NGRAM", "suffix": None,
+                      "suffix_draft": None}  # fmt: skip
+
+
+def test_reading_the_facts_loads_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ace.settings'); django.setup(); "
+        "import sys; from speculation import drafting; drafting.for_kind('ngram').path_problem('native', "
+        "server_kind='vllm', managed=True); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
