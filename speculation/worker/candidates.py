@@ -50,35 +50,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import torch
 from django.conf import settings
 
 from fleet.models import Endpoint
+from speculation import drafting
 from speculation.engine import (
     HYBRID_LOOKUP_K,
     HYBRID_MIN_LOOKUP,
-    HybridProposer,
-    NgramProposer,
     SamplingParams,
     SpecStats,
-    SuffixProposer,
 )
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.engine.proposers import LookupProposer
 from speculation.engine.replay import (
-    draft_greedy_predictions,
     expected_hybrid,
-    replay_greedy,
-    replay_proposals,
-    replay_proposer,
-    teacher_forced,
 )
 from speculation.engine.tree import TreeShape
 from speculation.jobs import queue
 from speculation.limits import tree_nodes_at
 from speculation.models import (
     HYBRID_PREFIX,
-    LOOKUP_KINDS,
     CandidateMeasurement,
     CandidateStatus,
     DraftKind,
@@ -165,75 +156,10 @@ def replay(
     lookup, or suffix decoding over the request's context only)."""
     sequence = prompt_ids + output_ids
     common: dict[str, Any] = {"prompt_len": len(prompt_ids), "max_new_tokens": max_tokens}
-    if candidate.kind in LOOKUP_KINDS:
-        if lookup is None:
-            lookup = NgramProposer() if candidate.kind == DraftKind.NGRAM else SuffixProposer()
-
-        def propose(n: int, drafted: int) -> list[int]:
-            return lookup.lookup(sequence[:n], drafted)
-
-        return {k: replay_proposals(propose, sequence, k, **common) for k in K_RANGE}
-    if candidate.kind == DraftKind.SUFFIX_DRAFT:
-        return replay_hybrid(
-            candidate.draft.path, sequence, K_RANGE, lookup=lookup or SuffixProposer(), common=common,
-            target_path=target_path,
-        )  # fmt: skip
-    if candidate.kind == DraftKind.EAGLE_HEAD:
-        return replay_eagle_head(
-            candidate.draft.path, sequence, K_RANGE, target_path=target_path, tree=tree, common=common
-        )
-    draft = resources.model(candidate.draft.path)
-    width = resources.draft_width(draft, target_path)  # as prod drafts against that target
-    predictions = draft_greedy_predictions(draft.model, sequence, width=width)  # one pass serves every K
-    return {k: replay_greedy(predictions, sequence, k, **common) for k in K_RANGE}
-
-
-def replay_hybrid(
-    draft_path: str,
-    sequence: list[int],
-    ks: tuple[int, ...],
-    *,
-    lookup: LookupProposer,
-    common: dict[str, Any],
-    target_path: str = "",
-) -> dict[int, SpecStats]:
-    """Suffix decoding with a draft model's fallback at each K (the draft's K; the lookup drafts up to its own cap,
-    HYBRID_LOOKUP_K), as prod's HybridProposer runs it: exact for greedy, the draft's drafts from one
-    teacher-forced pass (its chain is accepted exactly as far as its teacher-forced predictions match)."""
-    draft = resources.model(draft_path)
-    width = resources.draft_width(draft, target_path)
-    model = teacher_forced(draft_greedy_predictions(draft.model, sequence, width=width))
-    return {
-        k: replay_proposer(HybridProposer(lookup, model, model_k=k), sequence, max(k, HYBRID_LOOKUP_K), **common)
-        for k in ks
-    }
-
-
-@torch.inference_mode()
-def replay_eagle_head(
-    head_path: str,
-    sequence: list[int],
-    ks: tuple[int, ...],
-    *,
-    target_path: str,
-    tree: TreeShape | None,
-    common: dict[str, Any],
-) -> dict[int, SpecStats]:
-    """An EAGLE head's greedy speculation at each K: the target's features of the known sequence (the ones the
-    head reads: the final-norm feature, or its layers for a multi-layer head) from one teacher-forced pass, handed
-    to the head by the replay's ReplayTarget; a tree is verified against the known output (exact, as prod's local
-    path drafts and verifies it). Shadow (the policy's own head) and the candidate replays both use it."""
-    from speculation.engine.eagle import EagleProposer
-
-    if not target_path:
-        raise ValueError("an EAGLE head reads the target's features: the worker needs the target (target_path)")
-    target = resources.model(target_path).model
-    head = resources.eagle_head(head_path, target_dir=target_path)
-    wants = EagleProposer(head, target).wants_hidden
-    hidden = target(torch.tensor(sequence, device=target.output.weight.device), 0, return_hidden=wants).hidden
-    return {
-        k: replay_proposer(EagleProposer(head, target, tree=tree), sequence, k, hidden=hidden, **common) for k in ks
-    }
+    draft_path = candidate.draft.path if candidate.draft is not None else ""
+    return drafting.for_kind(candidate.kind).replay(
+        sequence, K_RANGE, draft_path=draft_path, common=common, target_path=target_path, tree=tree, lookup=lookup
+    )
 
 
 def tree_nodes(tree: TreeShape, k: int) -> int:
@@ -371,18 +297,18 @@ def _fill(row: CandidateMeasurement, request: Replayed, candidate: Candidate) ->
         costs = _costs(request.endpoint, request.policy, candidate, request.prompt_ids)
     except Exception as exc:  # noqa: BLE001 - the acceptance still counts, without a projection
         row.reason = f"no projection: the costs could not be measured ({type(exc).__name__}: {exc})"
+    tree = _tree(request, candidate)
     if request.params is None:
-        tree = _tree(request, candidate)
         fields, how = measured_fields(replayed, costs, tree), f"greedy replay (exact) at K = 1..{K_RANGE[-1]}"
         how += f" as the policy's draft tree {request.policy.eagle_tree}" if tree is not None else ""
-    elif candidate.kind == DraftKind.EAGLE_HEAD and _tree(request, candidate) is not None:  # replayed exactly
-        fields = measured_fields(replayed, costs, _tree(request, candidate))
+    elif tree is not None:  # an EAGLE head's tree: replayed exactly
+        fields = measured_fields(replayed, costs, tree)
         how = f"{sampled_how(request.params)}: the policy's draft tree {request.policy.eagle_tree} {SAMPLED_TREE}"
-    elif candidate.kind == DraftKind.EAGLE_HEAD:  # a chain, in expectation
+    elif drafting.for_kind(candidate.kind).reads_target_features:  # an EAGLE head's chain, in expectation
         fields, how = measured_fields(replayed, costs), f"{sampled_how(request.params)}: {SAMPLED_CHAIN}"
     else:  # replayed against the sampled output: a lookup's steps exactly, a draft's in expectation
         fields, parts = measured_fields(replayed, costs), []
-        if candidate.kind != DraftKind.DRAFT_MODEL:
+        if drafting.for_kind(candidate.kind).lookup_kind:  # a lookup, or the hybrid's
             parts.append(SAMPLED_LOOKUP)
         if candidate.draft is not None:  # a draft model, or the hybrid's
             source = request.passes[candidate.draft.path].source
@@ -416,25 +342,20 @@ def sampled_how(params: SamplingParams) -> str:
 
 
 def _tree(request: Replayed, candidate: Candidate) -> TreeShape | None:
-    """The draft tree an EAGLE head candidate drafts: the policy's eagle_tree (prod drafts it with any head)."""
-    return TreeShape.from_policy(request.policy.eagle_tree) if candidate.kind == DraftKind.EAGLE_HEAD else None
-
-
-def _lookup_kind(candidate: Candidate) -> str:
-    """The lookup a candidate drafts with ("" for none): its own kind, or suffix decoding for the hybrid."""
-    if candidate.kind == DraftKind.SUFFIX_DRAFT:
-        return DraftKind.SUFFIX
-    return candidate.kind if candidate.kind in LOOKUP_KINDS else ""
+    """The draft tree a candidate drafts: the policy's eagle_tree for one that reads the target's features (prod
+    drafts it with any EAGLE head), else none."""
+    mechanism = drafting.for_kind(candidate.kind)
+    return TreeShape.from_policy(request.policy.eagle_tree) if mechanism.reads_target_features else None
 
 
 def _replayed(request: Replayed, candidate: Candidate) -> Any:
     """Greedy, and a lookup on a sampled request: the candidate's replay at every K. Sampled: a draft model's and
     the hybrid's expected replay at every K (speculation.worker.sampled.draft_pass_probabilities)."""
-    kind = _lookup_kind(candidate)
+    mechanism = drafting.for_kind(candidate.kind)
+    kind = mechanism.lookup_kind
     lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
     # one-hot drafts (a lookup's, an EAGLE tree's top-k) pass exactly where the sampled token is theirs
-    one_hot = candidate.kind in LOOKUP_KINDS or _tree(request, candidate) is not None
-    if request.params is None or one_hot:
+    if request.params is None or mechanism.sampled_exact(_tree(request, candidate)):
         return replay(
             candidate,
             prompt_ids=request.prompt_ids,
@@ -454,7 +375,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
             output_ids=request.output_ids,
             params=request.params,
         )
-    if candidate.kind == DraftKind.EAGLE_HEAD:  # a chain: its passes depend on the step's start
+    if mechanism.reads_target_features:  # an EAGLE chain: its passes depend on the step's start
         return expected_chain_replays(
             request.view, candidate.draft.path, target_path=request.policy.target_path or "",
             prompt_ids=request.prompt_ids, output_ids=request.output_ids, max_tokens=request.max_tokens, ks=K_RANGE,

@@ -27,6 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from fleet.models import Endpoint
+from speculation import drafting
 from speculation.engine import (
     SamplingParams,
     draft_greedy_predictions,
@@ -246,12 +247,11 @@ def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, A
     """Suffix decoding with the draft model's fallback, replayed as prod runs it (exact: the lookup over the
     endpoint's earlier answers, this one's own left out, and the draft's teacher-forced predictions); projected
     with the draft model's costs charged for the steps it drafted only."""
-    from speculation.worker.candidates import replay_hybrid
-
     policy, k = shadowed.policy, shadowed.policy.k
-    lookup = suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
-    stats = replay_hybrid(
-        policy.draft.path, sequence, (k,), lookup=lookup, common=common, target_path=policy.target_path
+    mechanism = drafting.for_kind(policy.mechanism)
+    lookup = suffix_store.lookup_proposer(mechanism.lookup_kind, shadowed.endpoint.pk, exclude=shadowed.request_id)
+    stats = mechanism.replay(
+        sequence, (k,), draft_path=policy.draft.path, lookup=lookup, common=common, target_path=policy.target_path
     )[k]
     how = f"greedy replay (exact) of suffix decoding with the draft's fallback ({stats.looked_up_tokens} of " \
           f"{stats.drafted_tokens} drafts looked up)"  # fmt: skip
@@ -285,7 +285,7 @@ def _measure_eagle(
     drafts from the target's hidden features, which only a target in this worker gives (one teacher-forced pass
     over the request): only a policy with a target_path can replay a head; a server returns no features."""
     from speculation.engine.tree import TreeShape
-    from speculation.worker.candidates import replay_eagle_head, tree_nodes
+    from speculation.worker.candidates import tree_nodes
 
     policy, k = shadowed.policy, shadowed.policy.k
     if not policy.target_path:
@@ -293,7 +293,9 @@ def _measure_eagle(
         return
     tree = TreeShape.from_policy(policy.eagle_tree)
     head = policy.draft.path
-    stats = replay_eagle_head(head, sequence, (k,), target_path=policy.target_path, tree=tree, common=common)[k]
+    stats = drafting.for_kind(policy.mechanism).replay(
+        sequence, (k,), draft_path=head, target_path=policy.target_path, tree=tree, common=common
+    )[k]
     k_mean = stats.drafted_tokens / stats.target_passes if stats.target_passes else 0.0
     verified = None
     if tree is not None:  # one verification checks every node: S = E[N] / (v(nodes) + depth c)
