@@ -304,7 +304,8 @@ def update_policy(
     """Change the endpoint's policy (only the given fields), validated as a whole; record who changed what.
 
     `draft` is a DraftModel, its name, or None. Nothing is saved when the result would be invalid. `note`: extra
-    entries for the recorded change when something changed (auto-pairing's {"auto": [None, evidence]}).
+    entries for the recorded change when something changed (auto-pairing's {"auto": [None, evidence]}), also
+    when a managed endpoint's switch records it.
     """
     unknown = sorted(set(fields) - set(EDITABLE_FIELDS))
     if unknown:
@@ -339,7 +340,7 @@ def update_policy(
             managed_services.request_switch(
                 endpoint=endpoint,
                 policy=policy,
-                changes=changes,
+                changes={**changes, **(note or {})},  # recorded with the switch's outcome
                 user=user,
                 validate=validate_policy,
                 editable=EDITABLE_FIELDS,

@@ -147,3 +147,43 @@ def test_a_switch_to_a_draft_trained_on_captured_traffic_says_what_it_was_traine
     change = PolicyChange.objects.get(policy=policy)
     assert change.changes["trained_on"] == [None, f"training run {run.pk} on captured:{endpoint.pk}:code"]
     assert "small at K = 3 projects 1.60x" in change.changes["auto"][1]  # and what shadow measured
+
+
+def test_a_managed_switch_to_a_draft_trained_on_captured_traffic_says_what_it_was_trained_on(tmp_path, draft):
+    # given: a managed endpoint serving the server's own n-gram speculation in prod, with `draft: auto`
+    import json
+
+    from fleet.adapters import ProbeReport
+    from fleet.managed import switching
+    from fleet.managed.models import InstanceRole, InstanceState, ServerInstance, Switch
+    from fleet.managed.services import create_managed_endpoint, speculation_of
+    from speculation.models import TrainingRun
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    endpoint = create_managed_endpoint(name="auto-managed", model_dir=str(tmp_path), node_class="cpu")
+    report = ProbeReport(capabilities={"served_model": "m", "tokenizer_fingerprint": FP, "native_speculation": True})
+    old = ServerInstance.objects.create(managed=endpoint.managed, role=InstanceRole.ACTIVE, port=41001)
+    switching.activate(instance=old, report=report, duration_ms=1.0, started=old.started_at)
+    endpoint.refresh_from_db()
+    policy = SpeculationPolicy.objects.create(
+        endpoint=endpoint, mode="prod", mechanism="ngram", k=5, path="native", auto_pairing=True
+    )
+    endpoint.managed.__class__.objects.filter(pk=endpoint.managed.pk).update(serving_speculation=speculation_of(policy))
+    run = TrainingRun.objects.create(
+        name="from-traffic", target_dir="/t", out_dir="/o", prompts=f"captured:{endpoint.pk}", draft=draft
+    )
+    measure(endpoint, draft, requests=AUTO_MIN_REQUESTS, ngram_at_5=1.1, small_at_3=1.6)
+
+    # when: auto-pairing switches, blue/green, and the new instance serves
+    auto_apply(endpoint=endpoint)
+    switch = Switch.objects.get(managed=endpoint.managed)
+    new = ServerInstance.objects.create(
+        managed=endpoint.managed, role=InstanceRole.STANDBY, state=InstanceState.STARTING, port=41002
+    )
+    switching.complete_switch(switch=switch, instance=new, old=old, report=report, duration_ms=1.0, started=None)
+
+    # then: the recorded change names the run and its data, and what shadow measured, beside the switch
+    change = PolicyChange.objects.filter(policy__endpoint=endpoint).first()
+    assert change.changes["switch"]["outcome"] == "done" and change.changes["draft"] == [None, "small"]
+    assert change.changes["trained_on"] == [None, f"training run {run.pk} on captured:{endpoint.pk}"]
+    assert "small at K = 3 projects 1.60x" in change.changes["auto"][1]
