@@ -25,9 +25,6 @@ LOOKUP_KINDS = frozenset({DraftKind.NGRAM, DraftKind.SUFFIX})
 # Kinds whose policy names a draft model (the draft's kind is draft_model): the draft model itself, and the hybrid
 # that looks up first (suffix decoding) and drafts with the model where the lookup finds too little.
 DRAFT_MODEL_KINDS = frozenset({DraftKind.DRAFT_MODEL, DraftKind.SUFFIX_DRAFT})
-# What the worker's batch loop serves on the local path (speculation.worker.batching.serves): all but an EAGLE head,
-# which drafts from the target's hidden states single-stream.
-BATCHED_KINDS = frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS})
 # What a draft can be registered as (the hybrid is a policy's mechanism over a registered draft model).
 REGISTRABLE_KINDS = [(value, label) for value, label in DraftKind.choices if value != DraftKind.SUFFIX_DRAFT]
 HYBRID_PREFIX = "suffix+"  # a hybrid candidate's name: this prefix and its draft model's name

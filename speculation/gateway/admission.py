@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from speculation import drafting
 from speculation.gateway import background
 from speculation.gateway.channel import ChannelError, client
 from speculation.jobs.admission import (
@@ -23,7 +24,7 @@ from speculation.jobs.admission import (
     single_workers_key,
     workers_key,
 )
-from speculation.models import BATCHED_KINDS, VerificationPath
+from speculation.models import VerificationPath
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def single_stream(*, path: str, mechanism: str) -> bool:
     """Whether the worker runs this job alone rather than in its batch (speculation.worker.batching.serves: the
     batch serves the local path with a draft model, n-gram lookup, suffix decoding or the hybrid of suffix decoding
     with a draft's fallback; not an EAGLE head)."""
-    return path != VerificationPath.LOCAL or mechanism not in BATCHED_KINDS
+    return path != VerificationPath.LOCAL or mechanism not in drafting.BATCHED_KINDS
 
 
 async def _admit(workers: str, inflight: str, request_id: str, hold_s: float) -> tuple[int, int, int]:

@@ -48,13 +48,14 @@ from django.utils import timezone
 
 from fleet.adapters import Unsupported, WireError, wire_for
 from fleet.models import Endpoint
-from speculation.engine import DraftModelProposer, LocalTarget, NgramProposer
+from speculation import drafting
+from speculation.drafting.build import PathUnavailable
+from speculation.engine import LocalTarget, NgramProposer
 from speculation.engine.costs import REPEATS, non_decreasing, time_draft_step, time_verify
 from speculation.engine.families import implementation_of
 from speculation.engine.projection import MAX_PROJECTED_K, StepCosts
 from speculation.jobs import queue
 from speculation.models import (
-    BATCHED_KINDS,
     LOOKUP_KINDS,
     CostCalibration,
     DraftModel,
@@ -323,7 +324,7 @@ def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
     from speculation.worker import batching
 
     local = path == VerificationPath.LOCAL and bool(policy.target_path)
-    if not (local and batching.enabled() and policy.mechanism in BATCHED_KINDS):
+    if not (local and batching.enabled() and policy.mechanism in drafting.BATCHED_KINDS):
         return False
     # a model transformers runs for ACE (implementation "generic") is served at batch one (batching.serves, which
     # reads the loaded models; here their config.json files, without loading them)
@@ -342,19 +343,12 @@ def _implementation(directory: str) -> str:
 
 
 def _draft_proposer(policy: SpeculationPolicy) -> Any:
-    """The policy's drafting as prod's single-stream loop runs it, for timing a draft step."""
-    if policy.mechanism in LOOKUP_KINDS or policy.draft is None:
-        return NgramProposer()  # the lookup kinds' shared calibration (CostKey)
-    if policy.mechanism == Mechanism.EAGLE_HEAD:
-        from speculation.engine.eagle import EagleProposer
-
-        if not policy.target_path:
-            raise CalibrationError("an EAGLE head drafts from the target's features: it needs the target in the worker")
-        target = resources.model(policy.target_path).model
-        head = resources.eagle_head(policy.draft.path, target_dir=policy.target_path)
-        return _FeaturesFed(EagleProposer(head, target), width=target.args.dim)
-    model = resources.model(policy.draft.path).model
-    return DraftModelProposer(model, target_vocab_size=model.vocab_size)
+    """The policy's drafting as prod's single-stream loop runs it, for timing a draft step (a lookup, or a policy
+    naming no draft: n-gram lookup, the lookup kinds' shared calibration)."""
+    try:
+        return drafting.for_kind(policy.mechanism).timing_proposer(policy)
+    except PathUnavailable as exc:
+        raise CalibrationError(str(exc)) from exc
 
 
 class Preempted(Exception):
@@ -420,29 +414,6 @@ def _wait_until_server_idle(endpoint: Endpoint, *, deadline: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(QUIET_POLL_S)
-
-
-class _FeaturesFed:
-    """An EAGLE proposer timed outside the decode loop: after each step it is fed one feature row for the token
-    committed next, as the loop's verification would (the values do not change what a draft step costs)."""
-
-    wants_hidden = False
-
-    def __init__(self, inner: Any, *, width: int) -> None:
-        import torch
-
-        self.inner = inner
-        self.row = torch.zeros(1, width, device=inner.device)  # [1, D]
-
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.inner.begin(prompt_ids)
-
-    def propose(self, committed: list[int], k: int, params: Any, generator: Any) -> Any:
-        return self.inner.propose(committed, k, params, generator)
-
-    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
-        self.inner.on_verified(num_accepted, num_drafted)
-        self.inner.observe_target(self.row, 0)
 
 
 def _server_step(endpoint: Endpoint, context: list[int]) -> float:
