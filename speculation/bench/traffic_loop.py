@@ -5,9 +5,10 @@ the run held out.
 The workloads are synthetic, built from the demo corpus' held-out files (never from its training split, which the
 shipped head's prompts come from): `code` starts mid-file in source code, `lists` asks for a numbered list of a
 module's names. `measure` runs inside the bench stack's database (a `manage.py shell` of its environment): it trains
-through the product's own training run on `captured:<endpoint>` (run_training, which registers the head and replays
-the held-out captures on the endpoint's candidates), then replays both heads greedily on the run's held-out
-captures (speculation.offline.eagle.evaluate, the exact replay training reports). `shape` and `table` are pure.
+through the product's own training run on `captured:<endpoint>` (continuing from the shipped head, a warm start, or
+from scratch; run_training registers the head and replays the held-out captures on the endpoint's candidates), then
+replays both heads greedily on the run's held-out captures (speculation.offline.eagle.evaluate, the exact replay
+training reports). `shape` and `table` are pure.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def _names(source: str) -> list[str]:
 
 
 def training_options(*, new_tokens: int, multi_layer: bool) -> dict[str, Any]:
-    """The run's options, from scratch: EAGLE-3's recipe (speculation.offline.eagle.demo_head.EAGLE3) on the
-    captures, or the single-layer head's defaults. (The shipped head reads other layers than an EAGLE-3 head, so a
-    run cannot start from it.)"""
+    """The run's options: the multi-layer recipe (EAGLE-3's token-led loss and two drafting steps trained,
+    speculation.offline.eagle.demo_head.EAGLE3, the shipped head's own) on the captures, or the single-layer head's
+    defaults. A warm start trains in the head's own format (the shipped head: format 2) at the warm-start rate."""
     from speculation.offline.eagle.settings import MULTI_LAYER_WEIGHTS
 
     options: dict[str, Any] = {"new_tokens": new_tokens, "held_out": 0.25, "max_prompt_tokens": 256}
@@ -69,10 +70,19 @@ def training_options(*, new_tokens: int, multi_layer: bool) -> dict[str, Any]:
 
 
 def measure(
-    *, endpoint_id: int, target_dir: str, shipped_dir: str, out_dir: str, epochs: int, options: dict, k: int
+    *,
+    endpoint_id: int,
+    target_dir: str,
+    shipped_dir: str,
+    out_dir: str,
+    epochs: int,
+    options: dict,
+    k: int,
+    init_from: str = "",
 ) -> dict[str, Any]:
-    """Train on the endpoint's captures (a training run, as the page starts one), then both heads' greedy replay
-    on the captures the run held out, per workload. Needs Django with the stack's database."""
+    """Train on the endpoint's captures (a training run, as the page starts one; continuing from the head init_from
+    names, "": from scratch), then both heads' greedy replay on the captures the run held out, per workload. Needs
+    Django with the stack's database."""
     import torch
 
     from speculation.engine.eagle import EagleHead
@@ -83,8 +93,8 @@ def measure(
     from speculation.offline.eagle.settings import PipelineSettings
     from speculation.services.eagle_training import captured_sequences, create_training_run, run_training
 
-    run = create_training_run(target_dir=target_dir, out_dir=out_dir, prompts=f"captured:{endpoint_id}",
-                              epochs=epochs, options=dict(options), name="traffic-loop")  # fmt: skip
+    run = create_training_run(target_dir=target_dir, out_dir=out_dir, prompts=f"captured:{endpoint_id}", epochs=epochs,
+                              options=dict(options), name="traffic-loop", init_from=init_from)  # fmt: skip
     started = time.perf_counter()
     run = run_training(run=run)
     train_s = time.perf_counter() - started
@@ -110,6 +120,9 @@ def measure(
             "train_requests": len(train_part),
             "held_out_requests": len(held_out),
             "multi_layer": settings.multi_layer,
+            "init_from": init_from or None,
+            "lr": settings.train.lr,
+            "head_format": _head_format(run.out_dir),
             "epochs": epochs,
             "kept_epoch": (run.log or [{}])[-1].get("best_epoch"),
             "run_mean_accepted_len": run.mean_accepted_len,
@@ -119,6 +132,13 @@ def measure(
         },
         "stats": stats,
     }
+
+
+def _head_format(directory: str) -> int | None:
+    from speculation.engine.eagle_format import head_format, read_config
+
+    config = read_config(directory)
+    return head_format(config) if config else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -24,7 +24,6 @@ Multi-layer heads ACE trains now are format 3 (``eagle3=True``): vLLM's EAGLE-3 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -47,6 +46,7 @@ from speculation.engine.eagle_format import (
     head_format,
     layer_config,
 )
+from speculation.engine.eagle_format import target_fingerprint as _target_fingerprint
 from speculation.engine.errors import SpecDecodeError, VocabMismatchError
 from speculation.engine.model import Block, KVCache, ModelArgs, Transformer, rope_tables
 from speculation.engine.proposers import Proposal
@@ -56,9 +56,6 @@ from speculation.engine.tree import TreeShape, expand_eagle_tree
 FORMAT_VERSION = FORMAT_EAGLE1  # EAGLE-1: vLLM's `method: "eagle"` layout (format 2: ACE's local path only)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# The fingerprint reads the target's config and a fixed sample of its weight bytes: constant time for any size.
-_FINGERPRINT_SAMPLES = 16
-_FINGERPRINT_CHUNK = 1 << 16
 
 
 class EagleHeadError(SpecDecodeError):
@@ -158,24 +155,11 @@ def default_target_name(target_dir: Path) -> str:
 
 
 def target_fingerprint(target_dir: Path) -> str:
-    """sha256 over the target's shape config, its safetensors headers and a fixed sample of its weight bytes."""
-    target_dir = Path(target_dir)
-    config = json.loads((target_dir / CONFIG_FILE).read_text())
-    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings")  # fmt: skip
-    digest = hashlib.sha256(json.dumps({k: config.get(k) for k in keys}, sort_keys=True).encode())
-    files = sorted(target_dir.glob("*.safetensors"))
-    if not files:
-        raise EagleHeadError(f"{target_dir} holds no *.safetensors weights")
-    for file in files:
-        size = file.stat().st_size
-        with file.open("rb") as fh:
-            header_len = int.from_bytes(fh.read(8), "little")
-            digest.update(fh.read(header_len))
-            for i in range(_FINGERPRINT_SAMPLES):
-                fh.seek(8 + header_len + (size - 8 - header_len) * i // _FINGERPRINT_SAMPLES)
-                digest.update(fh.read(_FINGERPRINT_CHUNK))
-    return digest.hexdigest()[:32]
+    """eagle_format.target_fingerprint; EagleHeadError when the directory holds no weights."""
+    try:
+        return _target_fingerprint(target_dir)
+    except FileNotFoundError as exc:
+        raise EagleHeadError(str(exc)) from exc
 
 
 # --- the head --------------------------------------------------------------------------------------------------

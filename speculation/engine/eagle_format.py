@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ FORMAT_EAGLE3 = 3
 FORMATS = (FORMAT_EAGLE1, FORMAT_MULTI_LAYER, FORMAT_EAGLE3)
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_EAGLE3 = "eagle3"
+# The fingerprint reads the target's config and a fixed sample of its weight bytes: constant time for any size.
+_FINGERPRINT_SAMPLES = 16
+_FINGERPRINT_CHUNK = 1 << 16
 
 
 def is_eagle3_config(config: dict[str, Any]) -> bool:
@@ -105,3 +109,25 @@ def read_config(directory: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return config if isinstance(config, dict) else None
+
+
+def target_fingerprint(target_dir: Path) -> str:
+    """sha256 over the target's shape config, its safetensors headers and a fixed sample of its weight bytes (what
+    a head's `target_fingerprint` names; torch-free, so the web process checks a head against a target too)."""
+    target_dir = Path(target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings")  # fmt: skip
+    digest = hashlib.sha256(json.dumps({k: config.get(k) for k in keys}, sort_keys=True).encode())
+    files = sorted(target_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{target_dir} holds no *.safetensors weights")
+    for file in files:
+        size = file.stat().st_size
+        with file.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            digest.update(fh.read(header_len))
+            for i in range(_FINGERPRINT_SAMPLES):
+                fh.seek(8 + header_len + (size - 8 - header_len) * i // _FINGERPRINT_SAMPLES)
+                digest.update(fh.read(_FINGERPRINT_CHUNK))
+    return digest.hexdigest()[:32]

@@ -8,6 +8,7 @@ a workload applies that workload's winner to the whole endpoint.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
@@ -16,6 +17,7 @@ from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
 from speculation.models import (
     LOOKUP_KINDS,
+    DraftKind,
     DraftModel,
     SpeculationPolicy,
     TrainingRun,
@@ -130,9 +132,19 @@ def _scope(policy: SpeculationPolicy, endpoint: Endpoint) -> str:
 
 def trained_on(draft: DraftModel | None) -> str:
     """What a draft was trained on, for the change history: its training run and the run's prompt sources
-    (`captured:<endpoint id>[:<workload>]` for an endpoint's captured traffic); "" when no run registered it."""
+    (`captured:<endpoint id>[:<workload>]` for an endpoint's captured traffic) and the head it continued from (a warm
+    start); "" when no run registered it."""
     run = TrainingRun.objects.filter(draft=draft).order_by("-pk").first() if draft is not None else None
-    return f"training run {run.pk} on {run.prompts}" if run is not None else ""
+    if run is None:
+        return ""
+    start = run.config.get("init_from") or ""
+    return f"training run {run.pk} on {run.prompts}" + (f", continued from {head_name(start)}" if start else "")
+
+
+def head_name(directory: str) -> str:
+    """The registered name of the EAGLE head in a directory (a warm start's), else the directory."""
+    heads = DraftModel.objects.filter(kind=DraftKind.EAGLE_HEAD).order_by("pk")
+    return next((d.name for d in heads if Path(d.path).resolve() == Path(directory).resolve()), directory)
 
 
 def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:

@@ -5,7 +5,10 @@ A run on an endpoint's captured traffic that finished is repeated (same target, 
 team) once at least RETRAIN_MIN_NEW requests were captured after it finished: beat's retrain_from_captures_task
 checks hourly. The repeat goes through create_training_run like any run, so its owner must still be an admin of the
 endpoint's team (else it is not repeated, logged), and its head is proved on its held-out captures and may be
-switched in by `draft: auto` as the first one was (speculation.services.capture_replay).
+switched in by `draft: auto` as the first one was (speculation.services.capture_replay). The repeat continues from the
+head the endpoint drafts with now when it fits the run (a warm start, speculation.offline.eagle.warm_start), so the
+head serving the endpoint adapts to the new traffic instead of being replaced by one trained on the captures alone;
+otherwise it starts from scratch, logged.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from datetime import datetime
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from fleet.models import Endpoint
 from speculation.models import CapturedRequest, TrainingRun, TrainingStatus
 from speculation.offline.eagle.prompts import CAPTURED, captured_source
-from speculation.offline.eagle.settings import PipelineSettings
+from speculation.offline.eagle.settings import PipelineSettings, TrainSettings
+from speculation.offline.eagle.warm_start import WARM_START_LR
+from speculation.services.eagle_training import current_head
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +56,22 @@ def due(*, min_new: int = RETRAIN_MIN_NEW) -> list[TrainingRun]:
 
 
 def _options(run: TrainingRun) -> dict:
-    """The run's settings as create_training_run's options (everything but prompts, epochs and seed)."""
+    """The run's settings as create_training_run's options: everything but prompts, epochs, seed, the head it started
+    from and a default learning rate (a new head's or a warm start's: the repeat gets the one for how it starts)."""
     settings = PipelineSettings.from_dict(run.config).as_dict()
     train = settings.pop("train")
     settings.pop("prompts")
-    return {**settings, **{k: v for k, v in train.items() if k not in ("epochs", "seed")}}
+    default_lr = WARM_START_LR if settings.pop("init_from") else TrainSettings.lr
+    dropped = ("epochs", "seed", "lr") if train["lr"] == default_lr else ("epochs", "seed")
+    return {**settings, **{k: v for k, v in train.items() if k not in dropped}}
+
+
+def _current_head(run: TrainingRun) -> str:
+    """The name of the EAGLE head the run's (first) endpoint drafts with now, or ""."""
+    endpoint, _ = captured_source(run.prompts.split(",")[0]) or ("", None)
+    found = Endpoint.objects.select_related("policy__draft").filter(pk=int(endpoint or 0)).first()
+    head = current_head(found) if found is not None else None
+    return head.name if head is not None else ""
 
 
 def retrain(run: TrainingRun, *, now: datetime | None = None) -> TrainingRun | None:
@@ -64,20 +81,21 @@ def retrain(run: TrainingRun, *, now: datetime | None = None) -> TrainingRun | N
 
     stamp = (now or timezone.now()).strftime("%Y%m%d%H%M")
     out_dir, name = (_STAMPED.sub("", value) for value in (run.out_dir.rstrip("/"), run.name))  # a repeat's repeat
+    fields = {
+        "target_dir": run.target_dir, "out_dir": f"{out_dir}-{stamp}", "name": f"{name[:51]}-{stamp}",
+        "target_name": run.target_name, "prompts": run.prompts, "epochs": run.epochs, "seed": run.seed,
+        "node_class": run.node_class, "options": _options(run), "owner": run.owner, "team": run.team,
+    }  # fmt: skip
     try:
-        return start_training_run(
-            target_dir=run.target_dir,
-            out_dir=f"{out_dir}-{stamp}",
-            name=f"{name[:51]}-{stamp}",
-            target_name=run.target_name,
-            prompts=run.prompts,
-            epochs=run.epochs,
-            seed=run.seed,
-            node_class=run.node_class,
-            options=_options(run),
-            owner=run.owner,
-            team=run.team,
-        )
+        head = _current_head(run)
+        if head:
+            try:
+                return start_training_run(**fields, init_from=head)
+            except ValidationError as exc:
+                if "init_from" not in getattr(exc, "error_dict", {}):
+                    raise
+                logger.info("training run %s repeated from scratch: %s", run.pk, "; ".join(exc.messages))
+        return start_training_run(**fields)
     except ValidationError as exc:
         logger.warning("training run %s not repeated on new captures: %s", run.pk, "; ".join(exc.messages))
         return None

@@ -21,6 +21,7 @@ from django.utils.text import slugify
 
 from fleet.models import Endpoint
 from fleet.permissions import check_captures
+from speculation.engine.eagle_format import read_config, target_fingerprint
 from speculation.jobs import queue
 from speculation.models import CapturedRequest, DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.offline.eagle.prompts import (
@@ -40,8 +41,10 @@ from speculation.offline.eagle.settings import (
     TrainSettings,
     default_target_name,
 )
+from speculation.offline.eagle.warm_start import WARM_START_LR, warm_start_problems
 from speculation.selectors.capabilities import tokenizer_fingerprint
 from speculation.selectors.captures import sequences
+from speculation.selectors.drafts import visible_drafts
 from speculation.services import model_files
 from speculation.services.drafts import register_draft
 
@@ -150,6 +153,44 @@ def _checked_captured(
     return ",".join(checked), own
 
 
+def _checked_init_from(
+    init_from: str,
+    *,
+    user: AbstractBaseUser | None,
+    target: model_files.ModelFacts,
+    multi_layer: bool,
+    intermediate_size: int,
+) -> str:
+    """The directory of the head a run continues from: a registered EAGLE head the user may see (None, the CLI: any)
+    or a directory under the model roots; ValidationError naming what does not fit the run (warm_start_problems)."""
+    draft = visible_drafts(user) if user is not None else DraftModel.objects.all()
+    draft = draft.filter(name=init_from, kind=DraftKind.EAGLE_HEAD).first()
+    if draft is not None:
+        directory = Path(draft.path)
+    else:
+        try:
+            directory = model_files.under_roots(init_from, field="init_from")
+        except ValidationError as exc:
+            raise ValidationError({"init_from": [
+                f"{init_from}: neither a registered EAGLE head you may use nor a directory under the model roots"
+            ]}) from exc  # fmt: skip
+    head = read_config(directory)
+    if head is None:
+        raise ValidationError({"init_from": [f"{init_from}: no readable config.json in {directory}"]})
+    problems = warm_start_problems(head, target=target.config, target_fingerprint=target_fingerprint(target.directory),
+                                   multi_layer=multi_layer, intermediate_size=intermediate_size)  # fmt: skip
+    if problems:
+        raise ValidationError({"init_from": [f"{init_from} cannot start this run: {'; '.join(problems)}"]})
+    return str(directory.resolve())
+
+
+def current_head(endpoint: Endpoint) -> DraftModel | None:
+    """The EAGLE head the endpoint's policy drafts with now, or None (another mechanism, or no policy)."""
+    policy = getattr(endpoint, "policy", None)
+    draft = policy.draft if policy is not None else None
+    return draft if draft is not None and draft.kind == DraftKind.EAGLE_HEAD else None
+
+
 def captured_sequences(settings: PipelineSettings) -> list[CapturedSequence] | None:
     """The decrypted sequences of a run's captured sources (the newest max_prompts of each when set), or None when
     it trains on text prompts. Read in the worker, held in memory only."""
@@ -189,8 +230,12 @@ def create_training_run(
     options: dict[str, Any] | None = None,
     owner: AbstractBaseUser | None = None,
     team: Group | None = None,
+    init_from: str = "",
 ) -> TrainingRun:
     """Validate and record a training run (queued). options: PipelineSettings / TrainSettings fields.
+
+    init_from: a registered EAGLE head's name or a head directory under the model roots to continue training from
+    (warm start, speculation.offline.eagle.warm_start; at WARM_START_LR unless options set lr).
 
     `owner` and `team` decide who sees the run and the head it registers (fleet.permissions); neither: admins only.
     """
@@ -208,6 +253,14 @@ def create_training_run(
         )
     else:
         prompts = _checked_prompts(prompts)
+    init_from = init_from or options.pop("init_from", "")
+    options.pop("init_from", None)
+    if init_from:
+        options["init_from"] = _checked_init_from(
+            str(init_from), user=owner, target=target, multi_layer=bool(options.get("multi_layer")),
+            intermediate_size=options.get("intermediate_size") or 0,
+        )  # fmt: skip
+        options.setdefault("lr", WARM_START_LR)
     train_fields = set(TrainSettings.__dataclass_fields__)
     train = {k: options.pop(k) for k in list(options) if k in train_fields}
     patience = train.get("patience", 0)

@@ -1,11 +1,12 @@
 """python manage.py bench_traffic_loop [--quick] [--json PATH] [--requests N] [--max-tokens N] [--epochs N]
-    [--workloads code,lists] [--single-layer] [--no-prod]
+    [--workloads code,lists] [--single-layer] [--from-scratch] [--no-prod]
 
 The captured-traffic loop on the run command's demo, every process started here and stopped at the end (the
 bench stack: redis, the real vLLM serving the demo target, a Celery worker, ACE): capture on (rate 1.0) for the
 demo endpoint, a synthetic mix of workloads unlike the shipped head's training data sent through the gateway (off
 mode, greedy, each request labelled with its workload), a head trained on the captures by a training run
-(`captured:<endpoint>`; EAGLE-3's multi-layer recipe from scratch, or a single-layer head), and the shipped and
+(`captured:<endpoint>`; continuing from the endpoint's head, the shipped one, in its own format at the warm-start
+learning rate; --from-scratch or --single-layer: a new head), and the shipped and
 the trained head replayed on the captures the run held out: mean accepted length per workload and `gain` (trained
 over shipped). Then, unless --no-prod, the endpoint runs the trained head in shadow and in prod (local path) on
 those held-out prompts: `prod_over_shadow` is prod's measured multiplier over shadow's projection (median per
@@ -33,6 +34,8 @@ from speculation.management.commands.calibrate import positive_int
 
 K = 3  # the shadow/prod policy's K (bench_gateway's); the replay drafts K = 5 as training reports
 REPLAY_K = 5
+# The endpoint's head: the shipped one the bench stack registers (the run command's demo pairing drafts with it).
+WARM_START_HEAD = "demo-eagle"
 MEASURE = """
 import json, os
 from speculation.bench.traffic_loop import measure
@@ -50,7 +53,10 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=positive_int, help="tokens per answer (default 64, quick 48)")
         parser.add_argument("--epochs", type=positive_int, help="training epochs (default 10, quick 8)")
         parser.add_argument("--workloads", default=",".join(traffic_loop.WORKLOADS), help="comma-separated")
-        parser.add_argument("--single-layer", action="store_true", help="train a single-layer head (EAGLE-1)")
+        parser.add_argument("--single-layer", action="store_true", help="train a new single-layer head (EAGLE-1)")
+        parser.add_argument(
+            "--from-scratch", action="store_true", help="train a new head instead of continuing from the shipped one"
+        )
         parser.add_argument("--no-prod", action="store_true", help="skip the shadow and prod runs")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -99,7 +105,8 @@ class Command(BaseCommand):
         self.stderr.write(f"captured {captured} requests; training")
         options = traffic_loop.training_options(new_tokens=plan["max_tokens"], multi_layer=plan["multi_layer"])
         spec = {"endpoint_id": endpoint, "target_dir": str(stack.target_dir), "shipped_dir": str(shipped),
-                "out_dir": str(out_dir), "epochs": plan["epochs"], "options": options, "k": REPLAY_K}  # fmt: skip
+                "out_dir": str(out_dir), "epochs": plan["epochs"], "options": options, "k": REPLAY_K,
+                "init_from": "" if plan["from_scratch"] else WARM_START_HEAD}  # fmt: skip
         from ace import processes
 
         text = processes.run_manage("shell", "-c", MEASURE, env={**stack.env, "ACE_BENCH_LOOP": json.dumps(spec)},
@@ -184,5 +191,6 @@ def checked_plan(options: dict[str, Any]) -> dict[str, Any]:
         "max_tokens": options.get("max_tokens") or (48 if quick else 64),
         "epochs": options.get("epochs") or (8 if quick else 10),
         "multi_layer": not options.get("single_layer"),
+        "from_scratch": bool(options.get("from_scratch") or options.get("single_layer")),
         "no_prod": bool(options.get("no_prod")),
     }

@@ -2,7 +2,7 @@
 
     python manage.py train_eagle --target DIR --out DIR [--prompts spec_bench|FILE|captured:ENDPOINT[:WORKLOAD]]
         [--epochs N] [--seed S]
-        [--multi-layer] [--unroll N]
+        [--multi-layer] [--unroll N] [--init-from HEAD]
 
 Prints progress (stages, then one line per epoch: loss, held-out alpha and mean accepted length). Running
 the same command again after a crash resumes the run recorded for that out directory from its last epoch.
@@ -96,6 +96,11 @@ class Command(BaseCommand):
             help="training-time test: drafting steps trained from the head's own predictions (1-4; 1: EAGLE-1)",
         )  # fmt: skip
         parser.add_argument(
+            "--init-from", default="",
+            help="continue training this head (a registered EAGLE head's name or its directory): same target and kind "
+            "of head (--multi-layer for a multi-layer one); default learning rate a quarter of a new head's",
+        )  # fmt: skip
+        parser.add_argument(
             "--threads", type=int, default=1, help="torch CPU threads (default 1: best on a shared CPU; 0: torch's)"
         )
         parser.add_argument("--node-class", default="cpu")
@@ -126,7 +131,7 @@ class Command(BaseCommand):
         fields = {
             "target_dir": opts["target"], "out_dir": opts["out"], "name": opts["name"],
             "target_name": opts["target_name"], "prompts": opts["prompts"], "epochs": opts["epochs"],
-            "seed": opts["seed"], "node_class": opts["node_class"], "options": options,
+            "seed": opts["seed"], "node_class": opts["node_class"], "options": options, "init_from": opts["init_from"],
         }  # fmt: skip
         try:
             if opts["queue"]:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from speculation.engine.eagle import EagleConfig, EagleHead, init_weights, make_head, param_count
+from speculation.engine.eagle_format import read_config
 from speculation.offline.eagle.captured import captured_sets
 from speculation.offline.eagle.collect import Sequences, collect, collect_text_windows, load_target, target_weights
 from speculation.offline.eagle.prompts import CapturedSequence, read_prompts, split_prompts
 from speculation.offline.eagle.settings import PipelineResult, PipelineSettings, Progress, kept_report
 from speculation.offline.eagle.train import train_head
+from speculation.offline.eagle.warm_start import warm_start_problems
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +73,24 @@ def _collected(
     return train, test
 
 
-def _initial_weights(settings: PipelineSettings, config: EagleConfig, target_dir: Path) -> dict | None:
-    """The weights of settings.init_from (a head for this target, of the same shape), or None."""
+def _warm_start(settings: PipelineSettings, config: EagleConfig, target_dir: Path) -> tuple[EagleConfig, dict | None]:
+    """The config and weights of the head settings.init_from names (warm_start: the run trains it further in its own
+    layout), or (config, None) to start from the seeded initialisation. ValueError naming what does not fit."""
     if not settings.init_from:
-        return None
+        return config, None
+    problems = warm_start_problems(
+        read_config(settings.init_from) or {},
+        target=json.loads((target_dir / "config.json").read_text()),
+        target_fingerprint=config.target_fingerprint,
+        multi_layer=settings.multi_layer,
+        intermediate_size=settings.intermediate_size,
+    )
+    if problems:
+        raise ValueError(f"the head in {settings.init_from} cannot start this run: {'; '.join(problems)}")
     start = EagleHead.load(Path(settings.init_from), target_dir=target_dir)  # EagleHeadError: another target
-    if start.config.feature_layers != config.feature_layers or start.config.hidden_size != config.hidden_size:
-        raise ValueError(f"the head in {settings.init_from} reads other target features than this training's")
-    return start.state_dict()
+    # this run's target names: a head from elsewhere (no fingerprint) is one trained for this target once saved
+    trained_for = {"target_name": config.target_name, "target_fingerprint": config.target_fingerprint}
+    return replace(start.config, **trained_for), start.state_dict()
 
 
 def run_pipeline(
@@ -104,6 +117,7 @@ def run_pipeline(
         intermediate_size=settings.intermediate_size or None,
         multi_layer=settings.multi_layer,
     )
+    config, initial = _warm_start(settings, config, target_dir)  # before collecting: the head's layers are read
     if captured is not None:  # token ids with the target's own outputs: teacher-forced, never written to disk
         train, held_out = captured_sets(
             model, captured, settings=settings, feature_layers=config.feature_layers, progress=progress
@@ -111,14 +125,13 @@ def run_pipeline(
     else:
         train, held_out = _collected(model, tokenizer, settings, work, progress, config.feature_layers)
     head = make_head(config)
-    initial = _initial_weights(settings, config, target_dir)
     if initial is None and config.eagle3:  # EAGLE-3's own final norm starts with the target's scale
         init_weights(head, torch.Generator().manual_seed(settings.train.seed))
         with torch.no_grad():  # the norm of a vector of ones: its scale whatever the family's convention (Gemma 1 + w)
             head.norm.weight.copy_(model.model.norm(torch.ones(1, config.hidden_size, device=embed.device))[0].cpu())
         initial = {name: tensor.clone() for name, tensor in head.state_dict().items()}
     progress.stage("train", f"{param_count(head):,} parameters, {train.total_tokens:,} training tokens"
-                   + (f", starting from {settings.init_from}" if initial else ""))  # fmt: skip
+                   + (f", starting from {settings.init_from}" if settings.init_from else ""))  # fmt: skip
     reports = train_head(head, embed, lm_head, train, held_out, settings.train, work_dir=work,
                          on_epoch=progress.epoch, initial=initial)  # fmt: skip
     progress.stage("save", str(out_dir))

@@ -23,13 +23,18 @@ class TrainingRunSerializer(RejectUnknownFieldsMixin, serializers.ModelSerialize
     progress = serializers.FloatField(read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     team = team_field("A team (Django group) whose members may see the run and its head too; null for none.")
+    init_from = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=1000,
+        help_text="A registered EAGLE head's name or a head directory under the model roots to continue training "
+        "from (warm start: same target and kind of head); the run's config records its directory.",
+    )  # fmt: skip
 
     class Meta:
         model = TrainingRun
         fields = [
             "id", "name", "target_dir", "target_name", "out_dir", "prompts", "node_class", "seed", "epochs",
             "status", "stage", "epoch", "progress", "loss", "alpha", "mean_accepted_len", "log", "error", "draft",
-            "config", "owner", "team", "created_at", "started_at", "finished_at", "updated_at",
+            "config", "owner", "team", "init_from", "created_at", "started_at", "finished_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = [
             "status", "stage", "epoch", "loss", "alpha", "mean_accepted_len", "log", "error", "draft", "config",
@@ -69,6 +74,7 @@ class TrainingRunViewSet(
                 node_class=data.get("node_class", "cpu"),
                 owner=request.user,
                 team=data.get("team"),
+                init_from=data.get("init_from", ""),
             )
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}) from exc
