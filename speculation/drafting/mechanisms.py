@@ -7,6 +7,7 @@ speculation.drafting.build, imported where first used so that reading a fact nev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from speculation.models import DraftKind, VerificationPath
@@ -47,8 +48,11 @@ class Drafting:
         theirs), else expected from the draft's probability of passing."""
         return self.looks_up
 
-    def path_problem(self, path: str, *, server_kind: str, managed: bool, draft: Any = None) -> str | None:
-        """Why it cannot run on `path` of an endpoint of this server kind (managed: ACE starts the server), or None."""
+    def path_problem(
+        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
+    ) -> str | None:
+        """Why it cannot run on `path` of an endpoint of this server kind, or None. draft: the policy's draft where
+        named; managed: whether ACE starts the endpoint's server (asked only where it matters; None: not asked)."""
         return None
 
     def proposer(self, policy: Any, target: Any) -> Any:
@@ -86,8 +90,11 @@ class SuffixDrafting(NgramDrafting):
     lookup_kind = DraftKind.SUFFIX
     native_names = {"vllm": "suffix"}
 
-    def path_problem(self, path: str, *, server_kind: str, managed: bool, draft: Any = None) -> str | None:
-        return SUFFIX_NOT_MANAGED if path == VerificationPath.NATIVE and managed else None
+    def path_problem(
+        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
+    ) -> str | None:
+        native_on_managed = path == VerificationPath.NATIVE and managed is not None and managed()
+        return SUFFIX_NOT_MANAGED if native_on_managed else None
 
 
 class DraftModelDrafting(Drafting):
@@ -101,7 +108,9 @@ class HybridDrafting(Drafting):
     kind = DraftKind.SUFFIX_DRAFT
     lookup_kind = DraftKind.SUFFIX
 
-    def path_problem(self, path: str, *, server_kind: str, managed: bool, draft: Any = None) -> str | None:
+    def path_problem(
+        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
+    ) -> str | None:
         return SUFFIX_DRAFT_NOT_NATIVE if path == VerificationPath.NATIVE else None
 
     def proposer(self, policy: Any, target: Any) -> Any:
@@ -122,7 +131,9 @@ class EagleDrafting(Drafting):
     def sampled_exact(self, tree: Any = None) -> bool:
         return tree is not None  # a tree's candidates are the head's top-k, one-hot
 
-    def path_problem(self, path: str, *, server_kind: str, managed: bool, draft: Any = None) -> str | None:
+    def path_problem(
+        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
+    ) -> str | None:
         if path == VerificationPath.REMOTE:
             return EAGLE_NOT_REMOTE
         if path == VerificationPath.NATIVE:

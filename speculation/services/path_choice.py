@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fleet.models import Endpoint
-from speculation.models import Action, Mechanism, Mode, SpeculationPolicy, StageRecord, VerificationPath
-from speculation.selectors import capabilities, native_flags
+from speculation import drafting
+from speculation.models import Action, Mode, SpeculationPolicy, StageRecord, VerificationPath
+from speculation.selectors import capabilities
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet
@@ -118,14 +119,11 @@ def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]
 
 
 def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
-    if policy.mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.REMOTE:
-        return "an EAGLE head reads the target's hidden states, which a scoring call does not return"
-    if policy.mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.NATIVE:
-        problem = native_flags.head_problem(server_kind=endpoint.kind, draft=policy.draft)
-        if problem:
-            return problem
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
-        return "suffix decoding with a draft model's fallback runs in ACE's worker: a server runs one method"
+    mechanism = drafting.MECHANISMS.get(policy.mechanism)
+    # whether ACE manages the server is validation's question (speculation.services.policies), not the path's
+    problem = mechanism.path_problem(path, server_kind=endpoint.kind, draft=policy.draft) if mechanism else None
+    if problem:
+        return problem
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):
         return "the server does not speculate itself"
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):

@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
+from speculation import drafting
+from speculation.drafting.mechanisms import SUFFIX_DRAFT_NOT_NATIVE, SUFFIX_NOT_MANAGED
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import (
     LOOKUP_KINDS,
@@ -24,7 +26,7 @@ from speculation.models import (
     VerificationPath,
     draft_kind_for,
 )
-from speculation.selectors import capabilities, native_flags
+from speculation.selectors import capabilities
 from speculation.services import model_files, target_identity
 from speculation.services.path_choice import choose_path
 
@@ -169,16 +171,12 @@ def _check_path(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
 
 
 def _mechanism_problem(mechanism: str, path: str, endpoint: Endpoint, draft=None) -> str | None:
-    """Why `mechanism` (with `draft`, where named) cannot run on `path` of this endpoint, or None."""
-    if mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.REMOTE:
-        return EAGLE_NOT_REMOTE
-    if mechanism == Mechanism.EAGLE_HEAD and path == VerificationPath.NATIVE:
-        return native_flags.head_problem(server_kind=endpoint.kind, draft=draft) or None
-    if mechanism == Mechanism.SUFFIX and path == VerificationPath.NATIVE and _managed(endpoint):
-        return SUFFIX_NOT_MANAGED
-    if mechanism == Mechanism.SUFFIX_DRAFT and path == VerificationPath.NATIVE:
-        return SUFFIX_DRAFT_NOT_NATIVE
-    return None
+    """Why `mechanism` (with `draft`, where named) cannot run on `path` of this endpoint, or None (an unknown
+    mechanism is refused by validation, with its own message)."""
+    known = drafting.MECHANISMS.get(mechanism)
+    if known is None:
+        return None
+    return known.path_problem(path, server_kind=endpoint.kind, draft=draft, managed=lambda: _managed(endpoint))
 
 
 def runnable_mechanisms(*, policy: SpeculationPolicy, endpoint: Endpoint) -> frozenset[str]:
@@ -196,25 +194,6 @@ def runnable_mechanisms(*, policy: SpeculationPolicy, endpoint: Endpoint) -> fro
         elif _mechanism_problem(mechanism, path, endpoint, trial.draft) is None:
             runnable.add(mechanism)
     return frozenset(runnable or pathless)
-
-
-EAGLE_NOT_REMOTE = (
-    "an EAGLE head reads the target's hidden states, which a scoring call does not return: use path local (ACE's "
-    "engine runs the target) or native (the server runs the head)"
-)
-
-
-SUFFIX_DRAFT_NOT_NATIVE = (
-    "suffix decoding with a draft model's fallback runs in ACE's worker (path local or remote): a server runs one "
-    "speculation method, so on path native choose suffix or draft_model"
-)
-
-
-SUFFIX_NOT_MANAGED = (
-    "suffix decoding on the server needs vLLM with Arctic Inference (method 'suffix'), which ACE's managed servers "
-    "do not install: use path local or remote (ACE's own suffix decoding), or run the server yourself with the "
-    "endpoint's native flags"
-)
 
 
 def _managed(endpoint: Endpoint) -> bool:

@@ -65,7 +65,18 @@ def test_only_an_eagle_head_reads_the_targets_features():
     ],
 )
 def test_it_says_which_paths_each_mechanism_cannot_run_on(kind, path, managed, problem):
-    assert drafting.for_kind(kind).path_problem(path, server_kind="vllm", managed=managed) == problem
+    asked = []
+
+    def is_managed() -> bool:
+        asked.append(path)
+        return managed
+
+    assert drafting.for_kind(kind).path_problem(path, server_kind="vllm", managed=is_managed) == problem
+    assert set(asked) <= {NATIVE}  # whether ACE manages the server is asked on path native only
+
+
+def test_an_unasked_management_never_refuses_suffix_decoding_on_the_server():
+    assert drafting.for_kind("suffix").path_problem(NATIVE, server_kind="vllm") is None
 
 
 def test_it_names_each_mechanisms_native_method_per_server_kind():
@@ -84,7 +95,7 @@ def test_reading_the_facts_loads_no_torch():
     code = (
         "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ace.settings'); django.setup(); "
         "import sys; from speculation import drafting; drafting.for_kind('ngram').path_problem('native', "
-        "server_kind='vllm', managed=True); assert 'torch' not in sys.modules, 'torch imported'"
+        "server_kind='vllm'); assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
