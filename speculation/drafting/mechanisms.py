@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from django.conf import settings
+
+from speculation.engine.eagle_format import FORMAT_EAGLE3, head_format, read_config
+from speculation.limits import tree_expansion
 from speculation.models import DraftKind, VerificationPath
+
+# ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
+# not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
+SUFFIX_MIN_TOKEN_PROB = 0.1
+SUFFIX_MAX_SPEC_FACTOR = 2.0
+# vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
+NGRAM_LOOKUP_MAX = 3
+NGRAM_LOOKUP_MIN = 1
 
 EAGLE_NOT_REMOTE = (
     "an EAGLE head reads the target's hidden states, which a scoring call does not return: use path local (ACE's "
@@ -27,6 +39,25 @@ SUFFIX_NOT_MANAGED = (
 )
 
 
+def head_format_of(draft_path: str) -> int:
+    """The head format in the directory's config.json (1 when it is not readable here: the directory may lie on the
+    server's machine only, and then the operator picks the method)."""
+    config = read_config(draft_path) if draft_path else None
+    return head_format(config) if config is not None else 1
+
+
+def _sglang_steps(k: int, tree: dict | None) -> list[str]:
+    """Steps, top-k and draft tokens: a chain of K (top-k 1, K + 1 tokens: the root plus the drafts) or the
+    policy's tree (K caps its depth as on ACE's path; the nodes plus the root are verified)."""
+    if not tree:
+        steps, top_k, tokens = k, 1, k + 1
+    else:
+        steps, top_k = min(tree["depth"], k), tree["top_k"]
+        tokens = min(tree["nodes"], tree_expansion(top_k, steps)) + 1  # no more nodes than the steps expand
+    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(top_k),
+            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
+
+
 def _build() -> Any:
     from speculation.drafting import build  # torch: only where a proposer or a replay is wanted
 
@@ -41,7 +72,23 @@ class Drafting:
     lookup_kind: ClassVar[str] = ""  # the lookup it drafts with ("" for none)
     batches: ClassVar[bool] = True  # served by the worker's batch loop on the local path
     reads_target_features: ClassVar[bool] = False  # drafts from the target's hidden states (needs it in the worker)
+    drafts_trees: ClassVar[bool] = False  # drafts the policy's EAGLE-2 tree
     native_names: ClassVar[dict[str, str]] = {}  # server kind -> its method / algorithm for this mechanism
+
+    def native_name(self, server_kind: str, draft_path: str = "") -> str | None:
+        """The method (vLLM) or algorithm (SGLang) that runs it on a server of this kind, None if none does."""
+        return self.native_names.get(server_kind)
+
+    def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
+        """Its --speculative-config entries besides method and K, and what the operator should know."""
+        return {"model": draft_path}, [
+            "model is the draft's path on the server's machine: copy the directory there if it differs."
+        ]
+
+    def sglang_args(self, draft_path: str, k: int, tree: dict | None) -> tuple[list[str], list[str]]:
+        """Its SGLang launch arguments besides the algorithm, and what the operator should know."""
+        args = ["--speculative-draft-model-path", draft_path, *_sglang_steps(k, tree)]
+        return args, ["--speculative-draft-model-path is the draft's path on the server's machine."]
 
     def sampled_exact(self, tree: Any = None) -> bool:
         """Whether its replay on a sampled request is exact (one-hot drafts pass exactly where the sampled token is
@@ -75,6 +122,12 @@ class NgramDrafting(Drafting):
     lookup_kind = DraftKind.NGRAM
     native_names = {"vllm": "ngram", "sglang": "NGRAM"}
 
+    def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
+        return {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}, []
+
+    def sglang_args(self, draft_path: str, k: int, tree: dict | None) -> tuple[list[str], list[str]]:
+        return ["--speculative-num-draft-tokens", str(k + 1)], ["SGLang's NGRAM algorithm runs on CUDA only."]
+
     def proposer(self, policy: Any, target: Any) -> Any:
         return _build().lookup_setup(policy, target)
 
@@ -88,7 +141,18 @@ class NgramDrafting(Drafting):
 class SuffixDrafting(NgramDrafting):
     kind = DraftKind.SUFFIX
     lookup_kind = DraftKind.SUFFIX
-    native_names = {"vllm": "suffix"}
+    native_names = {"vllm": "suffix"}  # SGLang has no suffix decoding
+
+    def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
+        config = {
+            "suffix_decoding_max_cached_requests": settings.SUFFIX_CACHE_REQUESTS,
+            "suffix_decoding_min_token_prob": SUFFIX_MIN_TOKEN_PROB,
+            "suffix_decoding_max_spec_factor": SUFFIX_MAX_SPEC_FACTOR,
+        }
+        return config, [
+            "vLLM's suffix decoding needs Arctic Inference in the server's environment (pip install "
+            "arctic-inference); its store holds the server's own responses, ACE's the responses it saw."
+        ]
 
     def path_problem(
         self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
@@ -126,7 +190,24 @@ class EagleDrafting(Drafting):
     kind = DraftKind.EAGLE_HEAD
     batches = False  # drafts from the target's hidden states, single-stream
     reads_target_features = True
+    drafts_trees = True
     native_names = {"vllm": "eagle", "sglang": "EAGLE"}
+    eagle3_names: ClassVar[dict[str, str]] = {"vllm": "eagle3", "sglang": "EAGLE3"}  # an EAGLE-3 head's
+
+    def native_name(self, server_kind: str, draft_path: str = "") -> str | None:
+        names = self.eagle3_names if head_format_of(draft_path) == FORMAT_EAGLE3 else self.native_names
+        return names.get(server_kind)
+
+    def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
+        config, notes = super().vllm_config(draft_path)
+        return config, [*notes, "The head shares the target's embedding and LM head: serve it with the target it "
+                                "was trained for."]  # fmt: skip
+
+    def sglang_args(self, draft_path: str, k: int, tree: dict | None) -> tuple[list[str], list[str]]:
+        args, notes = super().sglang_args(draft_path, k, tree)
+        if not tree:
+            notes.append("Set the policy's EAGLE draft tree to let SGLang draft an EAGLE-2 tree (top-k > 1).")
+        return args, notes
 
     def sampled_exact(self, tree: Any = None) -> bool:
         return tree is not None  # a tree's candidates are the head's top-k, one-hot

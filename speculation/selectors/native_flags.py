@@ -35,28 +35,11 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from django.conf import settings
-
-from speculation.engine.eagle_format import FORMAT_EAGLE3, FORMAT_MULTI_LAYER, head_format, read_config
-from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_expansion, tree_shape_problems
+from speculation import drafting
+from speculation.drafting.mechanisms import head_format_of
+from speculation.engine.eagle_format import FORMAT_MULTI_LAYER
+from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_shape_problems
 from speculation.models import LOOKUP_KINDS, DraftKind
-
-# ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
-# not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
-SUFFIX_MIN_TOKEN_PROB = 0.1
-SUFFIX_MAX_SPEC_FACTOR = 2.0
-# vLLM's n-gram matcher: longest and shortest suffix of the context to look up (ACE's NgramProposer defaults).
-NGRAM_LOOKUP_MAX = 3
-NGRAM_LOOKUP_MIN = 1
-
-_VLLM_METHOD = {
-    DraftKind.DRAFT_MODEL: "draft_model",
-    DraftKind.EAGLE_HEAD: "eagle",
-    DraftKind.NGRAM: "ngram",
-    DraftKind.SUFFIX: "suffix",
-}
-_SGLANG_ALGORITHM = {DraftKind.DRAFT_MODEL: "STANDALONE", DraftKind.EAGLE_HEAD: "EAGLE", DraftKind.NGRAM: "NGRAM"}
-_EAGLE3 = {"vllm": "eagle3", "sglang": "EAGLE3"}  # an EAGLE-3 head's method / algorithm
 
 
 class NativeFlagsError(ValueError):
@@ -94,7 +77,8 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
     problems = tree_shape_problems(tree)
     if problems:
         raise NativeFlagsError("; ".join(problems))
-    if tree and draft_kind != DraftKind.EAGLE_HEAD:
+    mechanism = drafting.MECHANISMS.get(draft_kind)
+    if tree and not (mechanism and mechanism.drafts_trees):
         raise NativeFlagsError(f"a draft tree is drafted by an EAGLE head, not by a {draft_kind}")
     if draft_kind == DraftKind.SUFFIX_DRAFT:
         raise NativeFlagsError(HYBRID_NOT_NATIVE)
@@ -104,7 +88,7 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
     if draft_kind not in LOOKUP_KINDS and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
-    if draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) == FORMAT_MULTI_LAYER:
+    if mechanism.drafts_trees and head_format_of(draft_path) == FORMAT_MULTI_LAYER:
         raise NativeFlagsError(
             "this EAGLE head is in ACE's older multi-layer format 2, which runs on ACE's local path only: train it "
             "again with --multi-layer (saved in vLLM's EAGLE-3 layout, method eagle3 / SGLang EAGLE3)"
@@ -117,79 +101,33 @@ HYBRID_NOT_NATIVE = (
 )
 
 
-def _head_format(draft_path: str) -> int:
-    """The head format in the directory's config.json (1 when it is not readable here: the directory may lie on the
-    server's machine only, and then the operator picks the method)."""
-    config = read_config(draft_path) if draft_path else None
-    return head_format(config) if config is not None else 1
-
-
-def _eagle3(draft_kind: str, draft_path: str) -> bool:
-    return draft_kind == DraftKind.EAGLE_HEAD and _head_format(draft_path) == FORMAT_EAGLE3
-
-
 def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
     _check(draft_kind, draft_path, k, tree)
-    method = _EAGLE3["vllm"] if _eagle3(draft_kind, draft_path) else _VLLM_METHOD[draft_kind]
-    config: dict = {"method": method, "num_speculative_tokens": k}
+    mechanism = drafting.for_kind(draft_kind)
+    config: dict = {"method": mechanism.native_name("vllm", draft_path), "num_speculative_tokens": k}
     notes = []
     if tree:
         notes.append(
             f"vLLM 0.32 has no draft-tree setting: the head drafts a chain of {k} there. The policy's tree "
             f"(top-{tree['top_k']}, depth {tree['depth']}, {tree['nodes']} nodes) runs on ACE's local path and SGLang."
         )
-    if draft_kind == DraftKind.NGRAM:
-        config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
-    elif draft_kind == DraftKind.SUFFIX:
-        config.update(
-            suffix_decoding_max_cached_requests=settings.SUFFIX_CACHE_REQUESTS,
-            suffix_decoding_min_token_prob=SUFFIX_MIN_TOKEN_PROB,
-            suffix_decoding_max_spec_factor=SUFFIX_MAX_SPEC_FACTOR,
-        )
-        notes.append(
-            "vLLM's suffix decoding needs Arctic Inference in the server's environment (pip install "
-            "arctic-inference); its store holds the server's own responses, ACE's the responses it saw."
-        )
-    else:
-        config["model"] = draft_path
-        notes.append("model is the draft's path on the server's machine: copy the directory there if it differs.")
-    if draft_kind == DraftKind.EAGLE_HEAD:
-        notes.append("The head shares the target's embedding and LM head: serve it with the target it was trained for.")
+    options, kind_notes = mechanism.vllm_config(draft_path)
+    config.update(options)
+    notes += kind_notes
     args = ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     return NativeFlags("vllm", draft_kind, k, args, notes, speculative_config=config)
 
 
 def sglang_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
     _check(draft_kind, draft_path, k, tree)
-    if draft_kind not in _SGLANG_ALGORITHM:
+    mechanism = drafting.for_kind(draft_kind)
+    algorithm = mechanism.native_name("sglang", draft_path)
+    if algorithm is None:
         raise NativeFlagsError(
             f"SGLang has no {draft_kind} speculation: run it on ACE's local or remote path, or choose another draft"
         )
-    algorithm = _EAGLE3["sglang"] if _eagle3(draft_kind, draft_path) else _SGLANG_ALGORITHM[draft_kind]
-    args = ["--speculative-algorithm", algorithm]
-    notes = []
-    if draft_kind == DraftKind.NGRAM:
-        args += ["--speculative-num-draft-tokens", str(k + 1)]
-        notes.append("SGLang's NGRAM algorithm runs on CUDA only.")
-    else:
-        args += ["--speculative-draft-model-path", draft_path]
-        args += _sglang_steps(k, tree)
-        notes.append("--speculative-draft-model-path is the draft's path on the server's machine.")
-    if draft_kind == DraftKind.EAGLE_HEAD and not tree:
-        notes.append("Set the policy's EAGLE draft tree to let SGLang draft an EAGLE-2 tree (top-k > 1).")
-    return NativeFlags("sglang", draft_kind, k, args, notes)
-
-
-def _sglang_steps(k: int, tree: dict | None) -> list[str]:
-    """Steps, top-k and draft tokens: a chain of K (top-k 1, K + 1 tokens: the root plus the drafts) or the
-    policy's tree (K caps its depth as on ACE's path; the nodes plus the root are verified)."""
-    if not tree:
-        steps, top_k, tokens = k, 1, k + 1
-    else:
-        steps, top_k = min(tree["depth"], k), tree["top_k"]
-        tokens = min(tree["nodes"], tree_expansion(top_k, steps)) + 1  # no more nodes than the steps expand
-    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(top_k),
-            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
+    options, notes = mechanism.sglang_args(draft_path, k, tree)
+    return NativeFlags("sglang", draft_kind, k, ["--speculative-algorithm", algorithm, *options], notes)
 
 
 _BUILDERS = {"vllm": vllm_flags, "sglang": sglang_flags}
