@@ -44,6 +44,12 @@ def test_quick_sizes_apply_where_no_size_is_given_and_a_given_one_wins():
     assert plan["multi_layer"] is True
 
 
+def test_the_run_continues_from_the_shipped_head_unless_a_new_head_is_asked_for():
+    assert checked_plan({"workloads": "code"})["from_scratch"] is False
+    assert checked_plan({"workloads": "code", "from_scratch": True})["from_scratch"] is True
+    assert checked_plan({"workloads": "code", "single_layer": True})["from_scratch"] is True  # shipped: multi-layer
+
+
 def test_the_json_has_the_gain_per_workload_and_prod_over_shadow_from_the_median_ratio():
     result = traffic_loop.shape(MEASURED, prod={"median_ratio": 0.8, "requests": 12})
 
