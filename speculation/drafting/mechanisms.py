@@ -8,7 +8,7 @@ speculation.drafting.build, imported where first used so that reading a fact nev
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from django.conf import settings
 
@@ -39,6 +39,9 @@ SUFFIX_NOT_MANAGED = (
 )
 
 
+Asked = Callable[[], Any] | None  # a question about the endpoint, asked only where the answer matters
+
+
 def head_format_of(draft_path: str) -> int:
     """The head format in the directory's config.json (1 when it is not readable here: the directory may lie on the
     server's machine only, and then the operator picks the method)."""
@@ -62,6 +65,15 @@ def _build() -> Any:
     from speculation.drafting import build  # torch: only where a proposer or a replay is wanted
 
     return build
+
+
+class Measure(Protocol):
+    """A measurement done one way per mechanism (shadow's greedy and sampled replays): the mechanism picks its own."""
+
+    def lookup(self) -> Any: ...
+    def draft_model(self) -> Any: ...
+    def hybrid(self) -> Any: ...
+    def eagle(self) -> Any: ...
 
 
 class Drafting:
@@ -90,16 +102,19 @@ class Drafting:
         args = ["--speculative-draft-model-path", draft_path, *_sglang_steps(k, tree)]
         return args, ["--speculative-draft-model-path is the draft's path on the server's machine."]
 
+    def measured_by(self, measure: Measure) -> Any:
+        """Runs the measurement's way for this mechanism."""
+        return measure.draft_model()
+
     def sampled_exact(self, tree: Any = None) -> bool:
         """Whether its replay on a sampled request is exact (one-hot drafts pass exactly where the sampled token is
         theirs), else expected from the draft's probability of passing."""
         return self.looks_up
 
-    def path_problem(
-        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
-    ) -> str | None:
-        """Why it cannot run on `path` of an endpoint of this server kind, or None. draft: the policy's draft where
-        named; managed: whether ACE starts the endpoint's server (asked only where it matters; None: not asked)."""
+    def path_problem(self, path: str, *, managed: Asked = None, head_problem: Asked = None) -> str | None:
+        """Why it cannot run on `path` of the endpoint, or None. What it may ask about the endpoint, only where it
+        matters (None: not asked): managed, whether ACE starts its server; head_problem, why its server cannot
+        run the policy's EAGLE head ("" if it can: speculation.selectors.native_flags.head_problem)."""
         return None
 
     def proposer(self, policy: Any, target: Any) -> Any:
@@ -121,6 +136,9 @@ class NgramDrafting(Drafting):
     looks_up = True
     lookup_kind = DraftKind.NGRAM
     native_names = {"vllm": "ngram", "sglang": "NGRAM"}
+
+    def measured_by(self, measure: Measure) -> Any:
+        return measure.lookup()
 
     def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
         return {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}, []
@@ -154,9 +172,7 @@ class SuffixDrafting(NgramDrafting):
             "arctic-inference); its store holds the server's own responses, ACE's the responses it saw."
         ]
 
-    def path_problem(
-        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
-    ) -> str | None:
+    def path_problem(self, path: str, *, managed: Asked = None, head_problem: Asked = None) -> str | None:
         native_on_managed = path == VerificationPath.NATIVE and managed is not None and managed()
         return SUFFIX_NOT_MANAGED if native_on_managed else None
 
@@ -172,9 +188,10 @@ class HybridDrafting(Drafting):
     kind = DraftKind.SUFFIX_DRAFT
     lookup_kind = DraftKind.SUFFIX
 
-    def path_problem(
-        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
-    ) -> str | None:
+    def measured_by(self, measure: Measure) -> Any:
+        return measure.hybrid()
+
+    def path_problem(self, path: str, *, managed: Asked = None, head_problem: Asked = None) -> str | None:
         return SUFFIX_DRAFT_NOT_NATIVE if path == VerificationPath.NATIVE else None
 
     def proposer(self, policy: Any, target: Any) -> Any:
@@ -194,6 +211,9 @@ class EagleDrafting(Drafting):
     native_names = {"vllm": "eagle", "sglang": "EAGLE"}
     eagle3_names: ClassVar[dict[str, str]] = {"vllm": "eagle3", "sglang": "EAGLE3"}  # an EAGLE-3 head's
 
+    def measured_by(self, measure: Measure) -> Any:
+        return measure.eagle()
+
     def native_name(self, server_kind: str, draft_path: str = "") -> str | None:
         names = self.eagle3_names if head_format_of(draft_path) == FORMAT_EAGLE3 else self.native_names
         return names.get(server_kind)
@@ -212,15 +232,11 @@ class EagleDrafting(Drafting):
     def sampled_exact(self, tree: Any = None) -> bool:
         return tree is not None  # a tree's candidates are the head's top-k, one-hot
 
-    def path_problem(
-        self, path: str, *, server_kind: str, draft: Any = None, managed: Callable[[], bool] | None = None
-    ) -> str | None:
+    def path_problem(self, path: str, *, managed: Asked = None, head_problem: Asked = None) -> str | None:
         if path == VerificationPath.REMOTE:
             return EAGLE_NOT_REMOTE
-        if path == VerificationPath.NATIVE:
-            from speculation.selectors import native_flags  # it reads the mechanisms' native names
-
-            return native_flags.head_problem(server_kind=server_kind, draft=draft) or None
+        if path == VerificationPath.NATIVE and head_problem is not None:
+            return head_problem() or None
         return None
 
     def proposer(self, policy: Any, target: Any) -> Any:

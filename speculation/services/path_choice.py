@@ -25,7 +25,7 @@ from pathlib import Path
 from fleet.models import Endpoint
 from speculation import drafting
 from speculation.models import Action, Mode, SpeculationPolicy, StageRecord, VerificationPath
-from speculation.selectors import capabilities
+from speculation.selectors import capabilities, native_flags
 
 MEASURED_WINDOW = 20  # newest prod records per path
 MIN_MEASURED = 3  # fewer than this: not a measurement yet
@@ -121,9 +121,11 @@ def _newest_multipliers(endpoint: Endpoint) -> dict[tuple[str, str], list[float]
 def _why_not(path: str, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
     mechanism = drafting.MECHANISMS.get(policy.mechanism)
     # whether ACE manages the server is validation's question (speculation.services.policies), not the path's
-    problem = mechanism.path_problem(path, server_kind=endpoint.kind, draft=policy.draft) if mechanism else None
-    if problem:
-        return problem
+    if mechanism is not None:
+        head = native_flags.head_problem
+        problem = mechanism.path_problem(path, head_problem=lambda: head(server_kind=endpoint.kind, draft=policy.draft))
+        if problem:
+            return problem
     if path == VerificationPath.NATIVE and not capabilities.native_speculation(endpoint):
         return "the server does not speculate itself"
     if path == VerificationPath.REMOTE and not capabilities.can_score_token_prompts(endpoint):

@@ -26,7 +26,7 @@ from speculation.models import (
     VerificationPath,
     draft_kind_for,
 )
-from speculation.selectors import capabilities
+from speculation.selectors import capabilities, native_flags
 from speculation.services import model_files, target_identity
 from speculation.services.path_choice import choose_path
 
@@ -176,7 +176,11 @@ def _mechanism_problem(mechanism: str, path: str, endpoint: Endpoint, draft=None
     known = drafting.MECHANISMS.get(mechanism)
     if known is None:
         return None
-    return known.path_problem(path, server_kind=endpoint.kind, draft=draft, managed=lambda: _managed(endpoint))
+    return known.path_problem(
+        path,
+        managed=lambda: _managed(endpoint),
+        head_problem=lambda: native_flags.head_problem(server_kind=endpoint.kind, draft=draft),
+    )
 
 
 def runnable_mechanisms(*, policy: SpeculationPolicy, endpoint: Endpoint) -> frozenset[str]:

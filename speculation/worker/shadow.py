@@ -35,14 +35,24 @@ from speculation.engine import (
     replay_proposer,
 )
 from speculation.engine.lookahead import PRIOR_ALPHA, PRIOR_WEIGHT, ModeledLookahead
-from speculation.models import LOOKUP_KINDS, Action, Mechanism, Mode, SpeculationPolicy
+from speculation.engine.tree import TreeShape
+from speculation.models import Action, Mode, SpeculationPolicy
 from speculation.openai_fields import is_greedy
 from speculation.selectors.costs import projection_basis
 from speculation.services.costs import TREE_REPLAY
 from speculation.services.records import record_stage
 from speculation.worker import suffix_store
+from speculation.worker.candidates import (
+    SAMPLED_CHAIN,
+    SAMPLED_LOOKUP,
+    expected_chain_replays,
+    expected_hybrid_replays,
+    sampled_how,
+    tree_nodes,
+)
 from speculation.worker.costs import batched_path, projected_path, projection, shadow_costs
 from speculation.worker.paths import resources
+from speculation.worker.sampled import draft_pass_probabilities, target_view
 from speculation.worker.stats import stage_fields
 
 logger = logging.getLogger(__name__)
@@ -197,24 +207,34 @@ def measure_shadow(
 
 def _measure_greedy(shadowed: Shadowed) -> None:
     """The exact replay of the policy's draft at the policy's K, projected with the stored costs."""
-    policy, k = shadowed.policy, shadowed.policy.k
-    sequence = shadowed.prompt_ids + shadowed.output_ids
-    common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
-    if policy.mechanism == Mechanism.EAGLE_HEAD:
-        _measure_eagle(shadowed, sequence, common)
-        return
-    if policy.mechanism == Mechanism.SUFFIX_DRAFT:
-        _measure_hybrid(shadowed, sequence, common)
-        return
-    if policy.mechanism in LOOKUP_KINDS:
-        _measure_lookup(shadowed, sequence, common, how="greedy replay (exact)")
-        return
-    controller = shadowed.controller()
-    draft = resources.model(policy.draft.path)
-    width = resources.draft_width(draft, policy.target_path)
-    predictions = draft_greedy_predictions(draft.model, sequence, width=width)
-    stats = replay_greedy(predictions, sequence, k, lookahead=controller, **common)
-    _record_replay(shadowed, stats, controller, how="greedy replay (exact)")
+    drafting.for_kind(shadowed.policy.mechanism).measured_by(_Greedy(shadowed))
+
+
+class _Greedy:
+    """Shadow's greedy replay, one way per mechanism (speculation.drafting.Measure)."""
+
+    def __init__(self, shadowed: Shadowed) -> None:
+        self.shadowed = shadowed
+        self.sequence = shadowed.prompt_ids + shadowed.output_ids
+        self.common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
+
+    def lookup(self) -> None:
+        _measure_lookup(self.shadowed, self.sequence, self.common, how="greedy replay (exact)")
+
+    def hybrid(self) -> None:
+        _measure_hybrid(self.shadowed, self.sequence, self.common)
+
+    def eagle(self) -> None:
+        _measure_eagle(self.shadowed, self.sequence, self.common)
+
+    def draft_model(self) -> None:
+        shadowed, policy = self.shadowed, self.shadowed.policy
+        controller = shadowed.controller()
+        draft = resources.model(policy.draft.path)
+        width = resources.draft_width(draft, policy.target_path)
+        predictions = draft_greedy_predictions(draft.model, self.sequence, width=width)
+        stats = replay_greedy(predictions, self.sequence, policy.k, lookahead=controller, **self.common)
+        _record_replay(shadowed, stats, controller, how="greedy replay (exact)")
 
 
 def _measure_lookup(
@@ -284,9 +304,6 @@ def _measure_eagle(
     request's too: the tree's candidates are one-hot, a child passes exactly where the sampled token is it). A head
     drafts from the target's hidden features, which only a target in this worker gives (one teacher-forced pass
     over the request): only a policy with a target_path can replay a head; a server returns no features."""
-    from speculation.engine.tree import TreeShape
-    from speculation.worker.candidates import tree_nodes
-
     policy, k = shadowed.policy, shadowed.policy.k
     if not policy.target_path:
         shadowed.record(reason="EAGLE head: not replayed, the head needs the target's features (no target_path)")
@@ -309,66 +326,75 @@ def _measure_sampled(shadowed: Shadowed, params: SamplingParams) -> None:
     """A lookup: its replay against the sampled output (exact). A draft model and the hybrid: their expected replay
     (speculation.engine.replay.expected_hybrid) with the draft's probability of passing given each sampled token,
     p and q processed as the request asked (speculation.worker.sampled); the record's alpha is the mean expected
-    acceptance sum_x min(p, q)."""
-    from speculation.engine.tree import TreeShape
-    from speculation.worker.candidates import (
-        SAMPLED_CHAIN,
-        SAMPLED_LOOKUP,
-        expected_chain_replays,
-        expected_hybrid_replays,
-        sampled_how,
-    )
-    from speculation.worker.sampled import draft_pass_probabilities, target_view
+    acceptance sum_x min(p, q). An EAGLE head: its tree exactly, its chain in expectation."""
+    drafting.for_kind(shadowed.policy.mechanism).measured_by(_Sampled(shadowed, params))
 
-    policy, k = shadowed.policy, shadowed.policy.k
-    sequence = shadowed.prompt_ids + shadowed.output_ids
-    common = {"prompt_len": len(shadowed.prompt_ids), "max_new_tokens": shadowed.budget}
-    if policy.mechanism in LOOKUP_KINDS:
-        _measure_lookup(shadowed, sequence, common, how=f"{sampled_how(params)}: {SAMPLED_LOOKUP}", sampled=True)
-        return
-    if policy.draft is None:
-        shadowed.record(reason=f"sampled traffic with {policy.mechanism}: no draft to compare")
-        return
-    if policy.mechanism == Mechanism.EAGLE_HEAD:  # as the candidate replays (speculation.worker.candidates)
+
+class _Sampled(_Greedy):
+    """Shadow's replay of a sampled request, one way per mechanism (speculation.drafting.Measure)."""
+
+    def __init__(self, shadowed: Shadowed, params: SamplingParams) -> None:
+        super().__init__(shadowed)
+        self.params = params
+
+    def lookup(self) -> None:
+        how = f"{sampled_how(self.params)}: {SAMPLED_LOOKUP}"
+        _measure_lookup(self.shadowed, self.sequence, self.common, how=how, sampled=True)
+
+    def _no_draft(self) -> bool:
+        policy = self.shadowed.policy
+        if policy.draft is None:
+            self.shadowed.record(reason=f"sampled traffic with {policy.mechanism}: no draft to compare")
+        return policy.draft is None
+
+    def _view(self) -> Any:
+        shadowed = self.shadowed
+        return target_view(
+            endpoint=shadowed.endpoint, target_path=shadowed.policy.target_path, prompt_ids=shadowed.prompt_ids,
+            output_ids=shadowed.output_ids, params=self.params,
+        )  # fmt: skip
+
+    def eagle(self) -> None:  # as the candidate replays (speculation.worker.candidates)
+        shadowed, policy, k = self.shadowed, self.shadowed.policy, self.shadowed.policy.k
+        if self._no_draft():
+            return
         if TreeShape.from_policy(policy.eagle_tree) is not None:  # one-hot candidates: exact, as greedy's
-            _measure_eagle(shadowed, sequence, common, how=f"{sampled_how(params)}: replay (exact) of the EAGLE head")
+            how = f"{sampled_how(self.params)}: replay (exact) of the EAGLE head"
+            _measure_eagle(shadowed, self.sequence, self.common, how=how)
             return
         if not policy.target_path:
             shadowed.record(reason="EAGLE head: not replayed, the head needs the target's features (no target_path)")
             return
-        view = target_view(
-            endpoint=shadowed.endpoint, target_path=policy.target_path, prompt_ids=shadowed.prompt_ids,
-            output_ids=shadowed.output_ids, params=params,
-        )  # fmt: skip
         stats = expected_chain_replays(
-            view, policy.draft.path, target_path=policy.target_path, prompt_ids=shadowed.prompt_ids,
+            self._view(), policy.draft.path, target_path=policy.target_path, prompt_ids=shadowed.prompt_ids,
             output_ids=shadowed.output_ids, max_tokens=shadowed.budget, ks=(k,),
         )[k]  # fmt: skip
-        _record_hybrid(shadowed, stats, how=f"{sampled_how(params)}: {SAMPLED_CHAIN}")
-        return
-    view = target_view(
-        endpoint=shadowed.endpoint,
-        target_path=policy.target_path,
-        prompt_ids=shadowed.prompt_ids,
-        output_ids=shadowed.output_ids,
-        params=params,
-    )
-    passes = draft_pass_probabilities(view, policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
-    hybrid = policy.mechanism == Mechanism.SUFFIX_DRAFT
-    lookup = (
-        suffix_store.lookup_proposer(Mechanism.SUFFIX, shadowed.endpoint.pk, exclude=shadowed.request_id)
-        if hybrid
-        else None
-    )
-    stats = expected_hybrid_replays(
-        lookup, passes.per_position.tolist(), sequence, (k,), prompt_len=len(shadowed.prompt_ids),
-        max_new_tokens=shadowed.budget,
-    )[k]  # fmt: skip
-    how = f"{sampled_how(params)}: expected acceptance sum_x min(p, q) {passes.alpha:.4f}; "
-    if hybrid:
-        how += (
-            f"suffix decoding with the draft's fallback ({stats.looked_up_tokens:.1f} of {stats.drafted_tokens:.1f} "
-            f"drafts looked up, expected); {SAMPLED_LOOKUP}; "
-        )
-    how += f"the draft's steps expected from its probability of passing {passes.source}"
-    _record_hybrid(shadowed, stats, how=how, alpha=passes.alpha, unseen_mass=passes.unseen_mass)
+        _record_hybrid(shadowed, stats, how=f"{sampled_how(self.params)}: {SAMPLED_CHAIN}")
+
+    def draft_model(self) -> None:
+        if not self._no_draft():
+            self._expected(lookup=None)
+
+    def hybrid(self) -> None:
+        if self._no_draft():
+            return
+        shadowed = self.shadowed
+        kind = drafting.for_kind(shadowed.policy.mechanism).lookup_kind
+        self._expected(lookup=suffix_store.lookup_proposer(kind, shadowed.endpoint.pk, exclude=shadowed.request_id))
+
+    def _expected(self, *, lookup: Any) -> None:
+        """A draft model (lookup None) or the hybrid: expected from the draft's probability of passing."""
+        shadowed, policy, k = self.shadowed, self.shadowed.policy, self.shadowed.policy.k
+        passes = draft_pass_probabilities(self._view(), policy.draft.path, shadowed.prompt_ids, shadowed.output_ids)
+        stats = expected_hybrid_replays(
+            lookup, passes.per_position.tolist(), self.sequence, (k,), prompt_len=len(shadowed.prompt_ids),
+            max_new_tokens=shadowed.budget,
+        )[k]  # fmt: skip
+        how = f"{sampled_how(self.params)}: expected acceptance sum_x min(p, q) {passes.alpha:.4f}; "
+        if lookup is not None:
+            how += (
+                f"suffix decoding with the draft's fallback ({stats.looked_up_tokens:.1f} of "
+                f"{stats.drafted_tokens:.1f} drafts looked up, expected); {SAMPLED_LOOKUP}; "
+            )
+        how += f"the draft's steps expected from its probability of passing {passes.source}"
+        _record_hybrid(shadowed, stats, how=how, alpha=passes.alpha, unseen_mass=passes.unseen_mass)

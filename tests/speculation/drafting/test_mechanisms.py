@@ -53,7 +53,7 @@ def test_only_an_eagle_head_reads_the_targets_features():
     [
         ("eagle_head", REMOTE, False, EAGLE_NOT_REMOTE),
         ("eagle_head", LOCAL, False, None),
-        ("eagle_head", NATIVE, False, None),  # no head named yet: the server's flags are checked once one is
+        ("eagle_head", NATIVE, False, "the server cannot run this head"),
         ("suffix", NATIVE, True, SUFFIX_NOT_MANAGED),
         ("suffix", NATIVE, False, None),
         ("suffix", REMOTE, True, None),
@@ -68,15 +68,26 @@ def test_it_says_which_paths_each_mechanism_cannot_run_on(kind, path, managed, p
     asked = []
 
     def is_managed() -> bool:
-        asked.append(path)
+        asked.append(("managed", path))
         return managed
 
-    assert drafting.for_kind(kind).path_problem(path, server_kind="vllm", managed=is_managed) == problem
-    assert set(asked) <= {NATIVE}  # whether ACE manages the server is asked on path native only
+    def head_problem() -> str:
+        asked.append(("head", path))
+        return "the server cannot run this head"
+
+    mechanism = drafting.for_kind(kind)
+    assert mechanism.path_problem(path, managed=is_managed, head_problem=head_problem) == problem
+    # each question about the endpoint is asked on path native only, and only by the mechanism it concerns
+    assert {where for _, where in asked} <= {NATIVE}
+    assert {what for what, _ in asked} <= (
+        {"managed"} if kind == "suffix" else {"head"} if kind == "eagle_head" else set()
+    )
 
 
-def test_an_unasked_management_never_refuses_suffix_decoding_on_the_server():
-    assert drafting.for_kind("suffix").path_problem(NATIVE, server_kind="vllm") is None
+def test_unasked_questions_never_refuse_a_path():
+    for mechanism in drafting.MECHANISMS.values():
+        assert mechanism.path_problem(NATIVE) in (None, SUFFIX_DRAFT_NOT_NATIVE)
+    assert drafting.for_kind("eagle_head").path_problem(NATIVE, head_problem=lambda: "") is None
 
 
 def test_it_names_each_mechanisms_native_method_per_server_kind():
@@ -94,8 +105,8 @@ def test_reading_the_facts_loads_no_torch():
 
     code = (
         "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ace.settings'); django.setup(); "
-        "import sys; from speculation import drafting; drafting.for_kind('ngram').path_problem('native', "
-        "server_kind='vllm'); assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys; from speculation import drafting; drafting.for_kind('ngram').path_problem('native'); "
+        "drafting.for_kind('eagle_head').native_name('vllm', ''); assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
