@@ -24,3 +24,9 @@ def for_kind(kind: str) -> Drafting:
         return MECHANISMS[kind]
     except KeyError:
         raise ValueError(f"unknown draft mechanism {kind!r}: choose one of {', '.join(MECHANISMS)}") from None
+
+
+def drafts_trees(kind: str) -> bool:
+    """Whether a mechanism of this kind drafts the policy's EAGLE-2 tree (False for an unknown kind)."""
+    mechanism = MECHANISMS.get(kind)
+    return mechanism is not None and mechanism.drafts_trees

@@ -97,6 +97,10 @@ class Drafting:
             "model is the draft's path on the server's machine: copy the directory there if it differs."
         ]
 
+    def native_stand_in(self, draft_name: str) -> str | None:
+        """What the operator should know when a server runs the policy's draft in its stead (None: it runs it)."""
+        return None
+
     def sglang_args(self, draft_path: str, k: int, tree: dict | None) -> tuple[list[str], list[str]]:
         """Its SGLang launch arguments besides the algorithm, and what the operator should know."""
         args = ["--speculative-draft-model-path", draft_path, *_sglang_steps(k, tree)]
@@ -190,6 +194,12 @@ class HybridDrafting(Drafting):
 
     def measured_by(self, measure: Measure) -> Any:
         return measure.hybrid()
+
+    def native_stand_in(self, draft_name: str) -> str | None:
+        return (
+            f"the policy's suffix decoding with this draft's fallback runs in ACE's worker only: these flags run the "
+            f"draft model {draft_name} alone"
+        )
 
     def path_problem(self, path: str, *, managed: Asked = None, head_problem: Asked = None) -> str | None:
         return SUFFIX_DRAFT_NOT_NATIVE if path == VerificationPath.NATIVE else None

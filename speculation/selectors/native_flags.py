@@ -77,8 +77,7 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
     problems = tree_shape_problems(tree)
     if problems:
         raise NativeFlagsError("; ".join(problems))
-    mechanism = drafting.MECHANISMS.get(draft_kind)
-    if tree and not (mechanism and mechanism.drafts_trees):
+    if tree and not drafting.drafts_trees(draft_kind):
         raise NativeFlagsError(f"a draft tree is drafted by an EAGLE head, not by a {draft_kind}")
     if draft_kind == DraftKind.SUFFIX_DRAFT:
         raise NativeFlagsError(HYBRID_NOT_NATIVE)
@@ -88,7 +87,7 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
     if draft_kind not in LOOKUP_KINDS and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
-    if mechanism.drafts_trees and head_format_of(draft_path) == FORMAT_MULTI_LAYER:
+    if drafting.drafts_trees(draft_kind) and head_format_of(draft_path) == FORMAT_MULTI_LAYER:
         raise NativeFlagsError(
             "this EAGLE head is in ACE's older multi-layer format 2, which runs on ACE's local path only: train it "
             "again with --multi-layer (saved in vLLM's EAGLE-3 layout, method eagle3 / SGLang EAGLE3)"
@@ -178,11 +177,12 @@ def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeF
         if mechanism not in LOOKUP_KINDS:
             raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
         return native_flags(server_kind=endpoint.kind, draft_kind=mechanism, k=k)
-    tree = policy.eagle_tree if policy is not None and draft.kind == DraftKind.EAGLE_HEAD else None
+    tree = policy.eagle_tree if policy is not None and drafting.drafts_trees(draft.kind) else None
     flags = native_flags(server_kind=endpoint.kind, draft_kind=draft.kind, draft_path=draft.path, k=k, tree=tree)
-    if policy is not None and policy.mechanism == DraftKind.SUFFIX_DRAFT:
-        flags.notes.append(f"the policy's suffix decoding with this draft's fallback runs in ACE's worker only: "
-                           f"these flags run the draft model {draft.name} alone")  # fmt: skip
+    mechanism = drafting.MECHANISMS.get(policy.mechanism) if policy is not None else None
+    stand_in = mechanism.native_stand_in(draft.name) if mechanism is not None else None
+    if stand_in:
+        flags.notes.append(stand_in)
     return flags
 
 

@@ -209,7 +209,7 @@ def _managed(endpoint: Endpoint) -> bool:
 def _check_tree(policy: SpeculationPolicy) -> dict[str, list[str]]:
     """A draft tree is a valid shape, for an EAGLE head (a draft model or n-gram lookup drafts a chain)."""
     problems = tree_shape_problems(policy.eagle_tree)
-    if not problems and policy.eagle_tree and policy.mechanism != Mechanism.EAGLE_HEAD:
+    if not problems and policy.eagle_tree and not drafting.drafts_trees(policy.mechanism):
         problems = [f"eagle_tree drafts with an EAGLE head: mechanism {policy.mechanism} drafts a chain (send {{}})"]
     return {"eagle_tree": problems} if problems else {}
 
@@ -303,7 +303,7 @@ def update_policy(
         policy = get_policy(endpoint=endpoint)
         policy = SpeculationPolicy.objects.select_for_update(of=("self",)).select_related("draft").get(pk=policy.pk)
         changes: dict[str, list[Any]] = {}
-        if fields.get("mechanism", policy.mechanism) != Mechanism.EAGLE_HEAD and "eagle_tree" not in fields:
+        if not drafting.drafts_trees(fields.get("mechanism", policy.mechanism)) and "eagle_tree" not in fields:
             fields["eagle_tree"] = {}  # leaving the EAGLE head leaves its tree (recorded with the change)
         for name, value in fields.items():
             old = getattr(policy, name)

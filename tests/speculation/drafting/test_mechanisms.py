@@ -110,3 +110,26 @@ def test_reading_the_facts_loads_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_only_an_eagle_head_drafts_the_policys_tree():
+    assert [k for k in drafting.MECHANISMS if drafting.drafts_trees(k)] == ["eagle_head"]
+    assert not drafting.drafts_trees("medusa")
+
+
+def test_only_the_hybrid_is_run_natively_by_a_stand_in():
+    notes = {kind: m.native_stand_in("tiny-draft") for kind, m in drafting.MECHANISMS.items()}
+    assert [k for k, note in notes.items() if note] == ["suffix_draft"]
+    assert "the draft model tiny-draft alone" in notes["suffix_draft"]
+
+
+def test_an_eagle3_heads_native_method_is_read_from_its_config(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"ace_eagle": {"format": 3}}))
+    eagle = drafting.for_kind("eagle_head")
+    assert (eagle.native_name("vllm", ""), eagle.native_name("sglang", "")) == ("eagle", "EAGLE")  # unreadable here
+    assert (eagle.native_name("vllm", str(tmp_path)), eagle.native_name("sglang", str(tmp_path))) == (
+        "eagle3",
+        "EAGLE3",
+    )
