@@ -27,10 +27,14 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from speculation import drafting
 from speculation.bench.batching import warm_store
 from speculation.bench.engine import DEFAULT_QUESTIONS, load_prompts
 from speculation.engine import (
@@ -40,16 +44,16 @@ from speculation.engine import (
     GenerationConfig,
     HybridProposer,
     LocalTarget,
-    NgramProposer,
-    SuffixProposer,
     expected_hybrid,
     generate,
     load_causal_lm,
     replay_proposer,
 )
 from speculation.engine.acceptance import pass_given_tokens
+from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import expected_tokens
 from speculation.engine.sampling import SamplingParams, probs_from_logits
+from speculation.models import DraftKind
 from speculation.offline.demo import ensure_demo_pair
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
@@ -75,7 +79,7 @@ def target_probs(target, sequence: list[int], prompt_len: int) -> torch.Tensor:
 @torch.inference_mode()
 def chain_passes(target, head, sequence: list[int], prompt_len: int, depth: int) -> list[list[float]]:
     """Per step start i, the head's j-th draft's probability of passing given the sampled tokens."""
-    from speculation.engine.eagle import EagleProposer, chain_pass_probabilities
+    from speculation.engine.eagle import chain_pass_probabilities
 
     hidden = target(torch.tensor(sequence), 0, return_hidden=EagleProposer(head, target).wants_hidden).hidden
     p = target_probs(target, sequence, prompt_len)
@@ -84,51 +88,83 @@ def chain_passes(target, head, sequence: list[int], prompt_len: int, depth: int)
     )
 
 
+KINDS = {
+    "ngram": DraftKind.NGRAM,
+    "suffix": DraftKind.SUFFIX,
+    "draft": DraftKind.DRAFT_MODEL,
+    "hybrid": DraftKind.SUFFIX_DRAFT,
+    "eagle": DraftKind.EAGLE_HEAD,
+}  # this benchmark's names for the mechanisms
+
+
+@dataclass
+class _Plan:
+    """One sampled request of one mechanism: its proposer and K, and shadow's prediction on the run's output."""
+
+    proposer: Any
+    k: int
+    predict: Callable[[list[int], int, dict], tuple[float, float]]  # (sequence, n, common) -> passes, i.i.d.'s or 0
+
+
+class _Plans:
+    """How each mechanism runs here and how shadow predicts it (speculation.drafting.Measure)."""
+
+    def __init__(self, target, draft, head, lookup) -> None:
+        self.target, self.draft, self.head, self.found = target, draft, head, lookup
+
+    def lookup(self) -> _Plan:
+        found = self.found
+        return _Plan(
+            found, LOOKUP_K, lambda seq, n, common: (replay_proposer(found, seq, LOOKUP_K, **common).target_passes, 0.0)
+        )
+
+    def eagle(self) -> _Plan:
+        def predict(sequence: list[int], n: int, common: dict) -> tuple[float, float]:
+            chains = chain_passes(self.target, self.head, sequence, common["prompt_len"], DRAFT_K)
+            stats = expected_hybrid(
+                None, [0.0] * n, sequence, DRAFT_K, lookup_k=DRAFT_K, min_lookup=1, chains=chains, **common
+            )
+            return stats.target_passes, 0.0
+
+        return _Plan(EagleProposer(self.head, self.target), DRAFT_K, predict)
+
+    def draft_model(self) -> _Plan:  # as the hybrid with a lookup that is never used
+        return _Plan(self._model(), DRAFT_K, self._expected(None, DRAFT_K, DRAFT_K, HYBRID_LOOKUP_K + 1, iid=True))
+
+    def hybrid(self) -> _Plan:
+        proposer = HybridProposer(self.found, self._model(), model_k=HYBRID_K, min_lookup=HYBRID_MIN_LOOKUP)
+        return _Plan(
+            proposer, HYBRID_LOOKUP_K, self._expected(self.found, HYBRID_K, HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP)
+        )
+
+    def _model(self) -> DraftModelProposer:
+        return DraftModelProposer(self.draft, target_vocab_size=self.target.vocab_size)
+
+    def _expected(self, found, model_k: int, k: int, min_lookup: int, *, iid: bool = False) -> Callable:
+        def predict(sequence: list[int], n: int, common: dict) -> tuple[float, float]:
+            per_token, average = probabilities(self.target, self.draft, sequence, common["prompt_len"])
+            looked = (lambda m, d: found.lookup(sequence[:m], d)) if found is not None else None
+            stats = expected_hybrid(looked, per_token, sequence, model_k, lookup_k=k, min_lookup=min_lookup, **common)
+            if not iid:
+                return stats.target_passes, 0.0
+            alpha = sum(average) / len(average) if average else 0.0  # the i.i.d. formula predicts a draft alone
+            return stats.target_passes, n / expected_tokens(alpha=alpha, k=model_k)
+
+        return predict
+
+
 def run(target, draft, store, prompts: list[list[int]], mechanism: str, max_new: int, head=None) -> dict:
     local = LocalTarget(target)
+    kind = drafting.for_kind(KINDS[mechanism])
     measured, predicted, iid, errors, tokens = 0.0, 0.0, 0.0, [], 0
     started = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        lookup = NgramProposer() if mechanism == "ngram" else SuffixProposer(store)
-        if mechanism in ("ngram", "suffix"):
-            proposer, k = lookup, LOOKUP_K
-        elif mechanism == "eagle":
-            from speculation.engine.eagle import EagleProposer
-
-            proposer, k, model_k = EagleProposer(head, target), DRAFT_K, DRAFT_K
-        else:
-            model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
-            model_k = HYBRID_K if mechanism == "hybrid" else DRAFT_K
-            min_lookup = HYBRID_MIN_LOOKUP if mechanism == "hybrid" else HYBRID_LOOKUP_K + 1  # never: the draft alone
-            if mechanism == "hybrid":
-                proposer, k = HybridProposer(lookup, model, model_k=model_k, min_lookup=min_lookup), HYBRID_LOOKUP_K
-            else:
-                proposer, k = model, DRAFT_K
-        config = GenerationConfig(max_new_tokens=max_new, k=k, temperature=0.7, top_p=0.9, seed=i)
-        result = generate(local, proposer, prompt, config)
+        plan = kind.measured_by(_Plans(target, draft, head, kind.lookup(store)))
+        config = GenerationConfig(max_new_tokens=max_new, k=plan.k, temperature=0.7, top_p=0.9, seed=i)
+        result = generate(local, plan.proposer, prompt, config)
         sequence, n = prompt + result.tokens, len(result.tokens)
-        common = {"prompt_len": len(prompt), "max_new_tokens": max_new}
-        if mechanism in ("ngram", "suffix"):
-            passes = replay_proposer(lookup, sequence, k, **common).target_passes
-        elif mechanism == "eagle":
-            chains = chain_passes(target, head, sequence, len(prompt), k)
-            passes = expected_hybrid(
-                None, [0.0] * n, sequence, k, lookup_k=k, min_lookup=1, chains=chains, **common
-            ).target_passes
-        else:
-            per_token, average = probabilities(target, draft, sequence, len(prompt))
-            passes = expected_hybrid(
-                lambda m, d, s=sequence, lk=lookup: lk.lookup(s[:m], d),
-                per_token,
-                sequence,
-                model_k,
-                lookup_k=k,
-                min_lookup=min_lookup,
-                **common,
-            ).target_passes
-            if mechanism == "draft":  # the i.i.d. formula predicts a draft model alone
-                alpha = sum(average) / len(average) if average else 0.0
-                iid += n / expected_tokens(alpha=alpha, k=model_k)
+        passes, iid_passes = plan.predict(sequence, n, {"prompt_len": len(prompt), "max_new_tokens": max_new})
+        iid += iid_passes
         measured += result.stats.target_passes
         predicted += passes
         errors.append(abs(passes - result.stats.target_passes) / max(result.stats.target_passes, 1))

@@ -105,16 +105,21 @@ def eagle_setup(policy: Any, target: resources.Loaded | None) -> DraftSetup:
     return DraftSetup(proposer, target.tokenizer, target.eos_ids, target.model.vocab_size)
 
 
+def ngram_lookup() -> NgramProposer:
+    return NgramProposer()
+
+
+def suffix_lookup(index: Any, *, exclude: str = "") -> SuffixProposer:
+    return SuffixProposer(index, exclude=exclude)
+
+
 # --- greedy replay of a known sequence --------------------------------------------------------------------------
 
 
 def replay_lookup(
-    kind: str, sequence: list[int], ks: tuple[int, ...], *, common: dict[str, Any],
-    lookup: LookupProposer | None = None, **_: Any,
-) -> dict[int, SpecStats]:  # fmt: skip
-    """A lookup's drafts replayed (lookup: default n-gram lookup, or suffix decoding over the context only)."""
-    if lookup is None:
-        lookup = NgramProposer() if kind == DraftKind.NGRAM else SuffixProposer()
+    sequence: list[int], ks: tuple[int, ...], *, common: dict[str, Any], lookup: LookupProposer, **_: Any
+) -> dict[int, SpecStats]:
+    """A lookup's drafts replayed."""
 
     def propose(n: int, drafted: int) -> list[int]:
         return lookup.lookup(sequence[:n], drafted)

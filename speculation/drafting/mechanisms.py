@@ -121,6 +121,11 @@ class Drafting:
         run the policy's EAGLE head ("" if it can: speculation.selectors.native_flags.head_problem)."""
         return None
 
+    def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
+        """The lookup it drafts with (None for none): n-gram prompt lookup, or suffix decoding over `index` (earlier
+        answers; None: the request's own context only) with the answer `exclude` left out."""
+        return None
+
     def proposer(self, policy: Any, target: Any) -> Any:
         """Prod's proposer for the policy (target: the loaded local target, None on the remote path), with the
         tokenizer and end tokens the request uses (speculation.drafting.build.DraftSetup)."""
@@ -144,6 +149,9 @@ class NgramDrafting(Drafting):
     def measured_by(self, measure: Measure) -> Any:
         return measure.lookup()
 
+    def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
+        return _build().ngram_lookup()
+
     def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
         return {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}, []
 
@@ -154,7 +162,9 @@ class NgramDrafting(Drafting):
         return _build().lookup_setup(policy, target)
 
     def replay(self, sequence: list[int], ks: tuple[int, ...], **how: Any) -> dict[int, Any]:
-        return _build().replay_lookup(self.kind, sequence, ks, **how)
+        if how.get("lookup") is None:  # n-gram lookup, or suffix decoding over the request's context only
+            how["lookup"] = self.lookup()
+        return _build().replay_lookup(sequence, ks, **how)
 
     def timing_proposer(self, policy: Any) -> Any:
         return _build().timed_lookup()
@@ -164,6 +174,9 @@ class SuffixDrafting(NgramDrafting):
     kind = DraftKind.SUFFIX
     lookup_kind = DraftKind.SUFFIX
     native_names = {"vllm": "suffix"}  # SGLang has no suffix decoding
+
+    def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
+        return _build().suffix_lookup(index, exclude=exclude)
 
     def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
         config = {
@@ -194,6 +207,9 @@ class HybridDrafting(Drafting):
 
     def measured_by(self, measure: Measure) -> Any:
         return measure.hybrid()
+
+    def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
+        return _build().suffix_lookup(index, exclude=exclude)
 
     def native_stand_in(self, draft_name: str) -> str | None:
         return (
