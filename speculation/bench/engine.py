@@ -26,9 +26,11 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from speculation import drafting
 from speculation.bench import trees
 from speculation.engine import (
     HYBRID_LOOKUP_K,
@@ -37,7 +39,6 @@ from speculation.engine import (
     GenerationConfig,
     HybridProposer,
     LocalTarget,
-    NgramProposer,
     SpecStats,
     SuffixIndex,
     SuffixProposer,
@@ -172,20 +173,34 @@ def answer_key(prompt: Prompt) -> str:
     return ",".join(map(str, prompt.ids))
 
 
+class _Proposers:
+    """The proposer and K each mechanism runs with here (speculation.drafting.Measure): suffix decoding over the
+    other prompts' plain answers (this prompt's own left out)."""
+
+    def __init__(self, mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Prompt) -> None:
+        self.mech, self.target, self.draft, self.exclude = mech, target, draft, answer_key(prompt)
+
+    def lookup(self) -> tuple[Any, int]:
+        return drafting.for_kind(self.mech.name).lookup(ANSWERS, exclude=self.exclude), K
+
+    def draft_model(self) -> tuple[Any, int]:
+        return DraftModelProposer(self.draft, target_vocab_size=self.target.vocab_size), K
+
+    def hybrid(self) -> tuple[Any, int]:  # the lookup drafts up to its own cap, the draft model K
+        model, _ = self.draft_model()
+        lookup = SuffixProposer(ANSWERS, exclude=self.exclude)
+        return HybridProposer(lookup, model, model_k=self.mech.k), HYBRID_LOOKUP_K
+
+    def eagle(self) -> tuple[Any, int]:
+        raise ValueError("an EAGLE head's runs keep their proposers across requests (main's run)")
+
+
 def run_ace(mech: Mechanism, target: LocalTarget, draft: Transformer, prompt: Prompt, max_new: int, eos: int):
     config = GenerationConfig(max_new_tokens=max_new, k=K, dynamic_k=mech.k == "dynamic", stop_token_ids=(eos,))
-    if mech.name == "plain":
-        proposer = None
-    elif mech.name == "draft_model":
-        proposer = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
-    elif mech.name == "suffix":
-        proposer = SuffixProposer(ANSWERS, exclude=answer_key(prompt))
-    elif mech.name == "suffix_draft":  # the lookup drafts up to its own cap, the draft model K
-        model = DraftModelProposer(draft, target_vocab_size=target.vocab_size)
-        proposer = HybridProposer(SuffixProposer(ANSWERS, exclude=answer_key(prompt)), model, model_k=mech.k)
-        config = replace(config, k=HYBRID_LOOKUP_K)
-    else:
-        proposer = NgramProposer()
+    proposer = None  # plain
+    if mech.name != "plain":
+        proposer, k = drafting.for_kind(mech.name).measured_by(_Proposers(mech, target, draft, prompt))
+        config = replace(config, k=k)
     lookahead = LOOKAHEADS.setdefault(mech, DynamicLookahead(k_max=K, k_start=K)) if config.dynamic_k else None
     result = generate(target, proposer, prompt.ids, config, lookahead=lookahead)
     return result.tokens, result.stats
