@@ -133,3 +133,22 @@ def test_an_eagle3_heads_native_method_is_read_from_its_config(tmp_path):
         "eagle3",
         "EAGLE3",
     )
+
+
+def test_each_mechanism_picks_its_own_way_of_a_measurement():
+    class Ways:
+        def lookup(self) -> str:
+            return "lookup"
+
+        def draft_model(self) -> str:
+            return "draft_model"
+
+        def hybrid(self) -> str:
+            return "hybrid"
+
+        def eagle(self) -> str:
+            return "eagle"
+
+    ways = {kind: m.measured_by(Ways()) for kind, m in drafting.MECHANISMS.items()}
+    assert ways == {"ngram": "lookup", "suffix": "lookup", "draft_model": "draft_model", "suffix_draft": "hybrid",
+                    "eagle_head": "eagle"}  # fmt: skip
