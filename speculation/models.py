@@ -286,14 +286,24 @@ class TrainingStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class TrainingKind(models.TextChoices):
+    """What a training run trains: an EAGLE head for a target, or a draft model distilled on captured traffic."""
+
+    EAGLE_HEAD = "eagle_head", "EAGLE head"
+    DRAFT_MODEL = "draft_model", "Draft distillation"
+
+
 class TrainingRun(models.Model):
-    """One EAGLE head training run: its inputs, progress (polled by the dashboard) and the head it registered.
+    """One training run: its inputs, progress (polled by the dashboard) and the draft it registered (an EAGLE head,
+    or for kind draft_model a draft model distilled on captured traffic: speculation.services.draft_distillation).
 
     `log` holds one entry per finished epoch: {"epoch", "loss", "feature_loss", "token_loss", "alpha",
     "mean_accepted_len", "seconds"}; the run resumes from the checkpoint in `out_dir` after a crash.
     """
 
     name = models.SlugField(max_length=64)
+    kind = models.CharField(max_length=16, choices=TrainingKind.choices, default=TrainingKind.EAGLE_HEAD)
+    # EAGLE head: the target's directory; draft distillation: the draft model's it continues from
     target_dir = models.CharField(max_length=1000)
     target_name = models.CharField(max_length=255, blank=True, default="")
     out_dir = models.CharField(max_length=1000)
