@@ -39,15 +39,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from speculation import drafting
 from speculation.bench.autopairing_store import Measured, dump_measurements, load_measurements
 from speculation.bench.eagle import head_step_s
 from speculation.engine import (
     DraftModelProposer,
     GenerationConfig,
     LocalTarget,
-    NgramProposer,
     SuffixIndex,
-    SuffixProposer,
     generate,
 )
 from speculation.engine.costs import time_draft_step, time_verify
@@ -111,22 +110,22 @@ def candidate_costs(
     costs: dict[str, StepCosts] = {}
     model_steps: dict[str, float] = {}  # per draft directory: a draft and its hybrid share one timing
     for candidate in candidates:
+        mechanism = drafting.for_kind(candidate.kind)
         if candidate.kind in DRAFT_MODEL_KINDS and candidate.draft.path in model_steps:
             step = model_steps[candidate.draft.path]
-        elif candidate.kind == DraftKind.EAGLE_HEAD:  # its step: the head's layer + the target's LM head
+        elif mechanism.reads_target_features:  # an EAGLE head's step: the head's layer + the target's LM head
             head = resources.eagle_head(candidate.draft.path, target_dir=target_dir)
             step = head_step_s(EagleProposer(head, target), context)
         else:
-            proposer: Any = NgramProposer()
-            if candidate.kind == DraftKind.SUFFIX:
-                index = SuffixIndex()
-                for i, tokens in enumerate(store):
-                    index.add(f"s{i}", tokens)
-                proposer = SuffixProposer(index)
             if candidate.kind in DRAFT_MODEL_KINDS:  # a hybrid's model steps cost the draft's
                 draft = resources.model(candidate.draft.path)
                 shared = resources.shared_vocab(draft, target.vocab_size)  # a draft padded to another size
                 proposer = DraftModelProposer(draft.model, target_vocab_size=target.vocab_size, shared_vocab=shared)
+            else:  # n-gram lookup, or suffix decoding over the store
+                index = SuffixIndex()
+                for i, tokens in enumerate(store):
+                    index.add(f"s{i}", tokens)
+                proposer = mechanism.lookup(index)
             lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
             step = time_draft_step(proposer, lookup_context or context)
             if candidate.kind in DRAFT_MODEL_KINDS:
@@ -177,8 +176,9 @@ def measure(
         mult, tau, drafts, per_pass, model_steps = {}, {}, {}, {}, {}
         passes_by_draft: dict[str, Any] = {}
         for candidate in candidates:
-            lookup = SuffixProposer(answers) if candidate.kind in (DraftKind.SUFFIX, DraftKind.SUFFIX_DRAFT) else None
-            if view is not None and candidate.kind == DraftKind.EAGLE_HEAD:  # a sampled chain, in expectation
+            mechanism = drafting.for_kind(candidate.kind)
+            lookup = mechanism.lookup(answers)  # suffix decoding's over the stream's earlier answers
+            if view is not None and mechanism.reads_target_features:  # an EAGLE head's sampled chain, in expectation
                 per_k = expected_chain_replays(
                     view, candidate.draft.path, target_path=target_dir, prompt_ids=prompt_ids, output_ids=output,
                     max_tokens=max_tokens, ks=K_RANGE,
@@ -189,7 +189,7 @@ def measure(
                     passes_by_draft[candidate.draft.path] = found.per_position
                 passes = passes_by_draft[candidate.draft.path]
                 per_k = expected_hybrid_replays(
-                    lookup if candidate.kind == DraftKind.SUFFIX_DRAFT else None, passes.tolist(),
+                    lookup, passes.tolist(),
                     prompt_ids + output, K_RANGE, prompt_len=len(prompt_ids), max_new_tokens=max_tokens,
                 )  # fmt: skip
             else:
