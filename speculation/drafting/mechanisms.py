@@ -1,5 +1,5 @@
-"""One class per draft mechanism: what it is (does it look up, name a draft, batch, read the target's features),
-where it can run, and how it drafts in prod and replays in shadow.
+"""One class per draft mechanism: what it is (does it look up, batch, read the target's features, draft a tree),
+where it can run, its native launch flags per server kind, and how it drafts in prod and replays in shadow.
 
 Torch-free: the web process reads the facts (policies, native flags); the proposers and replays are built by
 speculation.drafting.build, imported where first used so that reading a fact never loads torch.
