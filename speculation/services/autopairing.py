@@ -142,8 +142,8 @@ def trained_on(draft: DraftModel | None) -> str:
 
 
 def head_name(directory: str) -> str:
-    """The registered name of the EAGLE head in a directory (a warm start's), else the directory."""
-    heads = DraftModel.objects.filter(kind=DraftKind.EAGLE_HEAD).order_by("pk")
+    """The registered name of the EAGLE head or draft model in a directory (a warm start's), else the directory."""
+    heads = DraftModel.objects.filter(kind__in=(DraftKind.EAGLE_HEAD, DraftKind.DRAFT_MODEL)).order_by("pk")
     return next((d.name for d in heads if Path(d.path).resolve() == Path(directory).resolve()), directory)
 
 

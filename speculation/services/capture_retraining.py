@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from fleet.models import Endpoint
-from speculation.models import CapturedRequest, TrainingRun, TrainingStatus
+from speculation.models import CapturedRequest, TrainingKind, TrainingRun, TrainingStatus
 from speculation.offline.eagle.prompts import CAPTURED, captured_source
 from speculation.offline.eagle.settings import PipelineSettings, TrainSettings
 from speculation.offline.eagle.warm_start import WARM_START_LR
@@ -46,7 +46,8 @@ def due(*, min_new: int = RETRAIN_MIN_NEW) -> list[TrainingRun]:
     """The latest finished run of each captured source whose endpoints captured at least min_new requests since,
     and that is not being repeated already (a newer run of the same sources queued or running)."""
     latest: dict[str, TrainingRun] = {}
-    for run in TrainingRun.objects.filter(prompts__startswith=f"{CAPTURED}:").order_by("created_at", "pk"):
+    runs = TrainingRun.objects.filter(prompts__startswith=f"{CAPTURED}:", kind=TrainingKind.EAGLE_HEAD)  # heads only
+    for run in runs.order_by("created_at", "pk"):
         latest[run.prompts] = run
     return [
         run
