@@ -190,3 +190,17 @@ def test_on_the_targets_own_answers_the_distilled_draft_is_not_below_the_shipped
                                   epochs=2, options=options)  # fmt: skip
     facts = run_training(run=run).draft.config["distillation"]
     assert facts["mean_accepted_len"] >= facts["original_mean_accepted_len"] - 0.05, facts
+
+
+def test_the_drafts_page_shows_a_distillation_run_with_its_progress(tmp_path, endpoint, demo_draft):
+    from django.urls import reverse
+
+    from tests.support.users import browser_as
+
+    admin = make_user("red-admin", ADMIN, teams=("red",))
+    run = create_distillation_run(draft="demo-draft", out_dir=str(tmp_path / "d"), prompts="captured:captured",
+                                  epochs=4, owner=admin)  # fmt: skip
+    TrainingRun.objects.filter(pk=run.pk).update(status=TrainingStatus.RUNNING, stage="train", epoch=2)
+    body = browser_as(admin).get(reverse("speculation:draft-list")).content.decode()
+    assert f'data-run="{run.pk}"' in body and "2/4" in body
+    assert f"draft distillation on <code>captured:{endpoint.pk}</code>" in body
