@@ -51,6 +51,8 @@ TRAIN_OPTIONS = ("lr", "batch_size", "warmup_steps", "grad_clip", "eval_k", "pat
 def _checked_draft(draft: str, *, user: AbstractBaseUser | None) -> tuple[model_files.ModelFacts, DraftModel | None]:
     """The draft model to continue from: a registered draft model the user may see (None, the CLI: any) or a draft
     directory under the model roots."""
+    if not draft:
+        raise ValidationError({"init_from": ["name the draft model to distil (its registered name or directory)"]})
     drafts = visible_drafts(user) if user is not None else DraftModel.objects.all()
     registered = drafts.filter(name=draft, kind=DraftKind.DRAFT_MODEL).first()
     try:

@@ -1,4 +1,5 @@
-"""Celery task of EAGLE head training, on the node class's GPU queue. Thin: it loads the run and calls the service.
+"""Celery task of training runs (EAGLE heads, and draft distillation: run_training goes by the run's kind), on the
+node class's GPU queue. Thin: it loads the run and calls the service.
 
 Registered with the worker by the import in speculation/worker/tasks.py (Celery autodiscovers `tasks` modules only).
 """

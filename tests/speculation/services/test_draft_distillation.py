@@ -204,3 +204,12 @@ def test_the_drafts_page_shows_a_distillation_run_with_its_progress(tmp_path, en
     body = browser_as(admin).get(reverse("speculation:draft-list")).content.decode()
     assert f'data-run="{run.pk}"' in body and "2/4" in body
     assert f"draft distillation on <code>captured:{endpoint.pk}</code>" in body
+
+
+def test_a_distillation_run_needs_a_draft_model_named(tmp_path, endpoint, demo_draft):
+    client = api_as(make_user("red-admin", ADMIN, teams=("red",)))
+    body = {"kind": "draft_model", "out_dir": str(tmp_path / "d"), "prompts": "captured:captured"}
+    response = client.post("/api/v1/training-runs/", body, format="json")
+    assert response.status_code == 400 and "name the draft model" in response.json()["init_from"][0]
+    response = client.post("/api/v1/training-runs/", {**body, "init_from": "no-such-draft"}, format="json")
+    assert response.status_code == 400 and "neither a registered draft model" in response.json()["init_from"][0]
