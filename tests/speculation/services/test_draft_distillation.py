@@ -213,3 +213,19 @@ def test_a_distillation_run_needs_a_draft_model_named(tmp_path, endpoint, demo_d
     assert response.status_code == 400 and "name the draft model" in response.json()["init_from"][0]
     response = client.post("/api/v1/training-runs/", {**body, "init_from": "no-such-draft"}, format="json")
     assert response.status_code == 400 and "neither a registered draft model" in response.json()["init_from"][0]
+
+
+def test_hourly_retraining_does_not_repeat_a_distillation_run(tmp_path, endpoint, demo_draft):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from speculation.services.capture_retraining import due
+
+    run = create_distillation_run(draft="demo-draft", out_dir=str(tmp_path / "d"), prompts="captured:captured")
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    TrainingRun.objects.filter(pk=run.pk).update(status=TrainingStatus.DONE, finished_at=an_hour_ago)
+    TrainingRun.objects.filter(pk=run.pk).update(kind=TrainingKind.EAGLE_HEAD)
+    assert [r.pk for r in due(min_new=1)] == [run.pk]  # the 24 captures are newer: an EAGLE run would be due
+    TrainingRun.objects.filter(pk=run.pk).update(kind=TrainingKind.DRAFT_MODEL)
+    assert due(min_new=1) == []
