@@ -23,7 +23,7 @@ from fleet.models import Endpoint
 from fleet.permissions import check_captures
 from speculation.engine.eagle_format import read_config, target_fingerprint
 from speculation.jobs import queue
-from speculation.models import CapturedRequest, DraftKind, DraftModel, TrainingKind, TrainingRun, TrainingStatus
+from speculation.models import CapturedRequest, DraftKind, DraftModel, TrainingRun, TrainingStatus
 from speculation.offline.eagle.prompts import (
     CAPTURED,
     DOCSTRINGS,
@@ -324,14 +324,10 @@ class _RowProgress(Progress):
 
 
 def run_training(*, run: TrainingRun, echo: Progress | None = None, register: bool = True) -> TrainingRun:
-    """Run (or resume) a training run in this process; registers the head as a DraftModel when done (a draft
-    distillation run: speculation.services.draft_distillation)."""
+    """Run (or resume) an EAGLE training run in this process; registers the head as a DraftModel when done (every
+    kind of run: speculation.services.training_runs)."""
     if run.status == TrainingStatus.DONE:
         return run
-    if run.kind == TrainingKind.DRAFT_MODEL:
-        from speculation.services.draft_distillation import run_distillation
-
-        return run_distillation(run=run, echo=echo, register=register)
     run.status = TrainingStatus.RUNNING
     run.error = ""
     run.started_at = run.started_at or timezone.now()

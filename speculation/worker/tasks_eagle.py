@@ -15,6 +15,6 @@ from speculation.jobs.queue import TRAINING_TASK
 def train_eagle_head_task(run_id: int) -> None:
     # acks_late: a worker that dies mid-run leaves the message queued; the next worker resumes the checkpoint.
     from speculation.models import TrainingRun
-    from speculation.services.eagle_training import run_training
+    from speculation.services.training_runs import run_training
 
     run_training(run=TrainingRun.objects.get(pk=run_id))

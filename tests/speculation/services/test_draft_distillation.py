@@ -21,7 +21,7 @@ from speculation.services import captures
 from speculation.services.autopairing import trained_on
 from speculation.services.draft_distillation import create_distillation_run
 from speculation.services.drafts import register_draft
-from speculation.services.eagle_training import run_training
+from speculation.services.training_runs import run_training
 from tests.support.users import api_as, make_user
 
 pytestmark = pytest.mark.django_db
