@@ -218,3 +218,26 @@ class HybridProposer:
     def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
         if self._fell_back:
             self.fallback.observe_target(hidden, num_accepted)
+
+
+def batch_drafters(proposer: object) -> tuple[DraftModelProposer | None, LookupProposer | None] | None:
+    """What the batch engine (engine/batch.py) drafts with in this proposer's place: (its draft model, its lookup),
+    both for a hybrid of a lookup and a draft model; None where it cannot batch it (an EAGLE head, plain decoding,
+    a hybrid over another fallback), which is then served at batch one."""
+    if isinstance(proposer, HybridProposer):
+        batchable = isinstance(proposer.fallback, DraftModelProposer) and isinstance(proposer.lookup, LookupProposer)
+        return (proposer.fallback, proposer.lookup) if batchable else None
+    if isinstance(proposer, DraftModelProposer):
+        return proposer, None
+    if isinstance(proposer, LookupProposer):
+        return None, proposer
+    return None
+
+
+def loop_k(proposer: object, k: int) -> int:
+    """The single-stream loop's K for a policy's K: a hybrid drafts with the policy's K (its model_k) where the model
+    drafts, and its lookups up to HYBRID_LOOKUP_K, the loop's K; any other proposer drafts the policy's K."""
+    if k > 0 and isinstance(proposer, HybridProposer):
+        proposer.model_k = k
+        return max(k, HYBRID_LOOKUP_K)
+    return k

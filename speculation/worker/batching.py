@@ -35,17 +35,16 @@ from typing import Any
 
 from django.conf import settings
 
-from speculation.engine import DraftModelProposer, GenerationConfig, HybridProposer, NgramProposer, SuffixProposer
+from speculation.engine import GenerationConfig
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import LookupProposer
+from speculation.engine.proposers import LookupProposer, batch_drafters
 from speculation.models import VerificationPath
 from speculation.worker.paths import CommittedBatch
 
 logger = logging.getLogger(__name__)
 
-BATCHED_PROPOSERS = (DraftModelProposer, NgramProposer, SuffixProposer)  # not EAGLE heads: single-stream
 IDLE_DROP_S = 300.0  # an unused decoder (and its caches) is dropped after this long
 
 
@@ -128,17 +127,7 @@ def serves(prepared: Any) -> bool:
     models = (prepared.target.model, getattr(drafter, "model", None))
     if any(getattr(model, "implementation", "native") != "native" for model in models if model is not None):
         return False
-    if isinstance(proposer, HybridProposer):
-        return isinstance(proposer.fallback, DraftModelProposer) and isinstance(proposer.lookup, LookupProposer)
-    return type(proposer) in BATCHED_PROPOSERS
-
-
-def _drafters(proposer: Any) -> tuple[DraftModelProposer | None, LookupProposer | None]:
-    """(the draft model's proposer, the lookup) a decoder drafts with: both for the hybrid."""
-    if isinstance(proposer, HybridProposer):
-        return proposer.fallback, proposer.lookup
-    draft = proposer if isinstance(proposer, DraftModelProposer) else None
-    return draft, (proposer if isinstance(proposer, LookupProposer) else None)
+    return batch_drafters(proposer) is not None
 
 
 def speculate(
@@ -149,7 +138,7 @@ def speculate(
     emit: Callable[[CommittedBatch], bool | None],
 ) -> None:
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
-    draft, lookup = _drafters(prepared.proposer)
+    draft, lookup = batch_drafters(prepared.proposer)
     handle = _loop().submit(
         target=prepared.target.model,
         draft=draft.model if draft is not None else None,

@@ -22,9 +22,7 @@ from fleet.models import Endpoint
 from speculation import drafting
 from speculation.drafting.build import PathUnavailable
 from speculation.engine import (
-    HYBRID_LOOKUP_K,
     GenerationConfig,
-    HybridProposer,
     LocalTarget,
     SamplingParams,
     SpecStats,
@@ -34,6 +32,7 @@ from speculation.engine import (
 )
 from speculation.engine.decode import truncate_at_stop
 from speculation.engine.projection import StepCosts
+from speculation.engine.proposers import loop_k
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import Cancelled as CancelledMessage
 from speculation.jobs.channel import Done, Error, Ready, WorkerChannel
@@ -146,9 +145,8 @@ def speculate(
     """
     stop_ids = stop.stop_ids if stop is not None else prepared.eos_ids
     sampling = {**GREEDY_JOB, **(sampling or {})}
-    if k > 0 and not batch and isinstance(prepared.proposer, HybridProposer):
-        # K is the draft model's; the lookup has its own cap (the batch loop's decoder applies both itself)
-        prepared.proposer.model_k, k = k, max(k, HYBRID_LOOKUP_K)
+    if not batch:  # the batch loop's decoder applies a hybrid's two caps itself
+        k = loop_k(prepared.proposer, k)
     config = GenerationConfig(
         max_new_tokens=max_tokens,
         k=k,

@@ -124,3 +124,25 @@ def test_the_projection_charges_the_draft_step_for_the_models_drafts_only():
     # 4 drafts per verification, all of them the model's: v(4) + 4 c; one of them the model's: v(4) + 1 c
     assert costs.multiplier(tokens_per_step=3.0, k=4) == pytest.approx(3.0 / (1.2 + 0.8))
     assert costs.multiplier(tokens_per_step=3.0, k=4, draft_steps=1.0) == pytest.approx(3.0 / (1.2 + 0.2))
+
+
+def test_the_batch_engine_drafts_with_a_draft_model_a_lookup_or_both_and_nothing_else(draft_model):
+    from speculation.engine.proposers import batch_drafters
+
+    draft = DraftModelProposer(draft_model, target_vocab_size=draft_model.vocab_size)
+    lookup = SuffixProposer()
+    assert batch_drafters(draft) == (draft, None)
+    assert batch_drafters(lookup) == (None, lookup)
+    assert batch_drafters(HybridProposer(lookup, draft, model_k=2)) == (draft, lookup)
+    assert batch_drafters(HybridProposer(lookup, NgramProposer(), model_k=2)) is None  # a lookup's fallback
+    assert batch_drafters(object()) is None  # an EAGLE head, plain decoding: batch one
+
+
+def test_the_loop_k_of_a_hybrid_is_its_lookup_cap_and_its_model_k_the_policys(draft_model):
+    from speculation.engine.proposers import loop_k
+
+    draft = DraftModelProposer(draft_model, target_vocab_size=draft_model.vocab_size)
+    hybrid = HybridProposer(SuffixProposer(), draft, model_k=5)
+    assert loop_k(hybrid, 2) == HYBRID_LOOKUP_K and hybrid.model_k == 2
+    assert loop_k(draft, 3) == 3
+    assert loop_k(hybrid, 0) == 0  # plain steps stay plain
