@@ -30,21 +30,6 @@ REGISTRABLE_KINDS = [(value, label) for value, label in DraftKind.choices if val
 HYBRID_PREFIX = "suffix+"  # a hybrid candidate's name: this prefix and its draft model's name
 
 
-def candidate_name(mechanism: str, draft: DraftModel | None) -> str:
-    """The auto-pairing candidate a policy's pairing is: a lookup's kind, the draft's name, or the hybrid's
-    HYBRID_PREFIX + the draft's name ("" when a draft is missing)."""
-    if mechanism in LOOKUP_KINDS:
-        return str(mechanism)
-    if draft is None:
-        return ""
-    return HYBRID_PREFIX + draft.name if mechanism == DraftKind.SUFFIX_DRAFT else draft.name
-
-
-def draft_kind_for(mechanism: str) -> str:
-    """The kind of draft a policy with this mechanism names (a hybrid names a draft model)."""
-    return DraftKind.DRAFT_MODEL if mechanism == DraftKind.SUFFIX_DRAFT else mechanism
-
-
 class DraftModel(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     kind = models.CharField(max_length=16, choices=DraftKind.choices)

@@ -61,7 +61,6 @@ from speculation.models import (
     DraftKind,
     DraftModel,
     SpeculationPolicy,
-    draft_kind_for,
 )
 from speculation.offline.eagle.prompts import read_prompts, spec_bench_path
 from speculation.selectors.autopairing import PROD_MIN_REQUESTS, Choice, table_from_rows, workload_choice
@@ -224,8 +223,9 @@ def measure(
 
 def _policy(choice: Choice) -> SpeculationPolicy:
     """An unsaved policy holding a pairing (what auto_decision reads: mechanism, draft name, K)."""
-    name = choice.candidate.removeprefix(HYBRID_PREFIX) if choice.kind == DraftKind.SUFFIX_DRAFT else choice.candidate
-    draft = None if choice.kind in LOOKUP_KINDS else DraftModel(name=name, kind=draft_kind_for(choice.kind))
+    mechanism = drafting.for_kind(choice.kind)
+    name = mechanism.draft_name(choice.candidate)
+    draft = None if mechanism.looks_up else DraftModel(name=name, kind=mechanism.draft_kind)
     return SpeculationPolicy(mechanism=choice.kind, draft=draft, k=choice.k)
 
 

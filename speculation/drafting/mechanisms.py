@@ -14,7 +14,7 @@ from django.conf import settings
 
 from speculation.engine.eagle_format import FORMAT_EAGLE3, head_format, read_config
 from speculation.limits import tree_expansion
-from speculation.models import DraftKind, VerificationPath
+from speculation.models import HYBRID_PREFIX, DraftKind, VerificationPath
 
 # ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
 # not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).
@@ -32,6 +32,9 @@ SUFFIX_DRAFT_NOT_NATIVE = (
     "suffix decoding with a draft model's fallback runs in ACE's worker (path local or remote): a server runs one "
     "speculation method, so on path native choose suffix or draft_model"
 )
+# What a draft directory of a mechanism holds (Drafting.weights): a model's weights or an EAGLE head's.
+MODEL_WEIGHTS = "model"
+HEAD_WEIGHTS = "head"
 SUFFIX_NOT_MANAGED = (
     "suffix decoding on the server needs vLLM with Arctic Inference (method 'suffix'), which ACE's managed servers "
     "do not install: use path local or remote (ACE's own suffix decoding), or run the server yourself with the "
@@ -86,6 +89,21 @@ class Drafting:
     reads_target_features: ClassVar[bool] = False  # drafts from the target's hidden states (needs it in the worker)
     drafts_trees: ClassVar[bool] = False  # drafts the policy's EAGLE-2 tree
     native_names: ClassVar[dict[str, str]] = {}  # server kind -> its method / algorithm for this mechanism
+    weights: ClassVar[str] = MODEL_WEIGHTS  # what its draft's directory holds ("" for none: it looks up)
+    registrable: ClassVar[bool] = True  # a draft of this kind can be registered (else it is a policy's mechanism)
+
+    @property
+    def draft_kind(self) -> str:
+        """The kind of the registered draft a policy with this mechanism names."""
+        return self.kind
+
+    def candidate_name(self, draft: Any) -> str:
+        """The auto-pairing candidate a policy of this mechanism with `draft` is ("" when a draft is missing)."""
+        return draft.name if draft is not None else ""
+
+    def draft_name(self, candidate: str) -> str:
+        """The draft a candidate of this mechanism names (candidate_name's inverse; a lookup's is its kind)."""
+        return candidate
 
     def native_name(self, server_kind: str, draft_path: str = "") -> str | None:
         """The method (vLLM) or algorithm (SGLang) that runs it on a server of this kind, None if none does."""
@@ -145,6 +163,10 @@ class NgramDrafting(Drafting):
     looks_up = True
     lookup_kind = DraftKind.NGRAM
     native_names = {"vllm": "ngram", "sglang": "NGRAM"}
+    weights = ""
+
+    def candidate_name(self, draft: Any) -> str:
+        return str(self.kind)  # a lookup is named after its kind
 
     def measured_by(self, measure: Measure) -> Any:
         return measure.lookup()
@@ -204,6 +226,17 @@ class HybridDrafting(Drafting):
 
     kind = DraftKind.SUFFIX_DRAFT
     lookup_kind = DraftKind.SUFFIX
+    registrable = False  # a policy's mechanism over a registered draft model
+
+    @property
+    def draft_kind(self) -> str:
+        return DraftKind.DRAFT_MODEL
+
+    def candidate_name(self, draft: Any) -> str:
+        return HYBRID_PREFIX + draft.name if draft is not None else ""
+
+    def draft_name(self, candidate: str) -> str:
+        return candidate.removeprefix(HYBRID_PREFIX)
 
     def measured_by(self, measure: Measure) -> Any:
         return measure.hybrid()
@@ -235,6 +268,7 @@ class EagleDrafting(Drafting):
     reads_target_features = True
     drafts_trees = True
     native_names = {"vllm": "eagle", "sglang": "EAGLE"}
+    weights = HEAD_WEIGHTS
     eagle3_names: ClassVar[dict[str, str]] = {"vllm": "eagle3", "sglang": "EAGLE3"}  # an EAGLE-3 head's
 
     def measured_by(self, measure: Measure) -> Any:

@@ -14,7 +14,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from fleet.models import Endpoint
-from speculation.models import LOOKUP_KINDS, DraftModel, Mechanism, Mode, SpeculationPolicy, VerificationPath
+from speculation import drafting
+from speculation.models import DraftModel, Mechanism, Mode, SpeculationPolicy, VerificationPath
 from speculation.selectors import capabilities
 from speculation.services.policies import resolve_path, validate_policy
 
@@ -72,7 +73,7 @@ def path_options(*, policy: SpeculationPolicy, endpoint: Endpoint) -> list[Optio
 
 def draft_compatible(*, draft: DraftModel, endpoint: Endpoint) -> tuple[bool, str]:
     """Tokenizer-fingerprint compatibility of one draft with one endpoint (lookup drafts always fit)."""
-    if draft.kind in LOOKUP_KINDS:
+    if drafting.for_kind(draft.kind).looks_up:
         return True, f"{draft.get_kind_display()} uses the endpoint's own tokens"
     endpoint_fp = capabilities.tokenizer_fingerprint(endpoint)
     if not endpoint_fp:

@@ -15,14 +15,13 @@ from django.core.exceptions import ValidationError
 
 from fleet.managed.models import ManagedServer
 from fleet.models import Endpoint
+from speculation import drafting
 from speculation.models import (
-    LOOKUP_KINDS,
     DraftKind,
     DraftModel,
     SpeculationPolicy,
     TrainingRun,
     VerificationPath,
-    candidate_name,
 )
 from speculation.selectors.autopairing import MIN_REQUESTS, OVERALL, Recommendation, pairing_table, recommend
 from speculation.selectors.drafts import drafts_usable_by, visible_drafts
@@ -56,7 +55,7 @@ def apply_recommendation(
     """Set the policy's mechanism, draft and K to the recommendation's (nothing saved when it would be invalid)."""
     recommendation = recommendation_for(endpoint=endpoint, workload=workload)
     draft = None
-    if recommendation.kind not in LOOKUP_KINDS:
+    if not drafting.for_kind(recommendation.kind).looks_up:
         # Among the drafts the endpoint may use and the user may see: another team's reads as gone.
         usable = drafts_usable_by(endpoint)
         if user is not None:
@@ -99,7 +98,7 @@ def _decide(
 ) -> tuple[Recommendation | None, str]:
     if recommendation is None:
         return None, "no recommendation yet"
-    current = candidate_name(policy.mechanism, policy.draft)
+    current = drafting.for_kind(policy.mechanism).candidate_name(policy.draft)
     if recommendation.candidate == current and recommendation.k == policy.k:
         return None, f"the current pairing ({current}, K = {policy.k}) is the winner"
     if recommendation.requests < AUTO_MIN_REQUESTS:
@@ -160,7 +159,7 @@ def auto_apply(*, endpoint: Endpoint) -> SpeculationPolicy | None:
         return None
     why = f"{_scope(policy, endpoint)}: {why}"
     draft = None
-    if recommendation.kind not in LOOKUP_KINDS:
+    if not drafting.for_kind(recommendation.kind).looks_up:
         draft = drafts_usable_by(endpoint).filter(pk=recommendation.draft_id).first()
     trained = trained_on(draft)  # a head trained on the endpoint's captured traffic says so in the history
     try:

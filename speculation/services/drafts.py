@@ -9,8 +9,10 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from fleet import permissions
+from speculation import drafting
+from speculation.drafting.mechanisms import HEAD_WEIGHTS, MODEL_WEIGHTS
 from speculation.engine.eagle_format import eagle3_problems, is_eagle3_config, is_head_config
-from speculation.models import LOOKUP_KINDS, REGISTRABLE_KINDS, DraftKind, DraftModel
+from speculation.models import REGISTRABLE_KINDS, DraftKind, DraftModel
 from speculation.services.model_files import inspect_model_dir
 
 if TYPE_CHECKING:
@@ -34,9 +36,10 @@ def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[s
     The directory must lie under the model roots; every malformed file is a ValidationError on `path`
     naming the file and the problem (speculation.services.model_files).
     """
-    facts = inspect_model_dir(path, field="path", llama=kind == DraftKind.DRAFT_MODEL)
+    weights = drafting.for_kind(kind).weights
+    facts = inspect_model_dir(path, field="path", llama=weights == MODEL_WEIGHTS)
     config = facts.config
-    _check_kind(facts.directory, config, kind)
+    _check_kind(facts.directory, config, weights)
     return {
         "path": str(facts.directory),
         "vocab_size": config.get("vocab_size"),
@@ -47,12 +50,13 @@ def inspect_draft_dir(path: str, *, kind: str = DraftKind.DRAFT_MODEL) -> dict[s
     }
 
 
-def _check_kind(directory, config: dict[str, Any], kind: str) -> None:
-    """The kind must be what the folder holds: an EAGLE head's config.json carries ACE's `ace_eagle` section or is
-    an EAGLE-3 head's (one trained elsewhere: speculation.engine.eagle_format), a draft model's is neither. A
-    mismatch would fall back on every prod request; an EAGLE-3 head ACE's engine cannot replay is refused."""
+def _check_kind(directory, config: dict[str, Any], weights: str) -> None:
+    """The kind's weights must be what the folder holds: an EAGLE head's config.json carries ACE's `ace_eagle`
+    section or is an EAGLE-3 head's (one trained elsewhere: speculation.engine.eagle_format), a draft model's is
+    neither. A mismatch would fall back on every prod request; an EAGLE-3 head ACE's engine cannot replay is
+    refused."""
     is_head = is_head_config(config)
-    if kind == DraftKind.EAGLE_HEAD and not is_head:
+    if weights == HEAD_WEIGHTS and not is_head:
         raise ValidationError(
             {
                 "path": [
@@ -65,7 +69,7 @@ def _check_kind(directory, config: dict[str, Any], kind: str) -> None:
     if problems:
         raise ValidationError({"path": [f"{directory}: an EAGLE-3 head with {'; '.join(problems)}: ACE runs "
                                         "Llama-layout EAGLE-3 heads only"]})  # fmt: skip
-    if kind == DraftKind.DRAFT_MODEL and is_head:
+    if weights == MODEL_WEIGHTS and is_head:
         raise ValidationError(
             {
                 "path": [
@@ -100,13 +104,14 @@ def register_draft(
 
     `owner` and `team` decide who sees and deletes it (fleet.permissions); neither: admins only.
     """
-    if kind == DraftKind.SUFFIX_DRAFT:
-        raise ValidationError({"kind": [HYBRID_IS_A_MECHANISM]})
-    if kind not in DraftKind.values:
+    mechanism = drafting.MECHANISMS.get(kind)
+    if mechanism is None:
         known = ", ".join(value for value, _ in REGISTRABLE_KINDS)
         raise ValidationError({"kind": [f"unknown kind {kind!r}: choose one of {known}"]})
+    if not mechanism.registrable:
+        raise ValidationError({"kind": [HYBRID_IS_A_MECHANISM]})
     facts: dict[str, Any] = {}
-    if kind in LOOKUP_KINDS:
+    if not mechanism.weights:
         if path:
             raise ValidationError({"path": [f"a {kind} draft has no weights: leave path empty"]})
     else:

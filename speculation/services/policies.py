@@ -14,17 +14,14 @@ from django.utils import timezone
 from fleet.managed import services as managed_services
 from fleet.models import Endpoint, EndpointStatus
 from speculation import drafting
-from speculation.drafting.mechanisms import SUFFIX_DRAFT_NOT_NATIVE, SUFFIX_NOT_MANAGED
 from speculation.limits import K_MAX, K_MIN, tree_shape_problems
 from speculation.models import (
-    LOOKUP_KINDS,
     DraftModel,
     Mechanism,
     Mode,
     PolicyChange,
     SpeculationPolicy,
     VerificationPath,
-    draft_kind_for,
 )
 from speculation.selectors import capabilities, native_flags
 from speculation.services import model_files, target_identity
@@ -123,7 +120,8 @@ def path_warning(*, policy: SpeculationPolicy, endpoint: Endpoint) -> str:
 
 def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     """Why the draft cannot serve this endpoint (empty when it can)."""
-    if policy.mechanism in LOOKUP_KINDS:
+    mechanism = drafting.for_kind(policy.mechanism)
+    if mechanism.looks_up:
         if policy.draft is not None and policy.draft.kind != policy.mechanism:
             return [
                 f"mechanism {policy.mechanism} takes no draft weights, but draft {policy.draft.name!r} is a "
@@ -133,8 +131,8 @@ def _check_draft(policy: SpeculationPolicy, endpoint: Endpoint) -> list[str]:
     draft = policy.draft
     if draft is None:
         return [f"mechanism {policy.mechanism} needs a registered draft"]
-    if draft.kind != draft_kind_for(policy.mechanism):
-        return [f"draft {draft.name!r} is a {draft.kind}, not a {draft_kind_for(policy.mechanism)}"]
+    if draft.kind != mechanism.draft_kind:
+        return [f"draft {draft.name!r} is a {draft.kind}, not a {mechanism.draft_kind}"]
     endpoint_fp = capabilities.tokenizer_fingerprint(endpoint)
     if not endpoint_fp:
         return ["the endpoint's tokenizer fingerprint is unknown: probe the endpoint first"]
@@ -312,11 +310,12 @@ def update_policy(
                 setattr(policy, name, value)
         if not changes:
             return policy
-        if managed_services.speculation_of(policy).get("draft_kind") == Mechanism.SUFFIX and _managed(endpoint):
-            raise ValidationError({"path": [SUFFIX_NOT_MANAGED]})  # a switch would start a server that cannot
-        hybrid = policy.mechanism == Mechanism.SUFFIX_DRAFT
-        if hybrid and managed_services.speculation_of(policy) and _managed(endpoint):
-            raise ValidationError({"path": [SUFFIX_DRAFT_NOT_NATIVE]})  # nor can a server run the hybrid
+        # A switch would start a server that cannot run the mechanism (suffix decoding, the hybrid): refused now.
+        known = drafting.MECHANISMS.get(policy.mechanism)  # an unknown one is refused by validation
+        served = known is not None and managed_services.speculation_of(policy)
+        problem = served and known.path_problem(VerificationPath.NATIVE, managed=lambda: True)
+        if problem and _managed(endpoint):
+            raise ValidationError({"path": [problem]})
         if managed_services.needs_switch(endpoint=endpoint, policy=policy):
             # A managed endpoint whose server must run differently: applied blue/green once the new instance
             # serves (fleet.managed); until then the saved policy stays as it is.

@@ -25,18 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.models import Endpoint
+from speculation import drafting
 from speculation.engine.projection import MAX_PROJECTED_K
 from speculation.engine.stats import SpecStats
-from speculation.models import (
-    DRAFT_MODEL_KINDS,
-    LOOKUP_KINDS,
-    CandidateMeasurement,
-    DraftKind,
-    DraftModel,
-    SpeculationPolicy,
-    VerificationPath,
-    candidate_name,
-)
+from speculation.models import CandidateMeasurement, DraftModel, SpeculationPolicy, VerificationPath
 from speculation.selectors import costs as cost_selectors
 from speculation.selectors.autopairing import Choice, pairing_table, workload_choice
 
@@ -45,8 +37,8 @@ logger = logging.getLogger(__name__)
 TABLE_TTL_S = 30.0
 # What each worker path can run: an EAGLE head reads the target's hidden states, so only where it is loaded.
 KINDS_ON_PATH = {
-    VerificationPath.LOCAL: frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS, DraftKind.EAGLE_HEAD}),
-    VerificationPath.REMOTE: frozenset({*LOOKUP_KINDS, *DRAFT_MODEL_KINDS}),
+    path: frozenset(kind for kind, m in drafting.MECHANISMS.items() if m.path_problem(path) is None)
+    for path in (VerificationPath.LOCAL, VerificationPath.REMOTE)
 }
 
 
@@ -87,8 +79,9 @@ def forget(endpoint_id: int | None = None) -> None:
 
 def policy_choice(policy: SpeculationPolicy, k: int) -> Choice:
     """The policy's own candidate and K (what `draft: auto` falls back to)."""
-    name = candidate_name(policy.mechanism, policy.draft)  # a lookup is named after its kind ("ngram", "suffix")
-    draft_id = None if policy.mechanism in LOOKUP_KINDS else policy.draft_id
+    mechanism = drafting.for_kind(policy.mechanism)
+    name = mechanism.candidate_name(policy.draft)  # a lookup is named after its kind ("ngram", "suffix")
+    draft_id = None if mechanism.looks_up else policy.draft_id
     return Choice(name, policy.mechanism, draft_id, k, "", from_evidence=False)
 
 
@@ -102,7 +95,7 @@ def choose(
     if choice.candidate == current.candidate and choice.kind == current.kind:
         return policy, choice
     draft = None
-    if choice.kind not in LOOKUP_KINDS:
+    if not drafting.for_kind(choice.kind).looks_up:
         draft = cached.drafts.get(choice.draft_id)
         if draft is None:
             return policy, Choice(

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from speculation import drafting
-from speculation.drafting.mechanisms import EAGLE_NOT_REMOTE, SUFFIX_DRAFT_NOT_NATIVE, SUFFIX_NOT_MANAGED
-from speculation.models import LOOKUP_KINDS, DraftKind, Mechanism
+from speculation.drafting.mechanisms import (
+    EAGLE_NOT_REMOTE,
+    HEAD_WEIGHTS,
+    MODEL_WEIGHTS,
+    SUFFIX_DRAFT_NOT_NATIVE,
+    SUFFIX_NOT_MANAGED,
+)
+from speculation.models import HYBRID_PREFIX, LOOKUP_KINDS, REGISTRABLE_KINDS, DraftKind, DraftModel, Mechanism
 
 LOCAL, REMOTE, NATIVE = "local", "remote", "native"
 
@@ -152,3 +158,34 @@ def test_each_mechanism_picks_its_own_way_of_a_measurement():
     ways = {kind: m.measured_by(Ways()) for kind, m in drafting.MECHANISMS.items()}
     assert ways == {"ngram": "lookup", "suffix": "lookup", "draft_model": "draft_model", "suffix_draft": "hybrid",
                     "eagle_head": "eagle"}  # fmt: skip
+
+
+def test_it_names_the_kind_of_draft_a_policy_of_each_mechanism_names():
+    kinds = {kind: m.draft_kind for kind, m in drafting.MECHANISMS.items()}
+    assert kinds == {"ngram": "ngram", "suffix": "suffix", "draft_model": "draft_model", "suffix_draft": "draft_model",
+                     "eagle_head": "eagle_head"}  # fmt: skip
+
+
+def test_it_names_each_mechanisms_candidate_and_reads_the_draft_back():
+    draft = DraftModel(name="tiny-draft")
+    names = {kind: m.candidate_name(draft) for kind, m in drafting.MECHANISMS.items()}
+    assert names == {"ngram": "ngram", "suffix": "suffix", "draft_model": "tiny-draft",
+                     "suffix_draft": f"{HYBRID_PREFIX}tiny-draft", "eagle_head": "tiny-draft"}  # fmt: skip
+    missing = {kind: m.candidate_name(None) for kind, m in drafting.MECHANISMS.items()}
+    assert missing == {"ngram": "ngram", "suffix": "suffix", "draft_model": "", "suffix_draft": "", "eagle_head": ""}
+    for kind, mechanism in drafting.MECHANISMS.items():
+        if not mechanism.looks_up:
+            assert mechanism.draft_name(names[kind]) == "tiny-draft"
+
+
+def test_it_says_what_each_mechanisms_draft_directory_holds():
+    weights = {kind: m.weights for kind, m in drafting.MECHANISMS.items()}
+    assert weights == {"ngram": "", "suffix": "", "draft_model": MODEL_WEIGHTS, "suffix_draft": MODEL_WEIGHTS,
+                       "eagle_head": HEAD_WEIGHTS}  # fmt: skip
+    assert {kind for kind, w in weights.items() if not w} == {k for k, m in drafting.MECHANISMS.items() if m.looks_up}
+
+
+def test_every_mechanism_but_the_hybrid_can_be_registered_as_a_draft():
+    registrable = {kind for kind, m in drafting.MECHANISMS.items() if m.registrable}
+    assert registrable == {"ngram", "suffix", "draft_model", "eagle_head"}
+    assert registrable == {value for value, _ in REGISTRABLE_KINDS}  # the forms' and the API's choices
