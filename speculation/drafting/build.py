@@ -27,7 +27,6 @@ from speculation.engine.replay import (
     teacher_forced,
 )
 from speculation.engine.tree import TreeShape
-from speculation.models import DraftKind
 from speculation.worker import suffix_store
 from speculation.worker.paths import resources
 from speculation.worker.paths.text import eos_token_ids
@@ -56,12 +55,12 @@ def _text_source(policy: Any) -> str:
     raise PathUnavailable("no tokenizer in the worker: n-gram drafting needs target_path (the target's model dir)")
 
 
-def lookup_setup(policy: Any, target: resources.Loaded | None) -> DraftSetup:
+def lookup_setup(policy: Any, target: resources.Loaded | None, mechanism: Any) -> DraftSetup:
     """n-gram lookup or suffix decoding (over the endpoint's earlier answers), with the target's tokenizer."""
     source = _text_source(policy)
     tok = resources.tokenizer(source)
     vocab = target.model.vocab_size if target is not None else len(tok)
-    proposer = suffix_store.lookup_proposer(policy.mechanism, policy.endpoint_id)
+    proposer = mechanism.endpoint_lookup(policy.endpoint_id)
     return DraftSetup(proposer, tok, eos_token_ids(source, tok), vocab)
 
 
@@ -85,10 +84,10 @@ def draft_model_setup(policy: Any, target: resources.Loaded | None) -> DraftSetu
     return DraftSetup(proposer, draft.tokenizer, draft.eos_ids, vocab)
 
 
-def hybrid_setup(policy: Any, target: resources.Loaded | None) -> DraftSetup:
+def hybrid_setup(policy: Any, target: resources.Loaded | None, mechanism: Any) -> DraftSetup:
     """Suffix decoding first, the draft model where it finds little."""
     model = draft_model_setup(policy, target)
-    lookup = suffix_store.lookup_proposer(DraftKind.SUFFIX, policy.endpoint_id)
+    lookup = mechanism.endpoint_lookup(policy.endpoint_id)
     return replace(model, proposer=HybridProposer(lookup, model.proposer, model_k=max(1, policy.k)))
 
 
@@ -111,6 +110,11 @@ def ngram_lookup() -> NgramProposer:
 
 def suffix_lookup(index: Any, *, exclude: str = "") -> SuffixProposer:
     return SuffixProposer(index, exclude=exclude)
+
+
+def endpoint_index(endpoint_id: int) -> Any:
+    """The endpoint's store of earlier answers, up to date (speculation.worker.suffix_store)."""
+    return suffix_store.index_for(endpoint_id)
 
 
 # --- greedy replay of a known sequence --------------------------------------------------------------------------

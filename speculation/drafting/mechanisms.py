@@ -144,6 +144,11 @@ class Drafting:
         answers; None: the request's own context only) with the answer `exclude` left out."""
         return None
 
+    def endpoint_lookup(self, endpoint_id: int, *, exclude: str = "") -> Any:
+        """The lookup it drafts with on this endpoint (None for none): its lookup over the endpoint's store of
+        earlier answers (exclude: a stored answer left out, the replayed request's own)."""
+        return None
+
     def proposer(self, policy: Any, target: Any) -> Any:
         """Prod's proposer for the policy (target: the loaded local target, None on the remote path), with the
         tokenizer and end tokens the request uses (speculation.drafting.build.DraftSetup)."""
@@ -174,6 +179,9 @@ class NgramDrafting(Drafting):
     def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
         return _build().ngram_lookup()
 
+    def endpoint_lookup(self, endpoint_id: int, *, exclude: str = "") -> Any:
+        return self.lookup()  # the request's own context: no store read
+
     def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
         return {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}, []
 
@@ -181,7 +189,7 @@ class NgramDrafting(Drafting):
         return ["--speculative-num-draft-tokens", str(k + 1)], ["SGLang's NGRAM algorithm runs on CUDA only."]
 
     def proposer(self, policy: Any, target: Any) -> Any:
-        return _build().lookup_setup(policy, target)
+        return _build().lookup_setup(policy, target, self)
 
     def replay(self, sequence: list[int], ks: tuple[int, ...], **how: Any) -> dict[int, Any]:
         if how.get("lookup") is None:  # n-gram lookup, or suffix decoding over the request's context only
@@ -199,6 +207,9 @@ class SuffixDrafting(NgramDrafting):
 
     def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
         return _build().suffix_lookup(index, exclude=exclude)
+
+    def endpoint_lookup(self, endpoint_id: int, *, exclude: str = "") -> Any:
+        return self.lookup(_build().endpoint_index(endpoint_id), exclude=exclude)
 
     def vllm_config(self, draft_path: str) -> tuple[dict[str, Any], list[str]]:
         config = {
@@ -244,6 +255,9 @@ class HybridDrafting(Drafting):
     def lookup(self, index: Any = None, *, exclude: str = "") -> Any:
         return _build().suffix_lookup(index, exclude=exclude)
 
+    def endpoint_lookup(self, endpoint_id: int, *, exclude: str = "") -> Any:
+        return self.lookup(_build().endpoint_index(endpoint_id), exclude=exclude)
+
     def native_stand_in(self, draft_name: str) -> str | None:
         return (
             f"the policy's suffix decoding with this draft's fallback runs in ACE's worker only: these flags run the "
@@ -254,7 +268,7 @@ class HybridDrafting(Drafting):
         return SUFFIX_DRAFT_NOT_NATIVE if path == VerificationPath.NATIVE else None
 
     def proposer(self, policy: Any, target: Any) -> Any:
-        return _build().hybrid_setup(policy, target)
+        return _build().hybrid_setup(policy, target, self)
 
     def replay(self, sequence: list[int], ks: tuple[int, ...], **how: Any) -> dict[int, Any]:
         return _build().replay_hybrid_at(sequence, ks, **how)

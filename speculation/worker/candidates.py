@@ -79,7 +79,6 @@ from speculation.models import (
 from speculation.selectors import capabilities
 from speculation.selectors.drafts import drafts_usable_by
 from speculation.services import target_identity
-from speculation.worker import suffix_store
 from speculation.worker.costs import current_costs
 from speculation.worker.paths import resources
 
@@ -352,8 +351,7 @@ def _replayed(request: Replayed, candidate: Candidate) -> Any:
     """Greedy, and a lookup on a sampled request: the candidate's replay at every K. Sampled: a draft model's and
     the hybrid's expected replay at every K (speculation.worker.sampled.draft_pass_probabilities)."""
     mechanism = drafting.for_kind(candidate.kind)
-    kind = mechanism.lookup_kind
-    lookup = suffix_store.lookup_proposer(kind, request.endpoint.pk, exclude=request.request_id) if kind else None
+    lookup = mechanism.endpoint_lookup(request.endpoint.pk, exclude=request.request_id)
     # one-hot drafts (a lookup's, an EAGLE tree's top-k) pass exactly where the sampled token is theirs
     if request.params is None or mechanism.sampled_exact(_tree(request, candidate)):
         return replay(

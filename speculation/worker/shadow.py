@@ -246,7 +246,7 @@ def _measure_lookup(
     prod, is not known here)."""
     policy = shadowed.policy
     controller = None if sampled else shadowed.controller()
-    proposer = suffix_store.lookup_proposer(policy.mechanism, shadowed.endpoint.pk, exclude=shadowed.request_id)
+    proposer = drafting.for_kind(policy.mechanism).endpoint_lookup(shadowed.endpoint.pk, exclude=shadowed.request_id)
     stats = replay_proposer(proposer, sequence, policy.k, lookahead=controller, **common)
     _record_replay(shadowed, stats, controller, how=how)
 
@@ -269,7 +269,7 @@ def _measure_hybrid(shadowed: Shadowed, sequence: list[int], common: dict[str, A
     with the draft model's costs charged for the steps it drafted only."""
     policy, k = shadowed.policy, shadowed.policy.k
     mechanism = drafting.for_kind(policy.mechanism)
-    lookup = suffix_store.lookup_proposer(mechanism.lookup_kind, shadowed.endpoint.pk, exclude=shadowed.request_id)
+    lookup = mechanism.endpoint_lookup(shadowed.endpoint.pk, exclude=shadowed.request_id)
     stats = mechanism.replay(
         sequence, (k,), draft_path=policy.draft.path, lookup=lookup, common=common, target_path=policy.target_path
     )[k]
@@ -379,8 +379,8 @@ class _Sampled(_Greedy):
         if self._no_draft():
             return
         shadowed = self.shadowed
-        kind = drafting.for_kind(shadowed.policy.mechanism).lookup_kind
-        self._expected(lookup=suffix_store.lookup_proposer(kind, shadowed.endpoint.pk, exclude=shadowed.request_id))
+        mechanism = drafting.for_kind(shadowed.policy.mechanism)
+        self._expected(lookup=mechanism.endpoint_lookup(shadowed.endpoint.pk, exclude=shadowed.request_id))
 
     def _expected(self, *, lookup: Any) -> None:
         """A draft model (lookup None) or the hybrid: expected from the draft's probability of passing."""

@@ -23,10 +23,7 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from speculation.engine import NgramProposer, SuffixProposer
-from speculation.engine.proposers import LookupProposer
 from speculation.engine.suffix import SuffixIndex
-from speculation.models import DraftKind
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +78,6 @@ def index_for(endpoint_id: int) -> SuffixIndex:
             local.synced_at = time.monotonic()
             _sync(endpoint_id, local)
     return local.index
-
-
-def lookup_proposer(kind: str, endpoint_id: int, *, exclude: str = "") -> LookupProposer:
-    """What a lookup kind drafts with on this endpoint: n-gram prompt lookup, or suffix decoding over the
-    endpoint's store (exclude: a stored answer left out, the replayed request's own)."""
-    if kind == DraftKind.SUFFIX:
-        return SuffixProposer(index_for(endpoint_id), exclude=exclude)
-    return NgramProposer()
 
 
 def _sync(endpoint_id: int, local: _Local) -> None:

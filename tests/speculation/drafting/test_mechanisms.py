@@ -189,3 +189,16 @@ def test_every_mechanism_but_the_hybrid_can_be_registered_as_a_draft():
     registrable = {kind for kind, m in drafting.MECHANISMS.items() if m.registrable}
     assert registrable == {"ngram", "suffix", "draft_model", "eagle_head"}
     assert registrable == {value for value, _ in REGISTRABLE_KINDS}  # the forms' and the API's choices
+
+
+def test_each_mechanism_drafts_on_an_endpoint_with_its_own_lookup_reading_the_store_only_for_suffix(monkeypatch):
+    from speculation.drafting import build
+    from speculation.engine import NgramProposer, SuffixIndex, SuffixProposer
+
+    store, read = SuffixIndex(), []
+    monkeypatch.setattr(build, "endpoint_index", lambda endpoint_id: read.append(endpoint_id) or store)
+    lookups = {kind: m.endpoint_lookup(7, exclude="req-1") for kind, m in drafting.MECHANISMS.items()}
+    assert {kind: type(p) for kind, p in lookups.items()} == {"ngram": NgramProposer, "suffix": SuffixProposer,
+        "suffix_draft": SuffixProposer, "draft_model": type(None), "eagle_head": type(None)}  # fmt: skip
+    assert read == [7, 7]  # suffix decoding and the hybrid read the endpoint's store; n-gram lookup never
+    assert all(lookups[k].index is store and lookups[k].exclude == "req-1" for k in ("suffix", "suffix_draft"))
