@@ -46,6 +46,8 @@ _EXPORTS = {
     "K_MIN": "lookahead",
     "DynamicLookahead": "lookahead",
     "LoadAwareLookahead": "lookahead",
+    "Lookahead": "lookahead",
+    "StepReport": "lookahead",
     "TreeLookahead": "lookahead",
     "expected_tokens": "lookahead",
     "ModelArgs": "model",

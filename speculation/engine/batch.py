@@ -46,7 +46,7 @@ from speculation.engine.decode import (
     step_lookahead,
     truncate_at_stop,
 )
-from speculation.engine.lookahead import LoadAwareLookahead
+from speculation.engine.lookahead import LoadAwareLookahead, StepReport
 from speculation.engine.model import Transformer
 from speculation.engine.prefix_cache import PrefixCache
 from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer
@@ -221,17 +221,19 @@ class BatchDecoder:
                 kind[1] += min(row[0] + 1, len(d))
             width = max(len(d) for d in proposals.drafts)
             self.lookahead.observe(
-                lookup=(*lookups[True], *lookups[False]),
-                batch_size=batch_size,
-                drafted=proposals.fed if self.hybrid else width,
-                verified=width + 1,
-                accepted=counts[True][0],
-                reached=counts[True][1],
-                sampled_accepted=counts[False][0],
-                sampled_reached=counts[False][1],
-                draft_s=t1 - t0,
-                verify_s=t2 - t1,
-                catch_up=proposals.catch_up,
+                StepReport(
+                    lookup=(*lookups[True], *lookups[False]),
+                    batch_size=batch_size,
+                    drafted=proposals.fed if self.hybrid else width,
+                    verified=width + 1,
+                    accepted=counts[True][0],
+                    reached=counts[True][1],
+                    sampled_accepted=counts[False][0],
+                    sampled_reached=counts[False][1],
+                    draft_s=t1 - t0,
+                    verify_s=t2 - t1,
+                    catch_up=proposals.catch_up,
+                )
             )
         finished = {u.key for u in updates if u.finish_reason}
         for row in range(len(self._active) - 1, -1, -1):  # leave after the step, highest row first

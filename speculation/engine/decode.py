@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speculation.engine.errors import ContextLengthError, EmptyPromptError, VocabMismatchError
-from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, TreeLookahead, check_k
+from speculation.engine.lookahead import DEFAULT_K, DynamicLookahead, Lookahead, StepReport, TreeLookahead, check_k
 from speculation.engine.proposers import Proposal, Proposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
@@ -90,7 +90,7 @@ def generate(
     config: GenerationConfig,
     on_tokens: OnTokens | None = None,
     *,
-    lookahead: DynamicLookahead | None = None,
+    lookahead: Lookahead | None = None,
     ends_after: EndsAfter | None = None,
 ) -> GenerationResult:
     """Speculative decoding (plain decoding when proposer is None).
@@ -117,7 +117,7 @@ def generate(
     run.stats.prefill_s = time.perf_counter() - started
     while True:
         k = step_lookahead(
-            lookahead.choose() if lookahead else config.k, len(out), len(committed), config.max_new_tokens, max_context
+            lookahead.choose(1) if lookahead else config.k, len(out), len(committed), config.max_new_tokens, max_context
         )
         if len(out) >= config.max_new_tokens or len(committed) >= max_context:
             break
@@ -125,12 +125,14 @@ def generate(
         if lookahead is not None:
             reached = min(step.accepted + 1, step.drafted)
             lookahead.observe(
-                drafted=step.drafted,
-                accepted=step.accepted,
-                reached=reached,
-                draft_s=step.draft_s,
-                verify_s=step.verify_s,
-                verified=step.verified,
+                StepReport(
+                    drafted=step.drafted,
+                    accepted=step.accepted,
+                    reached=reached,
+                    draft_s=step.draft_s,
+                    verify_s=step.verify_s,
+                    verified=step.verified,
+                )
             )
             k_history.append(step.drafted)
         committed.extend(step.new)

@@ -15,13 +15,17 @@ policy's tree (the chain, the tree with half its nodes, the tree: ``tree_family`
 per shape: E[N] from that shape's own decayed acceptance over (verification of its nodes + depth x its draft level
 cost). On a CPU, where every verified row costs nearly its full price, the chain tends to win; where verifying more
 rows is nearly free (a GPU), the wide tree does. Shapes not used for ``SHAPE_PROBE_EVERY`` steps are probed again.
+
+Every controller has one interface (``Lookahead``): ``choose(batch_size)`` gives the next step's K and
+``observe(StepReport)`` learns from the step that ran. A single request's loop (decode.generate) passes batch size 1;
+the batch engine (engine/batch.py) its current batch size, which LoadAwareLookahead's costs are kept by.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from speculation.engine.errors import LookaheadError
 from speculation.engine.projection import expected_tokens, non_decreasing, verify_cost
@@ -35,7 +39,9 @@ __all__ = [
     "K_MAX",
     "K_MIN",
     "DynamicLookahead",
+    "Lookahead",
     "ModeledLookahead",
+    "StepReport",
     "TreeLookahead",
     "check_k",
     "expected_tokens",
@@ -58,6 +64,36 @@ def check_k(k: int) -> int:
     return k
 
 
+@dataclass(frozen=True)
+class StepReport:
+    """One verification step, as a controller learns from it: drafted = draft tokens per row (a tree: its depth);
+    accepted / reached over the greedy rows (reached: the draft positions whose verdict was read); draft_s /
+    verify_s the step's wall times; verified = the tokens the target pass checked per row when not drafted + 1 (a
+    tree's nodes + 1, a hybrid's wider lookups). For a batch step: batch_size, the sampled rows' own counts, a
+    hybrid's looked-up rows' (accepted, reached) greedy then sampled, and catch_up (the drafting also fed the draft
+    the tokens plain steps committed, so draft_s is not a draft step's cost)."""
+
+    drafted: int
+    accepted: int
+    reached: int
+    draft_s: float
+    verify_s: float
+    verified: int = 0
+    batch_size: int = 1
+    catch_up: bool = False
+    sampled_accepted: int = 0
+    sampled_reached: int = 0
+    lookup: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+class Lookahead(Protocol):
+    """What a decode loop asks of its K controller."""
+
+    def choose(self, batch_size: int = 1) -> int: ...
+
+    def observe(self, report: StepReport) -> None: ...
+
+
 @dataclass
 class DynamicLookahead:
     k_max: int = K_MAX
@@ -73,18 +109,16 @@ class DynamicLookahead:
     def alpha(self) -> float:
         return self.accepted / self.reached
 
-    def observe(
-        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
-    ) -> None:
-        """One step's counts and wall times; verified: the tokens the target pass checked (default drafted + 1; a
-        draft tree: its nodes + 1), the key of the verify cost table."""
-        self.accepted = DECAY * self.accepted + accepted
-        self.reached = DECAY * self.reached + reached
+    def observe(self, report: StepReport) -> None:
+        """One step's counts and wall times; the verify cost table is keyed by the tokens the target pass checked."""
+        self.accepted = DECAY * self.accepted + report.accepted
+        self.reached = DECAY * self.reached + report.reached
+        drafted = report.drafted
         if drafted:
-            self.draft_step_s = self._decayed(("draft",), self.draft_step_s, draft_s / drafted)
+            self.draft_step_s = self._decayed(("draft",), self.draft_step_s, report.draft_s / drafted)
         self.plain_streak = 0 if drafted else self.plain_streak + 1
-        n = verified or drafted + 1
-        self.verify_s[n] = self._decayed(("verify", n), self.verify_s.get(n), verify_s)
+        n = report.verified or drafted + 1
+        self.verify_s[n] = self._decayed(("verify", n), self.verify_s.get(n), report.verify_s)
 
     def _decayed(self, key: tuple, old: float | None, new: float) -> float:
         """The estimate after one more measurement. A size's first measurement is a warm-up: on a CPU a shape's
@@ -117,7 +151,8 @@ class DynamicLookahead:
         """Whether choose() is measuring costs rather than deciding on them (a step's width must then be its K + 1)."""
         return self.draft_step_s is None or len(self.verify_s) < 2 or 1 not in self.verify_s or bool(self._cold())
 
-    def choose(self) -> int:
+    def choose(self, batch_size: int = 1) -> int:
+        """The next step's K (a single request's controller: its costs are those of batch size 1)."""
         k_start = min(self.k_start, self.k_max)
         if self.draft_step_s is None or not self.verify_s:
             return k_start
@@ -158,13 +193,12 @@ class ModeledLookahead(DynamicLookahead):
             k_max=k, k_start=k, accepted=accepted, reached=reached, draft_step_s=draft_step_s, verify_s=dict(verify_s)
         )
 
-    def observe(
-        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
-    ) -> None:
-        self.accepted = DECAY * self.accepted + accepted
-        self.reached = DECAY * self.reached + reached
+    def observe(self, report: StepReport) -> None:
+        drafted = report.drafted
+        self.accepted = DECAY * self.accepted + report.accepted
+        self.reached = DECAY * self.reached + report.reached
         self.plain_streak = 0 if drafted else self.plain_streak + 1
-        self.modeled_s += self.verify_cost(verified or drafted + 1) + drafted * (self.draft_step_s or 0.0)
+        self.modeled_s += self.verify_cost(report.verified or drafted + 1) + drafted * (self.draft_step_s or 0.0)
         self.steps += 1
 
 
@@ -230,7 +264,7 @@ class TreeLookahead(DynamicLookahead):
         """Drafting steps per shape (labels as ``shape_label``), over the controller's life."""
         return {shape_label(arm.shape): arm.used for arm in self.arms}
 
-    def choose(self) -> int:
+    def choose(self, batch_size: int = 1) -> int:
         k_start = min(self.k_start, self.k_max)
         if not self.drafting_s or not self.verify_s:  # nothing measured: the policy's tree at the policy's depth
             return self._pick(self.arms[-1], k_start)
@@ -261,22 +295,18 @@ class TreeLookahead(DynamicLookahead):
         self._arm, self.shape = arm, arm.shape if arm is not None else None
         return k
 
-    def observe(
-        self, *, drafted: int, accepted: int, reached: int, draft_s: float, verify_s: float, verified: int = 0
-    ) -> None:
-        super().observe(
-            drafted=drafted, accepted=accepted, reached=reached, draft_s=draft_s, verify_s=verify_s, verified=verified
-        )
-        arm = self._arm
+    def observe(self, report: StepReport) -> None:
+        super().observe(report)
+        drafted, arm = report.drafted, self._arm
         if not drafted or arm is None:
             return
         for other in self.arms:
             other.idle += 1
         arm.idle, arm.used = 0, arm.used + 1
-        arm.accepted = DECAY * arm.accepted + accepted
-        arm.reached = DECAY * arm.reached + reached
+        arm.accepted = DECAY * arm.accepted + report.accepted
+        arm.reached = DECAY * arm.reached + report.reached
         table = self.drafting_s.setdefault(arm.shape.top_k, {})
-        table[drafted] = self._decayed(("drafting", arm.shape.top_k, drafted), table.get(drafted), draft_s)
+        table[drafted] = self._decayed(("drafting", arm.shape.top_k, drafted), table.get(drafted), report.draft_s)
 
 
 def _drafting_time(table: dict[int, float], depth: int) -> float:
@@ -317,6 +347,7 @@ class LoadAwareLookahead:
     """
 
     k_start: int = DEFAULT_K
+    k_max: int = K_MAX  # choose()'s cap where the caller gives none
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
     sampled_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
@@ -375,9 +406,13 @@ class LoadAwareLookahead:
         rates = [expected_tokens(alpha=alpha, k=k) / costs.verify_cost(k + 1) for k in range(k_max + 1)]
         return max(min(model_k, k_max), max(range(k_max + 1), key=lambda k: (rates[k], -k)))
 
-    def choose(self, batch_size: int, *, k_max: int, sampled: bool = False, count: bool = True) -> int:
-        """The K for this step's greedy slots (sampled: its sampled slots, by their own acceptance). count: this call
-        counts the step (once per step: a second call for the other kind passes False)."""
+    def choose(
+        self, batch_size: int = 1, *, k_max: int | None = None, sampled: bool = False, count: bool = True
+    ) -> int:
+        """The K for this step's greedy slots (sampled: its sampled slots, by their own acceptance), at most k_max
+        (the requests' K). count: this call counts the step (once per step: a second call for the other kind
+        passes False)."""
+        k_max = self.k_max if k_max is None else k_max
         bucket = load_bucket(batch_size)
         costs = self._costs(batch_size)
         costs.k_max, costs.k_start = k_max, min(self.k_start, k_max)
@@ -388,35 +423,19 @@ class LoadAwareLookahead:
             return costs.k_start
         return costs.choose()
 
-    def observe(
-        self,
-        *,
-        batch_size: int,
-        drafted: int,
-        accepted: int,
-        reached: int,
-        draft_s: float,
-        verify_s: float,
-        catch_up: bool = False,
-        sampled_accepted: int = 0,
-        sampled_reached: int = 0,
-        verified: int = 0,
-        lookup: tuple[int, int, int, int] = (0, 0, 0, 0),
-    ) -> None:
-        """One batch step: drafted = draft tokens per row (the verify width - 1); accepted / reached summed over
-        the greedy slots, sampled_accepted / sampled_reached over the sampled ones; draft_s / verify_s the step's
-        wall time. catch_up: the drafting also fed the draft the tokens that plain steps committed, so draft_s is
-        not a draft step's cost (the last estimate stands). verified: the verify width when it is not drafted + 1
-        (a hybrid's step: its lookups draft wider than the model's steps). lookup: a hybrid's looked-up slots'
-        (accepted, reached) greedy then sampled; the others count the model's drafts only."""
-        costs = self._costs(batch_size)
-        if catch_up and costs.draft_step_s is not None:
-            draft_s = costs.draft_step_s * drafted
-        costs.observe(drafted=drafted, accepted=0, reached=0, draft_s=draft_s, verify_s=verify_s, verified=verified)
-        self.accepted = DECAY * self.accepted + accepted
-        self.reached = DECAY * self.reached + reached
-        self.sampled_accepted = DECAY * self.sampled_accepted + sampled_accepted
-        self.sampled_reached = DECAY * self.sampled_reached + sampled_reached
+    def observe(self, report: StepReport) -> None:
+        """One batch step (StepReport): the load bucket's costs learn its wall times, the shared estimates its
+        greedy, sampled and looked-up rows' acceptance (a hybrid's other rows count the model's drafts only)."""
+        costs = self._costs(report.batch_size)
+        draft_s = report.draft_s
+        if report.catch_up and costs.draft_step_s is not None:
+            draft_s = costs.draft_step_s * report.drafted
+        costs.observe(replace(report, accepted=0, reached=0, draft_s=draft_s))
+        self.accepted = DECAY * self.accepted + report.accepted
+        self.reached = DECAY * self.reached + report.reached
+        self.sampled_accepted = DECAY * self.sampled_accepted + report.sampled_accepted
+        self.sampled_reached = DECAY * self.sampled_reached + report.sampled_reached
+        lookup = report.lookup
         if any(lookup):
             self.lookup_accepted = DECAY * self.lookup_accepted + lookup[0]
             self.lookup_reached = DECAY * self.lookup_reached + lookup[1]

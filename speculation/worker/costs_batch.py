@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from speculation.engine.batch_model import BatchedModel
+from speculation.engine.lookahead import StepReport
 from speculation.engine.model import Transformer
 from speculation.engine.proposers import Proposal
 from speculation.engine.sampling import SamplingParams
@@ -109,11 +110,11 @@ class _ToldK:
         self.k = 0
         self.last: tuple[int, float, float, bool] | None = None  # drafted, draft_s, verify_s, catch_up
 
-    def choose(self, batch_size: int, *, k_max: int, **_) -> int:
+    def choose(self, batch_size: int = 1, **_) -> int:
         return self.k
 
-    def observe(self, *, batch_size: int, drafted: int, draft_s: float, verify_s: float, catch_up: bool = False, **_):
-        self.last = (drafted, draft_s, verify_s, catch_up)
+    def observe(self, report: StepReport) -> None:
+        self.last = (report.drafted, report.draft_s, report.verify_s, report.catch_up)
 
 
 class BatchStepTimer:

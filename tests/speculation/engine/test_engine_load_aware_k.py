@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speculation.engine import LoadAwareLookahead
-from speculation.engine.lookahead import REMEASURE_EVERY, load_bucket
+from speculation.engine.lookahead import REMEASURE_EVERY, StepReport, load_bucket
 
 
 def measured(*, alpha: float, costs: dict[int, tuple[dict[int, float], float]]) -> LoadAwareLookahead:
@@ -46,7 +46,7 @@ def test_acceptance_is_shared_by_every_batch_size():
     assert lookahead.choose(8, k_max=5) > 0
     # when steps at 1 slot see every draft rejected
     for _ in range(120):
-        lookahead.observe(batch_size=1, drafted=5, accepted=0, reached=1, draft_s=0.5, verify_s=1.0)
+        lookahead.observe(StepReport(batch_size=1, drafted=5, accepted=0, reached=1, draft_s=0.5, verify_s=1.0))
     # then the 8-slot choice backs off too
     assert lookahead.alpha < 0.05
     assert lookahead.choose(8, k_max=5) == 0
@@ -59,14 +59,16 @@ def test_greedy_and_sampled_slots_keep_their_own_acceptance_and_k():
     # when steps of sampled slots see their drafts rejected and greedy slots theirs accepted
     for _ in range(120):
         lookahead.observe(
-            batch_size=1,
-            drafted=5,
-            accepted=5,
-            reached=5,
-            sampled_accepted=0,
-            sampled_reached=1,
-            draft_s=0.25,
-            verify_s=1.1,
+            StepReport(
+                batch_size=1,
+                drafted=5,
+                accepted=5,
+                reached=5,
+                sampled_accepted=0,
+                sampled_reached=1,
+                draft_s=0.25,
+                verify_s=1.1,
+            )
         )
     # then each kind has its own estimate and K, and choosing for the second kind does not count the step again
     assert lookahead.alpha > 0.95 and lookahead.sampled_alpha < 0.05
@@ -84,7 +86,9 @@ def test_fresh_batch_sizes_explore_before_they_choose():
     for _ in range(6):
         k = lookahead.choose(16, k_max=4)
         seen.append(k)
-        lookahead.observe(batch_size=16, drafted=k, accepted=k // 2, reached=k, draft_s=0.01 * k, verify_s=0.1)
+        lookahead.observe(
+            StepReport(batch_size=16, drafted=k, accepted=k // 2, reached=k, draft_s=0.01 * k, verify_s=0.1)
+        )
     assert seen == [4, 4, 2, 2, 0, 0]
 
 
@@ -100,7 +104,9 @@ def test_a_step_that_catches_the_draft_up_does_not_count_as_a_draft_step():
     # given a measured draft step of 0.05 s
     lookahead = measured(alpha=0.9, costs={4: ({1: 1.0, 6: 1.1}, 0.05)})
     # when the first draft step after plain steps also feeds the draft 20 committed tokens (2 s)
-    lookahead.observe(batch_size=4, drafted=5, accepted=4, reached=5, draft_s=2.0, verify_s=1.1, catch_up=True)
+    lookahead.observe(
+        StepReport(batch_size=4, drafted=5, accepted=4, reached=5, draft_s=2.0, verify_s=1.1, catch_up=True)
+    )
     # then the draft step estimate stands, and speculation still pays
     assert lookahead.by_load[4].draft_step_s == pytest.approx(0.05)
     assert lookahead.choose(4, k_max=5) > 0
@@ -114,7 +120,7 @@ def test_a_bucket_seeded_from_a_calibration_chooses_from_its_first_step():
     # then: no learning steps (k_start, k_start // 2, plain): the best K for those costs at once
     assert [lookahead.choose(1, k_max=5) for _ in range(3)] == [3, 3, 3]
     # and a bucket that has measurements of its own is not overwritten
-    lookahead.observe(batch_size=1, drafted=3, accepted=3, reached=3, draft_s=0.03, verify_s=2.0)
+    lookahead.observe(StepReport(batch_size=1, drafted=3, accepted=3, reached=3, draft_s=0.03, verify_s=2.0))
     assert not lookahead.seed(1, verify_s={1: 9.0}, draft_step_s=9.0)
     assert lookahead.by_load[1].verify_s[4] == pytest.approx(1.5)  # the seed counted as one measurement
 
@@ -125,7 +131,7 @@ def test_a_hybrids_lookups_are_sized_by_their_own_acceptance_over_the_same_verif
     for step in range(1, 3):  # past the step that re-measures k_start
         lookahead.steps[load_bucket(1)] = lookahead.steps[load_bucket(32)] = step
     lookahead.observe(
-        batch_size=1, drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=1.0, lookup=(900, 1000, 0, 0)
+        StepReport(batch_size=1, drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=1.0, lookup=(900, 1000, 0, 0))
     )
     for bucket in (1, 32):
         lookahead._costs(bucket).seen.clear()  # the tables above count as measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speculation.engine import DynamicLookahead, expected_tokens
-from speculation.engine.lookahead import PROBE_EVERY
+from speculation.engine.lookahead import PROBE_EVERY, StepReport
 
 
 def measured(alpha: float, verify: dict[int, float], draft_step: float) -> DynamicLookahead:
@@ -37,7 +37,7 @@ def test_no_acceptance_backs_off_to_plain_steps_and_probes_later():
     lookahead = measured(0.0, {1: 1.0, 6: 1.2}, draft_step=0.1)
     assert lookahead.choose() == 0
     for _ in range(PROBE_EVERY):
-        lookahead.observe(drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=1.0)
+        lookahead.observe(StepReport(drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=1.0))
     assert lookahead.choose() == 1
 
 
@@ -63,23 +63,47 @@ def test_one_stalled_step_moves_a_cost_by_at_most_spike_times_its_weight():
 
     lookahead = measured(0.9, {1: 1.0, 6: 1.2}, draft_step=0.05)  # each set value counts as one measurement
     lookahead.k_max = 5
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0)  # a 100 s stall
+    lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0))  # a 100 s stall
     assert lookahead.verify_s[6] == pytest.approx((1.2 + SPIKE * 1.2) / 2)  # the mean of two measurements
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=100.0, verify_s=1.2)
+    lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=100.0, verify_s=1.2))
     assert lookahead.draft_step_s == pytest.approx((0.05 + 0.05 + SPIKE * 0.05) / 3)
     assert lookahead.choose() == 5  # still speculating
     for _ in range(20):  # past 1 / (1 - DECAY) measurements: the decayed average
-        lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=1.2)
+        lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=1.2))
     before = lookahead.verify_s[6]
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0)
+    lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=5 * 0.05, verify_s=100.0))
     assert lookahead.verify_s[6] == pytest.approx(DECAY * before + (1 - DECAY) * SPIKE * before)
 
 
 def test_a_sizes_first_measurement_is_a_warm_up_the_next_one_replaces():
     lookahead = DynamicLookahead(k_max=5, k_start=5)
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.030)  # the first step: cold
+    lookahead.observe(
+        StepReport(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.030)
+    )  # the first step: cold
     assert lookahead.choose() == 5  # measured again before anything is decided on it
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.010)
+    lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.010))
     assert lookahead.verify_s[6] == pytest.approx(0.010)
-    lookahead.observe(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.014)
+    lookahead.observe(StepReport(drafted=5, accepted=5, reached=5, draft_s=0.05, verify_s=0.014))
     assert lookahead.verify_s[6] == pytest.approx(0.012)  # then the mean while they are few
+
+
+def test_every_controller_takes_the_same_choose_and_observe():
+    # given each K controller, driven only through the Lookahead interface
+    from speculation.engine import LoadAwareLookahead, TreeLookahead
+    from speculation.engine.tree import TreeShape
+
+    controllers = [
+        DynamicLookahead(k_max=4, k_start=4),
+        TreeLookahead.for_tree(TreeShape(top_k=2, depth=4, nodes=6), k_max=4, k_start=4),
+        LoadAwareLookahead(k_start=4, k_max=4),
+    ]
+    for lookahead in controllers:
+        chosen = []
+        for _ in range(40):  # a draft that is always right, verification nearly free at any width
+            k = lookahead.choose(1)
+            chosen.append(k)
+            report = StepReport(drafted=k, accepted=k, reached=k, draft_s=0.001 * k, verify_s=0.01 + 0.0001 * k)
+            lookahead.observe(report)
+        # then each settles on drafting (the step's tokens pay for its cost), within its cap
+        assert 0 <= min(chosen) and max(chosen) <= 4, type(lookahead).__name__
+        assert chosen[-1] > 0, type(lookahead).__name__

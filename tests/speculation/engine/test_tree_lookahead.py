@@ -11,7 +11,7 @@ import pytest
 
 from speculation.engine import GenerationConfig, LocalTarget, generate, generate_plain
 from speculation.engine.eagle import EagleProposer
-from speculation.engine.lookahead import SHAPE_PROBE_EVERY, TreeLookahead, shape_label, tree_family
+from speculation.engine.lookahead import SHAPE_PROBE_EVERY, StepReport, TreeLookahead, shape_label, tree_family
 from speculation.engine.tree import TreeShape
 from tests.speculation.engine.test_engine_tree import PROMPTS, trained_tree_head  # noqa: F401 - a fixture
 
@@ -46,19 +46,21 @@ def simulate(
         k = lookahead.choose()
         shape = lookahead.shape
         if k == 0:
-            lookahead.observe(drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=verify_s(1))
+            lookahead.observe(StepReport(drafted=0, accepted=0, reached=0, draft_s=0.0, verify_s=verify_s(1)))
             chosen.append("plain")
             continue
         depth = min(shape.depth, k)
         nodes = min(shape.nodes, shape.top_k + (depth - 1) * shape.top_k**2)
         accepted = min(depth, reach[shape_label(shape)])
         lookahead.observe(
-            drafted=depth,
-            accepted=accepted,
-            reached=min(accepted + 1, depth),
-            draft_s=depth * level_s(shape.top_k),
-            verify_s=verify_s(nodes + 1),
-            verified=nodes + 1,
+            StepReport(
+                drafted=depth,
+                accepted=accepted,
+                reached=min(accepted + 1, depth),
+                draft_s=depth * level_s(shape.top_k),
+                verify_s=verify_s(nodes + 1),
+                verified=nodes + 1,
+            )
         )
         chosen.append(shape_label(shape))
     return chosen
