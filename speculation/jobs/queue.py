@@ -45,5 +45,12 @@ def enqueue_candidates(*, node_class: str, **kwargs: Any) -> None:
 
 
 def enqueue_training(*, run_id: int, node_class: str) -> None:
-    """Queue an EAGLE head's training run on the node class's GPU queue."""
+    """Queue a training run (an EAGLE head, a draft distillation) on the node class's GPU queue."""
     app.send_task(TRAINING_TASK, args=[run_id], queue=gpu_queue(node_class))
+
+
+def enqueue_training_on_commit(run: Any) -> None:
+    """Queue the training run once the transaction that saved its row commits (the task reads the row)."""
+    from django.db import transaction
+
+    transaction.on_commit(lambda: enqueue_training(run_id=run.pk, node_class=run.node_class))

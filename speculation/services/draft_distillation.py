@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -148,7 +147,7 @@ def create_distillation_run(
 def start_distillation_run(**kwargs: Any) -> TrainingRun:
     """Create a run and queue it on the node class's GPU queue once the row is committed (the training task)."""
     run = create_distillation_run(**kwargs)
-    transaction.on_commit(lambda: queue.enqueue_training(run_id=run.pk, node_class=run.node_class))
+    queue.enqueue_training_on_commit(run)
     return run
 
 

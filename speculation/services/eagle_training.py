@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 from django.utils.text import slugify
@@ -294,7 +293,7 @@ def create_training_run(
 def start_training_run(**kwargs: Any) -> TrainingRun:
     """Create a run and queue it on the node class's GPU queue once the row is committed."""
     run = create_training_run(**kwargs)
-    transaction.on_commit(lambda: queue.enqueue_training(run_id=run.pk, node_class=run.node_class))
+    queue.enqueue_training_on_commit(run)
     return run
 
 
