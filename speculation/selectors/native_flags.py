@@ -36,10 +36,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from speculation import drafting
-from speculation.drafting.mechanisms import head_format_of
+from speculation.drafting.mechanisms import HEAD_WEIGHTS, head_format_of
 from speculation.engine.eagle_format import FORMAT_MULTI_LAYER
 from speculation.limits import DEFAULT_K, K_MAX, K_MIN, tree_shape_problems
-from speculation.models import LOOKUP_KINDS, DraftKind
+from speculation.models import DraftKind, VerificationPath
 
 
 class NativeFlagsError(ValueError):
@@ -79,25 +79,21 @@ def _check(draft_kind: str, draft_path: str, k: int, tree: dict | None = None) -
         raise NativeFlagsError("; ".join(problems))
     if tree and not drafting.drafts_trees(draft_kind):
         raise NativeFlagsError(f"a draft tree is drafted by an EAGLE head, not by a {draft_kind}")
-    if draft_kind == DraftKind.SUFFIX_DRAFT:
-        raise NativeFlagsError(HYBRID_NOT_NATIVE)
-    if draft_kind not in DraftKind.values:
+    mechanism = drafting.MECHANISMS.get(draft_kind)
+    if mechanism is None:
         raise NativeFlagsError(f"unknown draft kind {draft_kind!r}: choose one of {', '.join(DraftKind.values)}")
+    problem = mechanism.path_problem(VerificationPath.NATIVE)  # a server runs one method: never the hybrid
+    if problem:
+        raise NativeFlagsError(problem)
     if not K_MIN <= k <= K_MAX:
         raise NativeFlagsError(f"K must be between {K_MIN} and {K_MAX}, got {k}")
-    if draft_kind not in LOOKUP_KINDS and not draft_path:
+    if not mechanism.looks_up and not draft_path:
         raise NativeFlagsError(f"a {draft_kind} needs the directory of its weights")
     if drafting.drafts_trees(draft_kind) and head_format_of(draft_path) == FORMAT_MULTI_LAYER:
         raise NativeFlagsError(
             "this EAGLE head is in ACE's older multi-layer format 2, which runs on ACE's local path only: train it "
             "again with --multi-layer (saved in vLLM's EAGLE-3 layout, method eagle3 / SGLang EAGLE3)"
         )
-
-
-HYBRID_NOT_NATIVE = (
-    "suffix decoding with a draft model's fallback runs in ACE's worker (path local or remote): a server runs one "
-    "method; its flags are suffix's or the draft model's"
-)
 
 
 def vllm_flags(*, draft_kind: str, draft_path: str = "", k: int = DEFAULT_K, tree: dict | None = None) -> NativeFlags:
@@ -156,10 +152,11 @@ def head_problem(*, server_kind: str, draft) -> str:
     """Why a server of this kind cannot run this EAGLE head itself ("" when it can, or when no head is named yet):
     an EAGLE head on path native is drafted by the server, which loads it with these flags (vLLM's eagle / eagle3,
     SGLang's EAGLE / EAGLE3); ACE's older multi-layer format runs on ACE's local path only."""
-    if draft is None or draft.kind != DraftKind.EAGLE_HEAD:
+    mechanism = drafting.MECHANISMS.get(draft.kind) if draft is not None else None
+    if mechanism is None or mechanism.weights != HEAD_WEIGHTS:
         return ""
     try:
-        native_flags(server_kind=server_kind, draft_kind=DraftKind.EAGLE_HEAD, draft_path=draft.path)
+        native_flags(server_kind=server_kind, draft_kind=draft.kind, draft_path=draft.path)
     except NativeFlagsError as exc:
         return f"on path native the server runs the EAGLE head itself, and cannot run this one: {exc}"
     return ""
@@ -174,7 +171,8 @@ def flags_for_endpoint(*, endpoint, draft=None, k: int | None = None) -> NativeF
         k = policy.k if policy is not None else DEFAULT_K
     if draft is None:
         mechanism = policy.mechanism if policy is not None else DraftKind.NGRAM
-        if mechanism not in LOOKUP_KINDS:
+        known = drafting.MECHANISMS.get(mechanism)
+        if known is None or not known.looks_up:
             raise NativeFlagsError(f"the endpoint's policy uses {mechanism} but names no draft: pass one")
         return native_flags(server_kind=endpoint.kind, draft_kind=mechanism, k=k)
     tree = policy.eagle_tree if policy is not None and drafting.drafts_trees(draft.kind) else None

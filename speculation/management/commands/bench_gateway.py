@@ -25,10 +25,12 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from speculation import drafting
 from speculation.bench import concurrency as concurrency_bench
 from speculation.bench import coverage
 from speculation.bench.load import load_prompts, paired_latencies, quantile, run_concurrent
 from speculation.bench.stack import BenchStack
+from speculation.drafting.mechanisms import HEAD_WEIGHTS
 from speculation.offline.eagle.prompts import spec_bench_path
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--mechanism",
-            choices=("eagle_head", "draft_model", "suffix", "suffix_draft", "ngram"),
+            choices=tuple(drafting.MECHANISMS),
             default=None,
             help="coverage and concurrency: what prod drafts with (default: the run command's pairing, the demo's "
             "EAGLE head at dynamic K; the demo draft where no head is shipped or built)",
@@ -112,8 +114,9 @@ class Command(BaseCommand):
         head_dir = default_head_dir(pair)
         eagle_dir = head_dir if (head_dir / "config.json").is_file() else None
         mechanism = mechanism or ("eagle_head" if eagle_dir else "draft_model")
-        if mechanism == "eagle_head" and eagle_dir is None:
-            raise CommandError(f"--mechanism eagle_head: no EAGLE head for the demo target in {head_dir}", returncode=2)
+        if drafting.for_kind(mechanism).weights == HEAD_WEIGHTS and eagle_dir is None:
+            message = f"--mechanism {mechanism}: no EAGLE head for the demo target in {head_dir}"
+            raise CommandError(message, returncode=2)
         if managed:
             self._managed(pair, quick=quick, json_path=json_path, dataset=dataset, started=started)
             return
