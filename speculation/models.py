@@ -22,9 +22,6 @@ class DraftKind(models.TextChoices):
 # Kinds that draft by looking tokens up (no weights, no tokenizer of their own): a policy names no draft for them,
 # and their candidate's name is the kind itself.
 LOOKUP_KINDS = frozenset({DraftKind.NGRAM, DraftKind.SUFFIX})
-# Kinds whose policy names a draft model (the draft's kind is draft_model): the draft model itself, and the hybrid
-# that looks up first (suffix decoding) and drafts with the model where the lookup finds too little.
-DRAFT_MODEL_KINDS = frozenset({DraftKind.DRAFT_MODEL, DraftKind.SUFFIX_DRAFT})
 # What a draft can be registered as (the hybrid is a policy's mechanism over a registered draft model).
 REGISTRABLE_KINDS = [(value, label) for value, label in DraftKind.choices if value != DraftKind.SUFFIX_DRAFT]
 HYBRID_PREFIX = "suffix+"  # a hybrid candidate's name: this prefix and its draft model's name

@@ -42,6 +42,7 @@ from typing import Any
 from speculation import drafting
 from speculation.bench.autopairing_store import Measured, dump_measurements, load_measurements
 from speculation.bench.eagle import head_step_s
+from speculation.drafting.mechanisms import MODEL_WEIGHTS
 from speculation.engine import (
     DraftModelProposer,
     GenerationConfig,
@@ -55,8 +56,6 @@ from speculation.engine.projection import StepCosts
 from speculation.engine.sampling import SamplingParams, probs_from_logits
 from speculation.limits import DEFAULT_K
 from speculation.models import (
-    DRAFT_MODEL_KINDS,
-    HYBRID_PREFIX,
     LOOKUP_KINDS,
     DraftKind,
     DraftModel,
@@ -110,13 +109,14 @@ def candidate_costs(
     model_steps: dict[str, float] = {}  # per draft directory: a draft and its hybrid share one timing
     for candidate in candidates:
         mechanism = drafting.for_kind(candidate.kind)
-        if candidate.kind in DRAFT_MODEL_KINDS and candidate.draft.path in model_steps:
+        drafts_with_a_model = mechanism.weights == MODEL_WEIGHTS  # a draft model, or the hybrid's fallback
+        if drafts_with_a_model and candidate.draft.path in model_steps:
             step = model_steps[candidate.draft.path]
         elif mechanism.reads_target_features:  # an EAGLE head's step: the head's layer + the target's LM head
             head = resources.eagle_head(candidate.draft.path, target_dir=target_dir)
             step = head_step_s(EagleProposer(head, target), context)
         else:
-            if candidate.kind in DRAFT_MODEL_KINDS:  # a hybrid's model steps cost the draft's
+            if drafts_with_a_model:  # a hybrid's model steps cost the draft's
                 draft = resources.model(candidate.draft.path)
                 shared = resources.shared_vocab(draft, target.vocab_size)  # a draft padded to another size
                 proposer = DraftModelProposer(draft.model, target_vocab_size=target.vocab_size, shared_vocab=shared)
@@ -125,9 +125,9 @@ def candidate_costs(
                 for i, tokens in enumerate(store):
                     index.add(f"s{i}", tokens)
                 proposer = mechanism.lookup(index)
-            lookup_context = max(store, key=len, default=context) if candidate.kind in LOOKUP_KINDS else context
+            lookup_context = max(store, key=len, default=context) if mechanism.looks_up else context
             step = time_draft_step(proposer, lookup_context or context)
-            if candidate.kind in DRAFT_MODEL_KINDS:
+            if drafts_with_a_model:
                 model_steps[candidate.draft.path] = step
         costs[candidate.name] = StepCosts(target_step_s=verify[1], draft_step_s=step, verify_s=verify)
     return costs
@@ -182,7 +182,7 @@ def measure(
                     view, candidate.draft.path, target_path=target_dir, prompt_ids=prompt_ids, output_ids=output,
                     max_tokens=max_tokens, ks=K_RANGE,
                 )  # fmt: skip
-            elif view is not None and candidate.kind in DRAFT_MODEL_KINDS:  # a draft and its hybrid: one pass
+            elif view is not None and mechanism.weights == MODEL_WEIGHTS:  # a draft and its hybrid: one pass
                 if candidate.draft.path not in passes_by_draft:
                     found = draft_pass_probabilities(view, candidate.draft.path, prompt_ids, output)
                     passes_by_draft[candidate.draft.path] = found.per_position
@@ -349,7 +349,8 @@ def run(
         candidates.append(Candidate(name, DraftKind.DRAFT_MODEL, DraftModel(name=name, path=directory)))
     if hybrids:  # each draft behind suffix decoding, as shadow's candidates
         drafts = [c for c in candidates if c.kind == DraftKind.DRAFT_MODEL]
-        candidates += [Candidate(HYBRID_PREFIX + c.name, DraftKind.SUFFIX_DRAFT, c.draft) for c in drafts]
+        hybrid = drafting.for_kind(DraftKind.SUFFIX_DRAFT)
+        candidates += [Candidate(hybrid.candidate_name(c.draft), hybrid.kind, c.draft) for c in drafts]
     if eagle_dir:
         name = f"eagle:{Path(eagle_dir).name}"
         candidates.append(Candidate(name, DraftKind.EAGLE_HEAD, DraftModel(name=name, path=eagle_dir)))

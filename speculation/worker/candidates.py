@@ -69,7 +69,6 @@ from speculation.engine.tree import TreeShape
 from speculation.jobs import queue
 from speculation.limits import tree_nodes_at
 from speculation.models import (
-    HYBRID_PREFIX,
     CandidateMeasurement,
     CandidateStatus,
     DraftKind,
@@ -107,7 +106,8 @@ def compatible_candidates(endpoint: Endpoint, *, target_path: str = "") -> list[
     same = drafts_usable_by(endpoint).filter(tokenizer_fingerprint=fingerprint).order_by("name")
     models = list(same.filter(kind=DraftKind.DRAFT_MODEL))
     found += [Candidate(d.name, d.kind, d) for d in models]
-    found += [Candidate(HYBRID_PREFIX + d.name, DraftKind.SUFFIX_DRAFT, d) for d in models]
+    hybrid = drafting.for_kind(DraftKind.SUFFIX_DRAFT)
+    found += [Candidate(hybrid.candidate_name(d), hybrid.kind, d) for d in models]
     if target_path:
         found += [Candidate(d.name, d.kind, d) for d in same.filter(kind=DraftKind.EAGLE_HEAD) if _fits(d, target_path)]
     return found
