@@ -4,8 +4,10 @@ One calibration measures (repeated timings; the worker's own work: its fastest r
 the server's step: the median, as the server runs under its own load). The fastest, not the median, of the worker's
 timings: they run while the server serves shadow's traffic on the same node, which prod's steps do not share.
 (Where prod batches, the batch decoder's steps are timed in the batch loop's thread after the server has gone
-quiet, and there the median: ``_batch_step_costs``.) With the median, shadow's projection under load came out
-several times below what prod then measured (docs/BENCHMARKS.md, "Shadow against prod"). What is timed:
+quiet, and there the median: ``_batch_step_costs``; where prod runs a model's drafts single-stream, the engine
+loop's own steps, relay included, likewise: ``_single_step_costs``.) With the median, shadow's projection under
+load came out several times below what prod then measured (docs/BENCHMARKS.md, "Shadow against prod"). What is
+timed:
 - the target step: the server's plain decode step, (T(1 + N tokens) - T(1 token)) / N of a greedy plain
   generation, so prefill, HTTP round trip and request overhead cancel (not a request's latency per token);
 - the draft step: this worker's draft proposing over a warm cache (0 for n-gram lookup);
@@ -68,6 +70,7 @@ from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
 from speculation.worker import cpuload, upstream
 from speculation.worker.costs_batch import BatchStepTimer, StepRelay
+from speculation.worker.costs_single import SingleStepTimer, waited
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
 
@@ -241,8 +244,8 @@ def _measure_once(
 
 def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context: list[int]) -> StepCosts:
     """Time the three costs now; the server step and verify(n) borrowed from a fresh calibration of another
-    draft on the same endpoint, node class and path when there is one (where prod batches, verify(n) is timed
-    with the draft step in the same decoder steps: always its own)."""
+    draft on the same endpoint, node class and path when there is one (where prod batches, or runs a model's chain
+    single-stream on the local path, verify(n) is timed with the draft step in the same steps: always its own)."""
     batched = batched_path(policy=policy, path=path)
     shared = cost_selectors.newest_calibration(
         endpoint_id=endpoint.pk,
@@ -256,6 +259,10 @@ def measure(*, endpoint: Endpoint, policy: SpeculationPolicy, path: str, context
         target_step = shared.step_costs().target_step_s if shared is not None else _server_step(endpoint, context)
         return StepCosts(target_step_s=target_step, draft_step_s=draft_step, verify_s=verify)
     local = path == VerificationPath.LOCAL
+    stepped = _single_step_costs(endpoint=endpoint, policy=policy, context=context) if local else None
+    if stepped is not None:
+        target_step = shared.step_costs().target_step_s if shared is not None else _server_step(endpoint, context)
+        return StepCosts(target_step_s=target_step, draft_step_s=stepped[0], verify_s=stepped[1])
     proposer = _draft_proposer(policy)
     draft_step = min(_quietly(endpoint, lambda: time_draft_step(proposer, context, repeats=1), quiet=local))
     if shared is not None:
@@ -315,6 +322,44 @@ def _batch_step_costs(
             raise CalibrationError("no batch step drafted its K in full")
         draft_step = statistics.median(samples)
     return draft_step, verify
+
+
+def _single_step_costs(
+    *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]
+) -> tuple[float, dict[int, float]] | None:
+    """The draft step and verify(n) where prod runs a model's chain drafts single-stream on the local path (an EAGLE
+    head, a model transformers runs): steps of the engine's loop with prod's own proposer and target
+    (speculation.worker.costs_single.SingleStepTimer) in this thread, at prod's single-stream torch threads (the
+    task's thread and prod's request threads alike: speculation.worker.openmp.side_thread), the median of the rounds
+    per size, each round after the server has gone quiet, each step's tokens relayed before the next as prod's
+    request thread relays them (StepRelay): the fastest repeat of the forwards alone projected prod's step 1.2-1.7x
+    faster than it ran (docs/BENCHMARKS.md). None for lookups and draft trees (their forwards are timed alone)."""
+    from speculation.engine import DraftModelProposer
+    from speculation.engine.eagle import EagleProposer
+
+    if policy.draft is None or policy.mechanism in LOOKUP_KINDS:
+        return None
+    loaded = resources.model(policy.target_path)
+    try:
+        proposer = drafting.for_kind(policy.mechanism).proposer(policy, loaded).proposer  # prod's own (build)
+    except PathUnavailable as exc:
+        raise CalibrationError(str(exc)) from exc
+    if type(proposer) not in (DraftModelProposer, EagleProposer) or getattr(proposer, "tree", None) is not None:
+        return None
+    client = _redis()
+    relay = StepRelay(loaded.tokenizer, client=client)
+    timer = SingleStepTimer(LocalTarget(loaded.model), proposer, context=context, relay=waited(relay))
+    try:
+        rounds = _quietly(endpoint, lambda: timer.round(VERIFY_SIZES), quiet=True)
+    finally:
+        relay.close()
+        client.close()
+    timed = {n: [seconds for r in rounds for seconds in r[0].get(n, [])] for n in VERIFY_SIZES}
+    verify = non_decreasing({n: statistics.median(values) for n, values in timed.items() if values})
+    drafts = [seconds for r in rounds for seconds in r[1]]
+    if not verify or not drafts:
+        raise CalibrationError("no single-stream step of the sizes timed ran in full")
+    return statistics.median(drafts), verify
 
 
 def batched_path(*, policy: SpeculationPolicy, path: str) -> bool:
