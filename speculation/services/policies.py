@@ -312,8 +312,8 @@ def update_policy(
             return policy
         # A switch would start a server that cannot run the mechanism (suffix decoding, the hybrid): refused now.
         known = drafting.MECHANISMS.get(policy.mechanism)  # an unknown one is refused by validation
-        served = known is not None and managed_services.speculation_of(policy)
-        problem = served and known.path_problem(VerificationPath.NATIVE, managed=lambda: True)
+        served = known is not None and bool(managed_services.speculation_of(policy))  # the server runs it
+        problem = known.path_problem(VerificationPath.NATIVE, managed=lambda: True) if served else None
         if problem and _managed(endpoint):
             raise ValidationError({"path": [problem]})
         if managed_services.needs_switch(endpoint=endpoint, policy=policy):
