@@ -300,13 +300,15 @@ def split(shadow: dict, prod: dict) -> dict:
     """shadow / prod = tokens side x worker side x plain side, for one pair of records:
     - worker side: prod's measured worker step (tokens / verification steps over the rate its multiplier is
       from: its decode rate over the stored step, else its tok/s) over the projected one (v(K) + K c in seconds:
-      E[N] x server step / S, E[N] the tokens per step the projection used);
+      E[N] x server step / S, E[N] the tokens per step the projection used: the replay's tokens per target pass,
+      its last steps' smaller K included; a record without them, its mean accepted length);
     - tokens side: tokens per step as shadow projected them over prod's (tokens / verification steps);
     - plain side: the server step shadow's projection is over / the one prod's multiplier is over (1 when both
       are the same stored calibration; None where a record has none: it was over an end-to-end baseline)."""
     out: dict = {}
     s_step, p_step = shadow.get("server_step_ms"), prod.get("server_step_ms")
-    tau = shadow.get("mean_accepted_len") or 1.0
+    s_passes, s_tokens = shadow.get("target_passes"), shadow.get("output_tokens")
+    tau = s_tokens / s_passes if s_passes and s_tokens else shadow.get("mean_accepted_len") or 1.0
     passes, tokens, tok_s = prod.get("target_passes"), prod.get("output_tokens"), prod.get("tok_s")
     if s_step and p_step:
         out["plain_side"] = s_step / p_step

@@ -91,6 +91,18 @@ def test_shadow_vs_prod_splits_the_ratio_into_tokens_worker_and_plain_sides_whos
     assert product == pytest.approx(result["median_ratio"], rel=1e-3) and result["median_ratio"] == 4.0
 
 
+def test_the_projected_step_is_read_with_the_tokens_per_pass_the_projection_divided():
+    # shadow's replay: 48 tokens in 14 passes (its last steps drafted less: 3.43 a pass) where its drafting steps
+    # averaged 3.6 accepted; prod ran the same 48 tokens in 14 passes: the tokens side is 1, not 3.6 / 3.43
+    shadow = [{"id": 1, "multiplier": 2.0, "mean_accepted_len": 3.6, "server_step_ms": 10.0}]
+    shadow[0].update(output_tokens=48, target_passes=14)
+    prod = [{"id": 2, "multiplier": 1.6, "output_tokens": 48, "target_passes": 14, "server_step_ms": 10.0}]
+    result = shadow_vs_prod(shadow, prod)
+    assert result["tokens_side"] == 1.0
+    assert result["projected_worker_step_ms"] == pytest.approx(48 / 14 * 10.0 / 2.0, abs=1e-4)
+    assert result["worker_side"] == pytest.approx(result["median_ratio"], abs=1e-4)
+
+
 def test_a_prod_record_over_the_end_to_end_baseline_has_no_plain_side():
     shadow = [{"id": 1, "multiplier": 2.0, "mean_accepted_len": 3.0, "server_step_ms": 10.0}]
     prod = [{"id": 2, "multiplier": 0.5, "tok_s": 50.0, "output_tokens": 30, "target_passes": 12}]
