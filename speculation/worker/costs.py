@@ -332,8 +332,9 @@ def _single_step_costs(
     (speculation.worker.costs_single.SingleStepTimer) in this thread, at prod's single-stream torch threads (the
     task's thread and prod's request threads alike: speculation.worker.openmp.side_thread), the median of the rounds
     per size, each round after the server has gone quiet, each step's tokens relayed before the next as prod's
-    request thread relays them (StepRelay): the fastest repeat of the forwards alone projected prod's step 1.2-1.7x
-    faster than it ran (docs/BENCHMARKS.md). None for lookups and draft trees (their forwards are timed alone)."""
+    request thread relays them (StepRelay): the fastest repeat of the forwards alone projected prod's step 1.4-1.7x
+    faster than it ran (docs/BENCHMARKS.md, bench_traffic_loop). None for lookups and draft trees (their forwards
+    are timed alone)."""
     from speculation.engine import DraftModelProposer
     from speculation.engine.eagle import EagleProposer
 
