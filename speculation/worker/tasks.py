@@ -3,8 +3,10 @@
 On the endpoint's GPU node queue gpu.<class>: prod generation and shadow measurement. On its background queue
 gpu.<class>.background (ace.celery; the same workers consume it): cost calibrations and auto-pairing's candidate
 replays, work that may take minutes on a loaded node. A background task yields to foreground work: while jobs wait
-on gpu.<class> it goes back on its queue for BACKGROUND_DEFER_S, at most MAX_DEFERS times (so it is delayed by
-about a minute at most, never starved).
+on gpu.<class> it goes back on its queue, for BACKGROUND_DEFER_S and then twice as long each time up to
+MAX_DEFER_S, at most MAX_DEFERS times (so it is delayed by under three minutes, never starved). The growing wait
+keeps the deferrals themselves from taking CPU from prod: each one is a task run, a Redis read and a requeue in
+the worker process that serves prod's requests.
 Models are loaded once per worker process and kept (speculation.worker.paths.resources).
 """
 
@@ -99,7 +101,13 @@ def shadow_measure_task(**kwargs: Any) -> None:
 
 
 BACKGROUND_DEFER_S = 2.0
-MAX_DEFERS = 30
+MAX_DEFER_S = 16.0
+MAX_DEFERS = 12  # 2 + 4 + 8 + 9 x 16 s: 158 s at most
+
+
+def defer_s(defers: int) -> float:
+    """How long a background task waits before its next try, after `defers` deferrals."""
+    return min(BACKGROUND_DEFER_S * 2 ** min(defers, 8), MAX_DEFER_S)
 
 
 def _foreground_waiting(node_class: str) -> bool:
@@ -130,7 +138,7 @@ def _requeue(task: Any, *, node_class: str, defers: int, kwargs: dict[str, Any])
     task.apply_async(
         kwargs={**kwargs, "node_class": node_class, "defers": defers + 1},
         queue=background_queue(node_class),
-        countdown=BACKGROUND_DEFER_S,
+        countdown=defer_s(defers),
         retry=False,
     )
 

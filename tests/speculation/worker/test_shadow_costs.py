@@ -517,3 +517,11 @@ def test_a_local_prod_request_carries_its_paths_stored_calibration_to_the_batch(
     costs = build(shadow_policy.endpoint, shadow_policy, "local").costs
     assert costs is not None and costs.verify_s == pytest.approx(JUMP.verify_s)
     assert costs.draft_step_s == pytest.approx(JUMP.draft_step_s)
+
+
+def test_a_deferred_background_task_waits_longer_each_time_and_is_never_starved():
+    from speculation.worker.tasks import BACKGROUND_DEFER_S, MAX_DEFER_S, MAX_DEFERS, defer_s
+
+    waits = [defer_s(n) for n in range(MAX_DEFERS)]
+    assert waits[0] == BACKGROUND_DEFER_S and waits == sorted(waits) and max(waits) == MAX_DEFER_S
+    assert sum(waits) < 180  # the task runs within three minutes whatever waits on the queue
