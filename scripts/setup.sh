@@ -91,14 +91,14 @@ pick_installer() {
   UV="$tools/bin/uv"
 }
 
-# install VENV ARGS...: uv where it is installed, else the venv's own pip
+# install VENV ARGS...: uv where it is installed (the venv's own pip if uv fails), else the venv's own pip
 install_into() {
   local venv="$1"; shift
-  if [[ -n "$UV" ]]; then
-    "$UV" pip install --quiet --python "$venv/bin/python" "$@"
-  else
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$@"
+  if [[ -n "$UV" ]] && "$UV" pip install --quiet --python "$venv/bin/python" "$@"; then
+    return
   fi
+  [[ -n "$UV" ]] && log "uv could not install into $venv: pip installs instead"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$@"
 }
 
 # --- the two virtual environments, installed side by side (each mostly waits on downloads) -----------------------
