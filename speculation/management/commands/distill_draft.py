@@ -12,22 +12,8 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from speculation.offline.eagle.settings import EpochReport, Progress
+from speculation.management.commands._echo import CommandEcho
 from speculation.services.draft_distillation import create_distillation_run, run_distillation, start_distillation_run
-
-
-class _Echo(Progress):
-    def __init__(self, command: BaseCommand) -> None:
-        self.out = command.stdout
-
-    def stage(self, name: str, detail: str = "") -> None:
-        self.out.write(f"[{name}] {detail}")
-
-    def epoch(self, report: EpochReport) -> None:
-        self.out.write(
-            f"epoch {report.epoch}/{report.epochs}  loss {report.loss:.4f}  held-out alpha {report.alpha:.3f}  "
-            f"mean accepted len {report.mean_accepted_len:.3f}  best epoch {report.best_epoch}"
-        )
 
 
 class Command(BaseCommand):
@@ -61,7 +47,7 @@ class Command(BaseCommand):
             raise CommandError(message, returncode=2) from exc
         self.stdout.write(f"training run {run.pk}: {run.name} -> {run.out_dir}")
         try:
-            run = run_distillation(run=run, echo=_Echo(self))
+            run = run_distillation(run=run, echo=CommandEcho(self))
         except Exception as exc:
             raise CommandError(f"training run {run.pk} failed: {exc}") from exc
         self.stdout.write(self.style.SUCCESS(

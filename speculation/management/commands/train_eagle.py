@@ -15,22 +15,16 @@ import torch
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from speculation.management.commands._echo import CommandEcho
 from speculation.models import TrainingRun, TrainingStatus
-from speculation.offline.eagle.pipeline import Progress
 from speculation.offline.eagle.settings import MULTI_LAYER_WEIGHTS
 from speculation.offline.eagle.train import EpochReport
 from speculation.services.eagle_training import create_training_run, run_training, start_training_run
 
 
-class _Echo(Progress):
-    def __init__(self, command: BaseCommand) -> None:
-        self.out = command.stdout
-
-    def stage(self, name: str, detail: str = "") -> None:
-        self.out.write(f"[{name}] {detail}")
-
-    def epoch(self, report: EpochReport) -> None:
-        self.out.write(
+class _Echo(CommandEcho):
+    def line(self, report: EpochReport) -> str:
+        return (
             f"epoch {report.epoch}/{report.epochs}  loss {report.loss:.4f} (feature {report.feature_loss:.4f}, "
             f"token {report.token_loss:.4f})  held-out alpha {report.alpha:.3f} "
             f"[{report.alpha_interval[0]:.3f}, {report.alpha_interval[1]:.3f}]  "
