@@ -45,11 +45,10 @@ async def forward(call: Call, *, content: bytes | None = None, observer: Observe
     """Send `content` (default: the client's request) to the endpoint and relay the answer (an off or shadow
     request's speed is kept as a plain sample of the goodput guard)."""
     observer = goodput.watch(call, observer)
-    http = upstream.client()
     content = content if content is not None else call.upstream_bytes()
     await follow_move(call)
     try:
-        response = await _send(http, call, content)
+        response = await _send(call, content)
     except httpx.HTTPError as exc:
         logger.warning("request %s: endpoint %s unreachable: %s", call.request_id, call.route.name, exc)
         if observer is not None:
@@ -100,22 +99,22 @@ RESENT_AFTER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 UNANSWERED = (httpx.ConnectError, *RESENT_AFTER)
 
 
-async def _send(http: httpx.AsyncClient, call: Call, content: bytes) -> httpx.Response:
+async def _send(call: Call, content: bytes) -> httpx.Response:
     try:
-        return await _post(http, call, content)
+        return await _post(call, content)
     except UNANSWERED:
         if not await follow_move(call, reread=True):
             raise
-        return await _post(http, call, content)
+        return await _post(call, content)
 
 
-async def _post(http: httpx.AsyncClient, call: Call, content: bytes) -> httpx.Response:
-    request = http.build_request("POST", call.url, content=content, headers=_headers(call))
+async def _post(call: Call, content: bytes) -> httpx.Response:
+    request = upstream.request("POST", call.url, content=content, headers=_headers(call))
     try:
-        return await http.send(request, stream=call.stream)
+        return await upstream.send(request, stream=call.stream)
     except RESENT_AFTER as exc:
         logger.info("request %s: connection to %s dropped (%s); sent again", call.request_id, call.route.name, exc)
-        return await http.send(request, stream=call.stream)
+        return await upstream.send(request, stream=call.stream)
 
 
 async def _relay(response: httpx.Response, observer: Observer | None) -> AsyncIterator[bytes]:
