@@ -32,7 +32,7 @@ tokens changes, and nobody asked for them again).
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,18 +40,22 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from speculation.engine.batch_model import BatchedModel
-from speculation.engine.decode import (
+from speculation.engine.lookahead import Lookahead, StepReport
+from speculation.engine.model import Transformer
+from speculation.engine.prefix_cache import PrefixCache
+from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer, Proposer
+from speculation.engine.request import (
+    EndsAfter,
     GenerationConfig,
     check_request,
     step_lookahead,
+    stop_check,
     truncate_at_stop,
 )
-from speculation.engine.lookahead import LoadAwareLookahead, StepReport
-from speculation.engine.model import Transformer
-from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
+from speculation.engine.target import Target, TargetRow
+from speculation.engine.tree import DraftTree, verify_tree_step
 from speculation.engine.verify import verify_greedy, verify_sampled
 from speculation.engine.vocab import draft_width, widen
 
@@ -81,7 +85,7 @@ class _Slot:
     committed: list[int]
     max_context: int
     generator: torch.Generator
-    stop_ids: frozenset[int]
+    is_stop: Callable[[int], bool]  # does the request end after this token (a stop token, the caller's rule)
     suppress: Tensor
     started: float
     stats: SpecStats = field(default_factory=SpecStats)
@@ -98,20 +102,26 @@ class _Proposals:
     catch_up: bool = False  # the first draft forward also fed tokens committed by plain steps
     looked_up: list[bool] | None = None  # per slot: a hybrid's lookup drafted (None: no slot's)
     fed_rows: frozenset[int] | None = None  # the rows the draft model was fed (None: every row, when fed)
+    tree: DraftTree | None = None  # a proposer's draft tree (one slot; drafts holds its nodes)
+
+    def drafted(self, b: int) -> int:
+        """Slot b's draft length as acceptance counts it (a tree: its depth)."""
+        return self.tree.depth if self.tree is not None else int(self.drafts[b].shape[0])
 
 
 class BatchDecoder:
     """Slots of one target (and one draft model, or n-gram lookup, or both: the hybrid; or none: plain batched
-    decoding)."""
+    decoding), or one request on any Target with any Proposer (``proposer``: how decode.generate runs)."""
 
     def __init__(
         self,
-        target: Transformer,
+        target: Transformer | Target,
         *,
         slots: int,
         draft: Transformer | None = None,
         ngram: LookupProposer | None = None,
-        lookahead: LoadAwareLookahead | None = None,
+        proposer: Proposer | None = None,
+        lookahead: Lookahead | None = None,
         max_context: int | None = None,
         prefix_cache: PrefixCache | None = None,
         lookup_k: int = HYBRID_LOOKUP_K,
@@ -120,11 +130,21 @@ class BatchDecoder:
     ) -> None:
         if min(lookup_k, min_lookup) < 1:
             raise ValueError("lookup_k and min_lookup must be >= 1")
+        # what features a proposer reads from the target: False, True (the final-norm feature) or layer indices
+        self.hidden_request = (proposer.wants_hidden or False) if proposer is not None else False
+        if isinstance(target, Transformer) and proposer is None:
+            self.target: BatchedModel | TargetRow = BatchedModel(target, max_rows=slots, max_len=max_context)
+        else:  # one request, drafted by its own proposer (batch one), on whichever target it has
+            if slots != 1 or draft is not None or ngram is not None or prefix_cache is not None:
+                raise ValueError("a proposer drafts for one slot, with no draft model, lookup or prefix cache")
+            if isinstance(target, Transformer):
+                raise ValueError("a proposer's request runs on a Target (LocalTarget(model))")
+            self.target = TargetRow(target, return_hidden=self.hidden_request)
         # a draft padding the vocabulary to another size drafts among the shared tokenizer's ids (engine/vocab.py)
         self.draft_width = draft_width(draft.vocab_size, target.vocab_size, shared_vocab) if draft is not None else 0
-        self.target = BatchedModel(target, max_rows=slots, max_len=max_context)
         self.draft = BatchedModel(draft, max_rows=slots, max_len=max_context) if draft is not None else None
         self.ngram = ngram
+        self.proposer = proposer
         self.hybrid = draft is not None and ngram is not None  # the lookup first, the draft model where it finds little
         self.lookup_k, self.min_lookup = lookup_k, min_lookup
         self.lookahead = lookahead
@@ -143,8 +163,13 @@ class BatchDecoder:
     def free(self) -> int:
         return self.slots - len(self._active)
 
-    def add(self, key: Hashable, prompt_ids: list[int], config: GenerationConfig) -> None:
-        """Prefill the prompt into a free row; the request takes part in the next step."""
+    def add(
+        self, key: Hashable, prompt_ids: list[int], config: GenerationConfig, *, ends_after: EndsAfter | None = None
+    ) -> None:
+        """Prefill the prompt into a free row; the request takes part in the next step.
+
+        ends_after is asked for every committed token, in order, whether the request ends after it (a rule the step
+        cannot see: a stop string, the end of a replayed output): its step is cut there, as at a stop token."""
         max_context = check_request(self, prompt_ids, config)  # type: ignore[arg-type]  # vocab_size/max_context
         if not self.free:
             raise BatchFullError(f"all {self.slots} batch slots are taken")
@@ -155,7 +180,7 @@ class BatchDecoder:
             committed=list(prompt_ids),
             max_context=max_context,
             generator=torch.Generator(device=self.device).manual_seed(config.seed),
-            stop_ids=frozenset(config.stop_token_ids),
+            is_stop=stop_check(frozenset(config.stop_token_ids), ends_after),
             suppress=torch.tensor(sorted(config.suppress_ids), dtype=torch.long, device=self.device),
             started=time.perf_counter(),
         )
@@ -164,7 +189,27 @@ class BatchDecoder:
                 SlotUpdate(key=key, tokens=[], drafted=0, accepted=0, finish_reason="length", stats=slot.stats)
             )
             return
-        row, prefill = len(self._active), len(prompt_ids) - 1  # every prompt token but the last, as LocalTarget
+        prefill = len(prompt_ids) - 1  # every prompt token but the last, as LocalTarget
+        if isinstance(self.target, TargetRow):
+            self._start_request(prompt_ids)
+        else:
+            self._prefill_rows(slot, prompt_ids)
+        slot.target_len = slot.draft_len = prefill
+        slot.stats.prefill_s = time.perf_counter() - slot.started
+        self._active.append(slot)
+
+    def _start_request(self, prompt_ids: list[int]) -> None:
+        """A proposer's request: the target's own prefill, the proposer's start (an EAGLE head: the prompt's
+        features, all of them true, as if every token were accepted)."""
+        hidden = self.target.prefill(prompt_ids)  # type: ignore[union-attr]
+        if self.proposer is not None:
+            self.proposer.begin(list(prompt_ids))
+            if self.hidden_request and hidden is not None:
+                self.proposer.observe_target(hidden, hidden.shape[0] - 1)
+
+    def _prefill_rows(self, slot: _Slot, prompt_ids: list[int]) -> None:
+        """The prompt into a free row of the target (and the draft), reusing the prefix cache's positions."""
+        row, prefill = len(self._active), len(prompt_ids) - 1
         hit = self.prefix_cache.match(prompt_ids) if self.prefix_cache is not None else None
         for model, is_draft in ((self.target, False), (self.draft, True)):
             if model is None:
@@ -175,23 +220,22 @@ class BatchDecoder:
                 saved = hit.entry.draft if is_draft else hit.entry.target
                 reused = hit.reusable(len(prompt_ids), draft=is_draft) if saved is not None else 0
             if reused:
-                model.write_row(row, saved, reused)
+                model.write_row(row, saved, reused)  # type: ignore[union-attr]
             if not is_draft:
                 slot.stats.cached_prompt_tokens = reused
             if prefill > reused:
                 feed = torch.tensor([prompt_ids[reused:-1]], device=self.device)
                 model.forward(feed, [reused], first_row=row, last=[prefill - reused - 1])
-        slot.target_len = slot.draft_len = prefill
-        slot.stats.prefill_s = time.perf_counter() - slot.started
-        self._active.append(slot)
 
-    def remove(self, key: Hashable) -> bool:
-        """Drop a request (cancelled, or its caller ended it); False when it is not in the batch."""
+    def remove(self, key: Hashable) -> SpecStats | None:
+        """Drop a request (cancelled, or its caller ended it): its stats so far, None when it is not in the batch."""
         for row, slot in enumerate(self._active):
             if slot.key == key:
+                slot.stats.output_tokens = slot.produced
+                slot.stats.elapsed_s = time.perf_counter() - slot.started
                 self._free_row(row)
-                return True
-        return False
+                return slot.stats
+        return None
 
     @torch.inference_mode()
     def step(self) -> list[SlotUpdate]:
@@ -208,38 +252,42 @@ class BatchDecoder:
         if self.lookahead is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # time the draft apart from the verification (measured costs)
         t1 = time.perf_counter()
-        rows = self._verify(proposals)  # the step's one device read
+        rows, hidden = self._verify(proposals)  # the step's one device read
         t2 = time.perf_counter()
-        updates += self._commit(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1)
+        updates += self._commit(rows, proposals, hidden, draft_s=t1 - t0, verify_s=t2 - t1)
         if self.lookahead is not None:
-            counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached] (the model's drafts)
-            lookups = {True: [0, 0], False: [0, 0]}  # the same for a hybrid's lookups: their own estimates
-            looked_up = proposals.looked_up or [False] * batch_size
-            for slot, row, d, looked in zip(self._active, rows, proposals.drafts, looked_up, strict=True):
-                kind = (lookups if looked else counts)[slot.params.greedy]
-                kind[0] += min(row[0], len(d))
-                kind[1] += min(row[0] + 1, len(d))
-            width = max(len(d) for d in proposals.drafts)
-            self.lookahead.observe(
-                StepReport(
-                    lookup=(*lookups[True], *lookups[False]),
-                    batch_size=batch_size,
-                    drafted=proposals.fed if self.hybrid else width,
-                    verified=width + 1,
-                    accepted=counts[True][0],
-                    reached=counts[True][1],
-                    sampled_accepted=counts[False][0],
-                    sampled_reached=counts[False][1],
-                    draft_s=t1 - t0,
-                    verify_s=t2 - t1,
-                    catch_up=proposals.catch_up,
-                )
-            )
+            self.lookahead.observe(self._report(rows, proposals, draft_s=t1 - t0, verify_s=t2 - t1))
         finished = {u.key for u in updates if u.finish_reason}
         for row in range(len(self._active) - 1, -1, -1):  # leave after the step, highest row first
             if self._active[row].key in finished:
                 self._free_row(row)
         return updates
+
+    def _report(self, rows: list[list[int]], proposals: _Proposals, *, draft_s: float, verify_s: float) -> StepReport:
+        """What the lookahead controller learns from the step: acceptance by kind (greedy or sampled; a hybrid's
+        lookups apart), the draft and verification times and sizes."""
+        counts = {True: [0, 0], False: [0, 0]}  # greedy? -> [accepted, reached] (the model's drafts)
+        lookups = {True: [0, 0], False: [0, 0]}  # the same for a hybrid's lookups: their own estimates
+        looked_up = proposals.looked_up or [False] * len(rows)
+        for b, (slot, row, looked) in enumerate(zip(self._active, rows, looked_up, strict=True)):
+            kind = (lookups if looked and self.hybrid else counts)[slot.params.greedy]
+            drafted = proposals.drafted(b)
+            kind[0] += min(row[0], drafted)
+            kind[1] += min(row[0] + 1, drafted)
+        width = max(len(d) for d in proposals.drafts)
+        return StepReport(
+            lookup=(*lookups[True], *lookups[False]),
+            batch_size=len(rows),
+            drafted=proposals.fed if self.hybrid else max(proposals.drafted(b) for b in range(len(rows))),
+            verified=width + 1,
+            accepted=counts[True][0],
+            reached=counts[True][1],
+            sampled_accepted=counts[False][0],
+            sampled_reached=counts[False][1],
+            draft_s=draft_s,
+            verify_s=verify_s,
+            catch_up=proposals.catch_up,
+        )
 
     def _reserve(self, k_max: int) -> None:
         """Room for this step: the target gets [last committed, k_max drafts] after each row's cached positions;
@@ -251,7 +299,7 @@ class BatchDecoder:
 
     def _lookaheads(self, batch_size: int) -> tuple[list[int], dict[bool, int]]:
         """Each slot's draft length this step (0 when nothing drafts), and the controller's K by kind (greedy?)."""
-        if self.draft is None and self.ngram is None:
+        if self.draft is None and self.ngram is None and self.proposer is None:
             return [0] * batch_size, {}
         chosen: dict[bool, int] = {}  # greedy? -> the controller's K for the slots that follow it
         if self.lookahead is not None:
@@ -288,6 +336,8 @@ class BatchDecoder:
 
     def _propose(self, ks: list[int]) -> _Proposals:
         empty = torch.empty(0, dtype=torch.long, device=self.device)
+        if self.proposer is not None:
+            return self._proposer_proposal(ks[0])
         if self.ngram is not None:
             drafts = [
                 torch.tensor(self.ngram.lookup(s.committed, k), dtype=torch.long, device=self.device) if k else empty
@@ -297,6 +347,22 @@ class BatchDecoder:
         if self.draft is None or max(ks) == 0:
             return _Proposals(drafts=[empty] * len(ks), qs=[None] * len(ks), fed=0)
         return self._draft_model_proposals(self.draft, ks)
+
+    def _proposer_proposal(self, k: int) -> _Proposals:
+        """The one slot's proposer drafts k tokens (a tree proposer: of the shape the controller sized, if any)."""
+        slot = self._active[0]
+        if not k:
+            return _Proposals(drafts=[torch.empty(0, dtype=torch.long, device=self.device)], qs=[None], fed=0)
+        shape = getattr(self.lookahead, "shape", None)
+        tree = {"tree": shape} if shape is not None else {}
+        proposal = self.proposer.propose(slot.committed, k, slot.params, slot.generator, **tree)  # type: ignore[union-attr]
+        return _Proposals(
+            drafts=[proposal.tokens.to(self.device)],
+            qs=[proposal.q],
+            fed=0,
+            looked_up=[proposal.looked_up],
+            tree=proposal.tree,
+        )
 
     def _hybrid_proposals(self, ks: list[int], caps: list[int]) -> _Proposals:
         """The lookup's draft where it finds at least min_lookup tokens (up to the slot's cap, within the request's
@@ -366,9 +432,24 @@ class BatchDecoder:
             fed_rows=frozenset(rows) if only_drafting else None,
         )
 
-    def _verify(self, proposals: _Proposals) -> list[list[int]]:
-        """One target forward over [last committed, drafts] of every row -> per slot [accepted, tokens...]."""
+    def _verify(self, proposals: _Proposals) -> tuple[list[list[int]], Tensor | None]:
+        """One target forward over [last committed, drafts] of every row -> per slot [accepted, tokens...], and
+        the target's features along the kept positions when a proposer reads them (one slot)."""
         slots = self._active
+        if proposals.tree is not None:  # a draft tree: one pass over all its nodes, the accepted path kept
+            slot = slots[0]
+            verdict = verify_tree_step(
+                self.target.target,  # type: ignore[union-attr]  # a tree's proposer runs on a TargetRow
+                slot.committed[-1],
+                proposals.tree,
+                slot.params,
+                slot.generator,
+                produced=slot.produced,
+                min_tokens=slot.config.min_tokens,
+                suppress=slot.suppress,
+                return_hidden=self.hidden_request,
+            )
+            return [[verdict.num_accepted, *verdict.tokens]], verdict.hidden
         lasts = torch.tensor([s.committed[-1] for s in slots], device=self.device)
         feeds = [torch.cat([lasts[b : b + 1], d]) for b, d in enumerate(proposals.drafts)]
         width = max(f.shape[0] for f in feeds)
@@ -386,19 +467,25 @@ class BatchDecoder:
                 num_accepted, tokens = verify_sampled(drafts, proposals.qs[b], p, slot.generator)
             row = torch.cat([num_accepted.view(1), tokens])
             results.append(torch.nn.functional.pad(row, (0, width - tokens.shape[0])))
-        return torch.stack(results).tolist()  # [B, 1 + T]: the one device read of the step
+        hidden = self.target.hidden if isinstance(self.target, TargetRow) else None
+        return torch.stack(results).tolist(), hidden  # [B, 1 + T]: the one device read of the step
 
-    def _commit(self, rows: list[list[int]], proposals: _Proposals, *, draft_s: float, verify_s: float):
+    def _commit(
+        self, rows: list[list[int]], proposals: _Proposals, hidden: Tensor | None, *, draft_s: float, verify_s: float
+    ) -> list[SlotUpdate]:
         updates = []
         looked_up = proposals.looked_up or [False] * len(rows)
-        for b, (slot, row, drafts, looked) in enumerate(
-            zip(self._active, rows, proposals.drafts, looked_up, strict=True)
-        ):
-            drafted = int(drafts.shape[0])
+        for b, (slot, row, looked) in enumerate(zip(self._active, rows, looked_up, strict=True)):
+            drafted = proposals.drafted(b)
             accepted, new = row[0], row[1 : row[0] + 2]
-            new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, slot.stop_ids)
+            new, accepted_counted, reached, stopped = truncate_at_stop(new, accepted, drafted, slot.is_stop)
             before = len(slot.committed)
             slot.target_len = before + accepted  # keeps [last committed, accepted drafts]
+            self.target.keep(b, slot.target_len)
+            if self.proposer is not None:
+                self.proposer.on_verified(accepted, drafted)
+                if self.hidden_request and hidden is not None:
+                    self.proposer.observe_target(hidden, accepted)
             if proposals.fed and (proposals.fed_rows is None or b in proposals.fed_rows):
                 # drafts 1..fed-1 were fed to the draft row; the accepted ones stay valid (a hybrid's row is fed
                 # only when its slot drafted with the model)

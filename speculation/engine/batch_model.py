@@ -64,6 +64,9 @@ class BatchedModel:
         self.v = [grown(self.v[i] if self.v else None) for i in range(a.n_layers)]
         self.rows, self.positions = new_rows, new_positions
 
+    def keep(self, row: int, length: int) -> None:
+        """Keep row's first ``length`` positions: those past it are overwritten by the next forward."""
+
     @torch.inference_mode()
     def move_row(self, source: int, dest: int, length: int) -> None:
         """Copy row source's first ``length`` positions to row dest (compacting after a slot leaves)."""

@@ -87,9 +87,13 @@ class StepReport:
 
 
 class Lookahead(Protocol):
-    """What a decode loop asks of its K controller."""
+    """What the engine's step asks of its K controller. The step calls ``choose`` once per kind of slot it holds
+    (greedy, then sampled), with the requests' largest K; a single request's controller (one kind, its own k_max)
+    may ignore those."""
 
-    def choose(self, batch_size: int = 1) -> int: ...
+    def choose(
+        self, batch_size: int = 1, *, k_max: int | None = None, sampled: bool = False, count: bool = True
+    ) -> int: ...
 
     def observe(self, report: StepReport) -> None: ...
 
@@ -110,9 +114,10 @@ class DynamicLookahead:
         return self.accepted / self.reached
 
     def observe(self, report: StepReport) -> None:
-        """One step's counts and wall times; the verify cost table is keyed by the tokens the target pass checked."""
-        self.accepted = DECAY * self.accepted + report.accepted
-        self.reached = DECAY * self.reached + report.reached
+        """One step's counts (greedy or sampled: one request's) and wall times; the verify cost table is keyed by the
+        tokens the target pass checked."""
+        self.accepted = DECAY * self.accepted + report.accepted + report.sampled_accepted
+        self.reached = DECAY * self.reached + report.reached + report.sampled_reached
         drafted = report.drafted
         if drafted:
             self.draft_step_s = self._decayed(("draft",), self.draft_step_s, report.draft_s / drafted)
@@ -151,7 +156,7 @@ class DynamicLookahead:
         """Whether choose() is measuring costs rather than deciding on them (a step's width must then be its K + 1)."""
         return self.draft_step_s is None or len(self.verify_s) < 2 or 1 not in self.verify_s or bool(self._cold())
 
-    def choose(self, batch_size: int = 1) -> int:
+    def choose(self, batch_size: int = 1, **_: object) -> int:
         """The next step's K (a single request's controller: its costs are those of batch size 1)."""
         k_start = min(self.k_start, self.k_max)
         if self.draft_step_s is None or not self.verify_s:
@@ -195,8 +200,8 @@ class ModeledLookahead(DynamicLookahead):
 
     def observe(self, report: StepReport) -> None:
         drafted = report.drafted
-        self.accepted = DECAY * self.accepted + report.accepted
-        self.reached = DECAY * self.reached + report.reached
+        self.accepted = DECAY * self.accepted + report.accepted + report.sampled_accepted
+        self.reached = DECAY * self.reached + report.reached + report.sampled_reached
         self.plain_streak = 0 if drafted else self.plain_streak + 1
         self.modeled_s += self.verify_cost(report.verified or drafted + 1) + drafted * (self.draft_step_s or 0.0)
         self.steps += 1
@@ -264,7 +269,7 @@ class TreeLookahead(DynamicLookahead):
         """Drafting steps per shape (labels as ``shape_label``), over the controller's life."""
         return {shape_label(arm.shape): arm.used for arm in self.arms}
 
-    def choose(self, batch_size: int = 1) -> int:
+    def choose(self, batch_size: int = 1, **_: object) -> int:
         k_start = min(self.k_start, self.k_max)
         if not self.drafting_s or not self.verify_s:  # nothing measured: the policy's tree at the policy's depth
             return self._pick(self.arms[-1], k_start)
@@ -303,8 +308,8 @@ class TreeLookahead(DynamicLookahead):
         for other in self.arms:
             other.idle += 1
         arm.idle, arm.used = 0, arm.used + 1
-        arm.accepted = DECAY * arm.accepted + report.accepted
-        arm.reached = DECAY * arm.reached + report.reached
+        arm.accepted = DECAY * arm.accepted + report.accepted + report.sampled_accepted
+        arm.reached = DECAY * arm.reached + report.reached + report.sampled_reached
         table = self.drafting_s.setdefault(arm.shape.top_k, {})
         table[drafted] = self._decayed(("drafting", arm.shape.top_k, drafted), table.get(drafted), report.draft_s)
 
@@ -430,7 +435,7 @@ class LoadAwareLookahead:
         draft_s = report.draft_s
         if report.catch_up and costs.draft_step_s is not None:
             draft_s = costs.draft_step_s * report.drafted
-        costs.observe(replace(report, accepted=0, reached=0, draft_s=draft_s))
+        costs.observe(replace(report, accepted=0, reached=0, sampled_accepted=0, sampled_reached=0, draft_s=draft_s))
         self.accepted = DECAY * self.accepted + report.accepted
         self.reached = DECAY * self.reached + report.reached
         self.sampled_accepted = DECAY * self.sampled_accepted + report.sampled_accepted

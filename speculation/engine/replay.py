@@ -35,11 +35,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from speculation.engine.decode import GenerationConfig, generate, step_lookahead
+from speculation.engine.decode import generate
 from speculation.engine.errors import EmptyPromptError
 from speculation.engine.lookahead import DynamicLookahead, check_k
 from speculation.engine.model import Transformer
 from speculation.engine.proposers import Proposal, Proposer
+from speculation.engine.request import GenerationConfig, step_lookahead
 from speculation.engine.sampling import SamplingParams
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import TargetOutput

@@ -70,3 +70,41 @@ class LocalTarget:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: {self.length} positions are cached")
         self.length = length
+
+
+class TargetRow:
+    """A Target as the one row of a batch (engine/batch.py's BatchedModel interface), so that a single request on
+    any target (LocalTarget, a ReplayTarget, a remote or a transformers model) runs the batch engine's step.
+
+    The target keeps its own cache: a forward at ``starts[0]`` continues from there (the step keeps the accepted
+    positions with ``keep``, as the target's rollback). The last forward's features (``return_hidden``: what an
+    EAGLE head reads) stay in ``hidden``."""
+
+    rows = 1
+
+    def __init__(self, target: Target, *, return_hidden: HiddenRequest = False) -> None:
+        self.target = target
+        self.device = target.device
+        self.vocab_size = target.vocab_size
+        self.max_len = target.max_context
+        self.return_hidden = return_hidden
+        self.hidden: Tensor | None = None
+
+    def reserve(self, rows: int, positions: int) -> None:
+        if rows > 1:
+            raise ValueError("a target row holds one request")
+
+    def prefill(self, prompt_ids: list[int]) -> Tensor | None:
+        """The target's prefill (every prompt token but the last); the prompt's features when asked for."""
+        wants = self.return_hidden
+        out = self.target.prefill(prompt_ids, return_hidden=wants) if wants else self.target.prefill(prompt_ids)
+        return out.hidden if out is not None else None
+
+    def forward(self, tokens: Tensor, starts: list[int], **_) -> Tensor:
+        """tokens [1, T] after the cached positions -> logits [1, T, V]."""
+        out = self.target.forward(tokens[0], return_hidden=self.return_hidden)
+        self.hidden = out.hidden
+        return out.logits[None]
+
+    def keep(self, row: int, length: int) -> None:
+        self.target.rollback(length)

@@ -30,9 +30,9 @@ from speculation.engine import (
     TreeLookahead,
     generate,
 )
-from speculation.engine.decode import truncate_at_stop
 from speculation.engine.projection import StepCosts
 from speculation.engine.proposers import loop_k
+from speculation.engine.request import truncate_at_stop
 from speculation.jobs.admission import Cancelled, JobSlot
 from speculation.jobs.channel import Cancelled as CancelledMessage
 from speculation.jobs.channel import Done, Error, Ready, WorkerChannel

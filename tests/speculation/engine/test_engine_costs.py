@@ -11,9 +11,9 @@ import torch
 
 from speculation.engine import DraftModelProposer, DynamicLookahead, LocalTarget, generate_plain
 from speculation.engine import costs as engine_costs
-from speculation.engine.decode import GenerationConfig
 from speculation.engine.projection import StepCosts, expected_tokens, project, verify_cost
 from speculation.engine.proposers import Proposal
+from speculation.engine.request import GenerationConfig
 from speculation.engine.target import TargetOutput
 
 

@@ -23,7 +23,7 @@ from speculation.engine import (
     generate,
     verify_sampled,
 )
-from speculation.engine import decode as decode_module
+from speculation.engine import batch as step_module
 from tests.support.stats import chi2_critical, chi2_statistic, exact_sequence_distribution, wrong_verify_sampled
 
 
@@ -97,7 +97,7 @@ def test_speculative_sampling_matches_the_targets_exact_sequence_distribution(
     print(f"right sampler: chi2 {stat:.1f}, critical {chi2_critical(dof):.1f}, dof {dof}")
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} >= {chi2_critical(dof):.1f} (dof {dof})"
     # and the same test rejects a wrong sampler
-    monkeypatch.setattr(decode_module, "verify_sampled", wrong_verify_sampled)
+    monkeypatch.setattr(step_module, "verify_sampled", wrong_verify_sampled)
     stat, dof = chi2_statistic(sample_counts(), exact)
     print(f"wrong sampler: chi2 {stat:.1f}, critical {chi2_critical(dof):.1f}, dof {dof}")
     assert stat >= chi2_critical(dof), f"the wrong sampler passed: chi2 {stat:.1f} (dof {dof})"

@@ -153,7 +153,7 @@ def test_the_dynamic_shape_tree_output_is_token_identical_to_plain_greedy(target
 
 
 def test_dynamic_k_gives_a_tree_proposer_a_tree_lookahead(target_model, trained_tree_head):  # noqa: F811
-    from speculation.engine.decode import default_lookahead
+    from speculation.engine.request import default_lookahead
 
     proposer = EagleProposer(trained_tree_head, target_model, tree=POLICY_TREE)
 

@@ -79,7 +79,7 @@ def test_an_eagle_head_on_the_local_path_speculates_with_plain_greedy_output(eag
 def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_output(
     eagle_job, client, tiny_model_dir, monkeypatch
 ):
-    from speculation.engine import decode
+    from speculation.engine import batch
     from speculation.models import SpeculationPolicy
     from speculation.worker.generation import run_prod_generation
 
@@ -88,13 +88,13 @@ def test_a_tree_policy_on_the_local_path_verifies_draft_trees_with_plain_greedy_
         eagle_tree={"top_k": 2, "depth": 4, "nodes": 6}
     )
     trees: list[tuple[int, int]] = []  # (nodes, depth) of every tree the target verified
-    verify_tree_step = decode.verify_tree_step
+    verify_tree_step = batch.verify_tree_step
 
     def counted(target, last_token, tree, *args, **kwargs):
         trees.append((tree.size, tree.depth))
         return verify_tree_step(target, last_token, tree, *args, **kwargs)
 
-    monkeypatch.setattr(decode, "verify_tree_step", counted)  # a spy: the real verification runs
+    monkeypatch.setattr(batch, "verify_tree_step", counted)  # a spy: the real verification runs
     # when: the worker runs the job
     run_prod_generation(eagle_job)
     # then: every step verified a tree (branching: more nodes than levels), and the output is plain greedy's
@@ -110,7 +110,7 @@ def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape
 ):
     import re
 
-    from speculation.engine import decode
+    from speculation.engine import batch
     from speculation.models import SpeculationPolicy
     from speculation.worker import generation
 
@@ -121,14 +121,14 @@ def test_a_tree_policy_with_dynamic_k_lets_the_controller_choose_the_trees_shape
     )
     monkeypatch.setattr(generation, "_TREE_LOOKAHEADS", {})  # a fresh controller (they live for the process)
     trees: list[tuple[int, int, int]] = []  # (nodes, depth, widest level) of every tree the target verified
-    verify_tree_step = decode.verify_tree_step
+    verify_tree_step = batch.verify_tree_step
 
     def counted(target, last_token, tree, *args, **kwargs):
         widest = int(torch.bincount(tree.depths).max())
         trees.append((tree.size, tree.depth, widest))
         return verify_tree_step(target, last_token, tree, *args, **kwargs)
 
-    monkeypatch.setattr(decode, "verify_tree_step", counted)  # a spy: the real verification runs
+    monkeypatch.setattr(batch, "verify_tree_step", counted)  # a spy: the real verification runs
     # when: the worker runs the job
     generation.run_prod_generation(eagle_job)
     # then: the output is plain greedy's; chains (one node per level) and branching trees were both verified

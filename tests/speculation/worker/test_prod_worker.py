@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from speculation.engine import DraftModelProposer, LocalTarget
-from speculation.engine import decode as decode_module
+from speculation.engine import batch as step_module
 from speculation.jobs.admission import Cancelled, CapacityHeartbeat, JobSlot, cancel_key, inflight_key
 from speculation.worker.generation import Prepared, speculate
 from tests.speculation.worker.conftest import local_prod_endpoint
@@ -68,7 +68,7 @@ def test_the_local_path_samples_the_targets_processed_distribution(monkeypatch):
     stat, dof = chi2_statistic(counts(), exact)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} >= {chi2_critical(dof):.1f} (dof {dof})"
     # ... which a wrong sampler (recovered token from p, not the residual) fails
-    monkeypatch.setattr(decode_module, "verify_sampled", wrong_verify_sampled)
+    monkeypatch.setattr(step_module, "verify_sampled", wrong_verify_sampled)
     stat, dof = chi2_statistic(counts(), exact)
     assert stat >= chi2_critical(dof), f"the wrong sampler passed: chi2 {stat:.1f} (dof {dof})"
 
