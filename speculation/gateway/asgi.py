@@ -47,6 +47,7 @@ class ClientGone(Exception):
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
+    from speculation.gateway.guard import samples
     from speculation.services import captures, records
 
     while True:
@@ -57,8 +58,9 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             try:
                 await records.aflush()
                 await captures.aflush()
+                await samples.aflush()
             except Exception:  # noqa: BLE001 - shutdown goes on; what could not be written is logged
-                logger.exception("stage records or captures not written at shutdown")
+                logger.exception("stage records, captures or goodput samples not written at shutdown")
             await send({"type": "lifespan.shutdown.complete"})
             return
 
@@ -81,7 +83,7 @@ def _security_headers() -> list[tuple[bytes, bytes]]:
 
 class GatewayApp:
     """Serves PATHS itself and hands every other request to `fallback` (Django); answers the lifespan protocol
-    itself (Django does not), writing the queued stage records at shutdown."""
+    itself (Django does not), writing the queued stage records, captures and goodput samples at shutdown."""
 
     def __init__(self, fallback: ASGIApp) -> None:
         self.fallback = fallback

@@ -16,7 +16,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from speculation.gateway import background
 from speculation.gateway.call import Call
 from speculation.gateway.guard import costs, load, rules, topology
 from speculation.gateway.guard import samples as store
@@ -137,17 +136,24 @@ def reconsider(call: Call, decision: Decision) -> Decision:
 async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:
     """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) at the mean load it ran under, and count
     it out of flight."""
+    name = _finished(call, kind=kind, tokens=tokens, latency_ms=latency_ms)
+    if name is None:
+        return
+    try:
+        await store.keep(call.route.endpoint_id, name, tokens=tokens, seconds=latency_ms / 1000.0)
+    except (aioredis.RedisError, OSError) as exc:
+        logger.warning("goodput guard: could not keep a sample (%s)", exc)
+
+
+def _finished(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> store.Name | None:
+    """Count the request out of flight; the sample it is kept in (None: no sample to keep)."""
     if kind == PLAIN and load.beside_only(call):
         kind = SPEC  # what speculating at this load cost a plain neighbour: part of speculation's goodput
     mean_load = end(call)
     bucket = bucket_of(max(1, round(mean_load))) if mean_load is not None else getattr(call, "load_bucket", "")
     if not bucket or not tokens or latency_ms <= 0:
-        return
-    try:
-        name = (call.traffic or SAMPLED, bucket, kind)
-        await store.keep(call.route.endpoint_id, name, tokens=tokens, seconds=latency_ms / 1000.0)
-    except (aioredis.RedisError, OSError) as exc:
-        logger.warning("goodput guard: could not keep a sample (%s)", exc)
+        return None
+    return (call.traffic or SAMPLED, bucket, kind)
 
 
 class PlainSample:
@@ -177,9 +183,10 @@ class PlainSample:
         if status != 200 or error or not tokens:
             end(self.call)
             return
-        background.spawn(
-            observe(self.call, kind=PLAIN, tokens=tokens, latency_ms=self.call.elapsed_ms()), what="goodput sample"
-        )
+        latency_ms = self.call.elapsed_ms()
+        name = _finished(self.call, kind=PLAIN, tokens=tokens, latency_ms=latency_ms)
+        if name is not None:  # written with the others of the next moment (store.keep_later)
+            store.keep_later(self.call.route.endpoint_id, name, tokens=tokens, seconds=latency_ms / 1000.0)
 
 
 def watch(call: Call, observer: Any = None) -> Any:

@@ -1,6 +1,10 @@
 """The goodput samples in Redis: per endpoint, traffic kind, load bucket and side (SPEC / PLAIN), the newest WINDOW
 finished requests as "tok/s:seconds", shared by the web processes.
 
+The plain sample of every off and shadow request is written with the others of the next FLUSH_S in one pipeline
+(`keep_later`): one round trip each was most of what the guard cost an off request. Other processes read them at
+most FLUSH_S later (they reuse what they read for READ_TTL_S anyway); this one sees them at once.
+
 Speculative lists expire SPEC_TTL_S after their first sample (a changed draft or machine is learned again), plain
 ones EXPIRE_S after their newest. A process reuses what it read for READ_TTL_S, with the samples it keeps itself
 added as it keeps them: reading every list per prod request would be most of a plain prod request's cost.
@@ -8,8 +12,13 @@ added as it keeps them: reading every list per prod request would be most of a p
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
+import redis.asyncio as aioredis
+
+from speculation.gateway import background
 from speculation.gateway.channel import client
 from speculation.gateway.guard.rules import BUCKET_NAMES, PLAIN, SPEC, SPEC_TTL_S, TRAFFIC, WINDOW, Sample
 
@@ -19,8 +28,11 @@ KEY = "ace:goodput:{endpoint_id}:{traffic}:{bucket}:{kind}"
 PAIRING_KEY = "ace:goodput:{endpoint_id}:pairing"
 EXPIRE_S = 3600  # plain samples: refreshed with every sample
 READ_TTL_S = 1.0
+FLUSH_S = 0.25
 NAMES = tuple((traffic, bucket, kind) for traffic in TRAFFIC for bucket in BUCKET_NAMES for kind in (SPEC, PLAIN))
 Name = tuple[str, str, str]  # (traffic, bucket, SPEC | PLAIN)
+
+logger = logging.getLogger(__name__)
 
 _read_cache: dict[int, tuple[float, dict[Name, list[Sample]], str]] = {}
 
@@ -66,17 +78,68 @@ async def _adopt(endpoint_id: int, pairing: str, *, forget: bool) -> None:
 
 async def keep(endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
     """Keep one finished request's sample (this process sees it at once; Redis errors are the caller's)."""
-    traffic, bucket, kind = name
     _remember(endpoint_id, name, (tokens / seconds, seconds))
-    key = KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
     pipe = client().pipeline(transaction=False)
+    _push(pipe, endpoint_id, name, tokens=tokens, seconds=seconds)
+    await pipe.execute()
+
+
+def _push(pipe, endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
+    traffic, bucket, kind = name
+    key = KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
     pipe.lpush(key, f"{tokens / seconds:.3f}:{seconds:.3f}")
     pipe.ltrim(key, 0, WINDOW - 1)
     if kind == SPEC:
         pipe.expire(key, SPEC_TTL_S, nx=True)  # from the first sample: the verdict lasts SPEC_TTL_S
     else:
         pipe.expire(key, EXPIRE_S)
-    await pipe.execute()
+
+
+class _Batch:
+    """The samples waiting for the next write of one event loop (its Redis client belongs to it)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, Name, int, float]] = []
+        self.writer: asyncio.Task | None = None
+
+
+_batches: dict[int, _Batch] = {}
+
+
+def keep_later(endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
+    """Keep a sample as `keep` does, written to Redis within FLUSH_S together with the others kept meanwhile
+    (a background task: tests drain it; a Redis error is logged)."""
+    _remember(endpoint_id, name, (tokens / seconds, seconds))
+    batch = _batches.setdefault(id(asyncio.get_running_loop()), _Batch())
+    batch.samples.append((endpoint_id, name, tokens, seconds))
+    if batch.writer is None or batch.writer.done():
+        batch.writer = background.spawn(_write_after(batch), what="goodput samples")
+
+
+async def _write_after(batch: _Batch) -> None:
+    while batch.samples:
+        await asyncio.sleep(FLUSH_S)
+        await _write(batch)
+
+
+async def _write(batch: _Batch) -> None:
+    samples, batch.samples = batch.samples, []
+    if not samples:
+        return
+    pipe = client().pipeline(transaction=False)
+    for endpoint_id, name, tokens, seconds in samples:
+        _push(pipe, endpoint_id, name, tokens=tokens, seconds=seconds)
+    try:
+        await pipe.execute()
+    except (aioredis.RedisError, OSError) as exc:
+        logger.warning("goodput guard: could not keep %d samples (%s)", len(samples), exc)
+
+
+async def aflush() -> None:
+    """Write this event loop's waiting samples now (at shutdown)."""
+    batch = _batches.get(id(asyncio.get_running_loop()))
+    if batch is not None:
+        await _write(batch)
 
 
 def _remember(endpoint_id: int, name: Name, sample: Sample) -> None:

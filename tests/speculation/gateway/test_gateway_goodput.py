@@ -661,6 +661,33 @@ def test_the_samples_are_read_from_redis_once_per_read_ttl_and_this_processs_own
     assert lranges() - read_before == 2 * len(store.NAMES)
 
 
+def test_plain_samples_kept_within_flush_s_are_written_together_and_seen_here_at_once(guard_on):
+    from speculation.gateway import background
+
+    key = goodput.KEY.format(endpoint_id=9031, traffic=GREEDY, bucket="1", kind=PLAIN)
+
+    async def run():
+        # given: this process has read the endpoint's samples (none yet)
+        await store.read(9031)
+        # when: five off requests keep their plain samples one after another
+        for _ in range(5):
+            store.keep_later(9031, (GREEDY, "1", PLAIN), tokens=10, seconds=0.5)
+        loop = asyncio.get_running_loop()
+        writers = [task for task in background._pending if task.get_loop() is loop]
+        seen_here = len((await store.read(9031))[(GREEDY, "1", PLAIN)])
+        in_redis_before = _redis().llen(key)
+        await asyncio.gather(*writers)
+        return len(writers), seen_here, in_redis_before
+
+    writers, seen_here, in_redis_before = asyncio.run(run())
+
+    # then: one write for the five, after FLUSH_S; this process counted them at once
+    assert writers == 1
+    assert seen_here == 5
+    assert in_redis_before == 0
+    assert [store.parse(v) for v in _redis().lrange(key, 0, -1)] == [(20.0, 0.5)] * 5
+
+
 def test_at_most_one_speculated_request_learns_at_a_time(guard_on):
     async def run():
         # given: plain measured at 32 streams only; nothing speculated yet
