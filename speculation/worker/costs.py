@@ -69,10 +69,9 @@ from speculation.selectors import costs as cost_selectors
 from speculation.selectors.options import effective_path
 from speculation.services import costs as cost_service
 from speculation.worker import cpuload, upstream
-from speculation.worker.costs_batch import BatchStepTimer, StepRelay
-from speculation.worker.costs_single import SingleStepTimer, waited
 from speculation.worker.paths import resources
 from speculation.worker.paths.remote import RemoteVerificationError
+from speculation.worker.step_timing import BatchStepTimer, SingleStepTimer, StepRelay, waited
 
 logger = logging.getLogger(__name__)
 
@@ -280,10 +279,10 @@ def _batch_step_costs(
     *, endpoint: Endpoint, policy: SpeculationPolicy, context: list[int]
 ) -> tuple[float, dict[int, float]]:
     """The draft step and verify(n) where prod runs the policy in the worker's batch loop: steps of a batch decoder
-    at each size, timed as the decoder times them (speculation.worker.costs_batch.BatchStepTimer) in the batch
+    at each size, timed as the decoder times them (speculation.worker.step_timing.BatchStepTimer) in the batch
     loop's own thread (batching.on_loop_thread says why), the median of the rounds per size, each round after the
     server has gone quiet, and each step's tokens relayed beside the next step as a request thread relays them
-    (speculation.worker.costs_batch.StepRelay): the steps run where and as prod's do, so their typical time is what
+    (speculation.worker.step_timing.StepRelay): the steps run where and as prod's do, so their typical time is what
     prod's requests pay (the fastest repeat, or no relay, projects prod faster than it runs: docs/BENCHMARKS.md).
     With n-gram lookup the timer drafts with the target itself (verify(n) does not depend on what proposed the
     drafts) and the lookup is timed on its own."""
@@ -329,7 +328,7 @@ def _single_step_costs(
 ) -> tuple[float, dict[int, float]] | None:
     """The draft step and verify(n) where prod runs a model's chain drafts single-stream on the local path (an EAGLE
     head, a model transformers runs): steps of the engine's loop with prod's own proposer and target
-    (speculation.worker.costs_single.SingleStepTimer) in this thread, at prod's single-stream torch threads (the
+    (speculation.worker.step_timing.SingleStepTimer) in this thread, at prod's single-stream torch threads (the
     task's thread and prod's request threads alike: speculation.worker.openmp.side_thread), the median of the rounds
     per size, each round after the server has gone quiet, each step's tokens relayed before the next as prod's
     request thread relays them (StepRelay): the fastest repeat of the forwards alone projected prod's step 1.4-1.7x

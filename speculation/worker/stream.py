@@ -1,6 +1,6 @@
 """A prod request's tokens on their way to the gateway: the stop rules applied one committed token at a time, and
 each verification's kept tokens sent with the text they complete (speculation.jobs.channel.Tokens). Prod's
-generation and the batch step timer (speculation.worker.costs_batch) run the same per-step work through it.
+generation and the step timers (speculation.worker.step_timing) run the same per-step work through it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The single-stream local path is timed as prod runs it (speculation.worker.costs_single, costs._single_step_costs):
-steps of the engine's own loop with prod's proposer, each step's relay before the next counted in the step, and the
+"""The single-stream local path is timed as prod runs it (speculation.worker.step_timing, costs._single_step_costs):
+steps of the engine's own step with prod's proposer, each step's relay before the next counted in the step, and the
 typical round kept, not the fastest. Timings of the relay use a sleep that any step must contain: no other
 wall-clock assert."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from speculation.engine import DraftModelProposer, LocalTarget, load_causal_lm
 from speculation.worker import costs as worker_costs
-from speculation.worker.costs_single import STEPS_PER_SIZE, SingleStepTimer, waited
+from speculation.worker.step_timing import STEPS_PER_SIZE, SingleStepTimer, waited
 
 CONTEXT = [1, 5, 9, 14, 20, 31]
 RELAY_S = 0.02

@@ -1,48 +1,14 @@
-"""The batch-engine timing adapters compute what the batch decoder computes for a lone request: their logits and
-drafts equal the batch-1 model's (so timing them times prod's batched local path, not a stand-in)."""
+"""Timing prod's local step as it runs (speculation.worker.step_timing): the batch timer keeps the decoder's own
+timings of each size, and the relay runs prod's per-step work beside the steps."""
 
 from __future__ import annotations
 
-import torch
-
-from speculation.engine import DraftModelProposer, LocalTarget, load_causal_lm
-from speculation.engine.sampling import SamplingParams
-from speculation.worker.costs_batch import BatchRowDraft, BatchRowTarget
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def test_batch_row_target_verifies_like_the_local_target_and_rolls_back(tiny_model_dir):
-    model = load_causal_lm(str(tiny_model_dir))
-    context, drafts = [1, 5, 9, 14, 20, 31], torch.tensor([7, 42, 100])
-    batch, local = BatchRowTarget(model), LocalTarget(model)
-    for target in (batch, local):
-        target.prefill(context)
-    first = batch.forward(drafts).logits
-    assert torch.allclose(first, local.forward(drafts).logits, atol=1e-4)
-    batch.rollback(len(context) - 1)
-    assert torch.allclose(batch.forward(drafts).logits, first, atol=1e-5)  # rolled back: the same step again
-
-
-def test_batch_row_draft_proposes_the_draft_models_greedy_tokens(tiny_model_dir):
-    model = load_causal_lm(str(tiny_model_dir))
-    committed = [1, 5, 9, 14, 20]
-    batch, single = BatchRowDraft(model), DraftModelProposer(model, target_vocab_size=model.vocab_size)
-    for proposer in (batch, single):
-        proposer.begin(committed)
-    want = single.propose(committed, 4, GREEDY, None).tokens.tolist()
-    assert batch.propose(committed, 4, GREEDY, None).tokens.tolist() == want
-    committed = [*committed, want[0], 33]  # one accepted, then the target's token: the next step feeds both
-    single.on_verified(1, 4)
-    assert (
-        batch.propose(committed, 3, GREEDY, None).tokens.tolist()
-        == single.propose(committed, 3, GREEDY, None).tokens.tolist()
-    )
+from speculation.engine import load_causal_lm
 
 
 def test_the_step_timer_keeps_the_batch_decoders_own_timings_of_each_size(tiny_model_dir, monkeypatch):
     from speculation.engine.batch import BatchDecoder
-    from speculation.worker.costs_batch import BatchStepTimer
+    from speculation.worker.step_timing import BatchStepTimer
 
     # given: the decoder's step, spied on: what K it drafted and the timings it reported to its controller
     model = load_causal_lm(str(tiny_model_dir))
@@ -75,7 +41,7 @@ def test_the_timer_relays_each_steps_tokens_as_a_request_thread_does(tiny_model_
     from transformers import AutoTokenizer
 
     from speculation.engine import BatchDecoder, GenerationConfig
-    from speculation.worker.costs_batch import BatchStepTimer, StepRelay
+    from speculation.worker.step_timing import BatchStepTimer, StepRelay
 
     # given: a relay on the test's Redis, spied on (its round trips), beside a step timer
     model = load_causal_lm(str(tiny_model_dir))
@@ -108,7 +74,7 @@ def test_the_timer_relays_each_steps_tokens_as_a_request_thread_does(tiny_model_
 def test_the_relay_runs_the_matcher_without_redis(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from speculation.worker.costs_batch import StepRelay
+    from speculation.worker.step_timing import StepRelay
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     relay = StepRelay(tokenizer, client=None)
@@ -124,7 +90,7 @@ def test_the_relay_goes_on_when_the_matcher_fails(tiny_model_dir, redis_server):
     import redis
     from transformers import AutoTokenizer
 
-    from speculation.worker.costs_batch import StepRelay
+    from speculation.worker.step_timing import StepRelay
 
     class Broken:  # a tokenizer that fails on one token (a calibration must not lose its relay thread to it)
         def __init__(self, inner):

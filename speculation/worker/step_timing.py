@@ -1,13 +1,12 @@
-"""Timing the local path as prod runs it when the worker batches (speculation.worker.batching). The calibration
-times a BatchDecoder's own steps (``BatchStepTimer``, below). The row adapters time one row of the
-batch engine's BatchedModel, the same forward the BatchDecoder runs for a lone request (padding-free row 0, its own
-cache, the attention mask of the batch), not the batch-1 Transformer with its static cache. At batch size 1 the two
-differ by a fixed cost per forward (measured: a lone request in the batch ran at 23 tok/s where the single-stream
-loop ran at 29), which a projection timed on the wrong one carries into every K.
+"""Timing prod's local step as it runs, for the cost calibration (speculation.worker.costs): steps of the engine's
+own step (speculation.engine.batch.BatchDecoder) at the K they are told, each timed by the decoder itself (its draft
+and its verification, as it reports them to a lookahead controller), with the request thread's part of each step
+(``StepRelay``: the stop matcher a token at a time, one send to the gateway) beside it as in prod.
 
-``BatchRowTarget`` is the engine's Target protocol and ``BatchRowDraft`` its Proposer protocol over one row, for
-speculation.engine.costs.time_verify / time_draft_step only (the shadow_costs benchmark compares them with the
-batch-1 engine): greedy drafts, no sampling.
+- ``BatchStepTimer``: the batched path (a draft model, a lookup, the hybrid: speculation.worker.batching). The batch
+  loop hands each step's tokens to the request's thread, which relays them while the loop runs the next step.
+- ``SingleStepTimer``: a proposer the batch loop does not serve (an EAGLE head, a model transformers runs): prod runs
+  it in the request's thread, which relays each step's tokens before the next step, so the relay is in the step.
 """
 
 from __future__ import annotations
@@ -15,96 +14,32 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from speculation.engine.batch_model import BatchedModel
+from speculation.engine.batch import BatchDecoder
 from speculation.engine.lookahead import StepReport
 from speculation.engine.model import Transformer
-from speculation.engine.proposers import Proposal
-from speculation.engine.sampling import SamplingParams
-from speculation.engine.target import TargetOutput
+from speculation.engine.request import GenerationConfig
+from speculation.engine.target import Target
+from speculation.jobs.channel import WorkerChannel
+from speculation.limits import K_MAX
+from speculation.worker.paths.stopping import StopMatcher, StopRule
+from speculation.worker.paths.text import IncrementalText
+from speculation.worker.stream import TokenStream
 
 logger = logging.getLogger(__name__)
 
-
-class BatchRowTarget:
-    """A target verifying on row 0 of a BatchedModel, as BatchDecoder._verify does for one slot."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.rows = BatchedModel(model, max_rows=1)
-        self.device = self.rows.device
-        self.vocab_size = model.vocab_size
-        self.max_context = self.rows.max_len
-        self.length = 0
-
-    @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> None:
-        self.length = 0
-        if len(prompt_ids) > 1:
-            self.rows.reserve(1, len(prompt_ids))
-            self.rows.forward(torch.tensor(prompt_ids[:-1], device=self.device)[None], [0])
-            self.length = len(prompt_ids) - 1
-
-    @torch.inference_mode()
-    def forward(self, tokens: Tensor, *, return_hidden: bool = False) -> TargetOutput:
-        t = int(tokens.shape[0])
-        self.rows.reserve(1, self.length + t)
-        logits = self.rows.forward(tokens[None], [self.length])[0]  # [T, V]
-        self.length += t
-        return TargetOutput(logits=logits, hidden=None)
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot roll back to {length}: {self.length} positions are cached")
-        self.length = length
-
-
-class BatchRowDraft:
-    """A draft model proposing on row 0 of a BatchedModel, as BatchDecoder._draft_model_proposals does for one
-    slot: one forward feeding the committed tokens the row has not seen, then one per further draft token."""
-
-    wants_hidden = False
-
-    def __init__(self, model: Transformer) -> None:
-        self.rows = BatchedModel(model, max_rows=1)
-        self.device = self.rows.device
-        self.length = 0  # committed tokens the row holds
-
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.length = 0
-
-    @torch.inference_mode()
-    def propose(
-        self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal:
-        self.rows.reserve(1, len(committed) + k)
-        feed = torch.tensor(committed[self.length :], device=self.device)[None]  # [1, unseen]
-        logits = self.rows.forward(feed, [self.length], last=[feed.shape[1] - 1])  # [1, V]
-        position, tokens = len(committed), []
-        for j in range(k):
-            token = logits.argmax(-1)  # [1]
-            tokens.append(token)
-            if j + 1 < k:  # the last draft token is never fed
-                logits = self.rows.forward(token[:, None], [position], last=[0])
-                position += 1
-        self.length = len(committed)  # the drafts fed are rewritten next time (nothing accepted is assumed)
-        return Proposal(tokens=torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long), q=None)
-
-    def on_verified(self, num_accepted: int, num_drafted: int) -> None:
-        pass
-
-    def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
-        pass
+STEPS_PER_SIZE = 3  # single-stream steps run at each K per round; the first (after the prompt's prefill) is not kept
+RELAY_WAIT_S = 5.0  # a relay that hangs (Redis gone) does not hold the calibration
+RELAY_POLL_S = 0.0001
 
 
 class _ToldK:
-    """Stands in for BatchDecoder's LoadAwareLookahead: the decoder drafts the K it is told and the step's own
-    timings (the draft and the verification as the decoder times them for its controller) are kept."""
+    """A lookahead controller that is told K: the decoder drafts it, and the step's own timings (the draft and the
+    verification, as the decoder times them for its controller) are kept."""
 
     def __init__(self) -> None:
         self.k = 0
@@ -118,12 +53,9 @@ class _ToldK:
 
 
 class BatchStepTimer:
-    """Prod's batched local path timed as it runs: steps of a BatchDecoder with one slot, at the K it is told, each
-    timed by the decoder itself (speculation.engine.batch times the draft and the verification for its controller;
-    those are the costs the lookahead controller then decides on). A step at K = n - 1 times verify(n) with the
-    decoder's own work around the forward (building the rows, the acceptance rule, the one device read), which the
-    row adapters above leave out: measured on the demo pair at 2 threads, the decoder's verify(6) took 6.7 ms where
-    the row's forward took 4.6 ms, and its draft step 0.96 where the row's took 0.71 (docs/BENCHMARKS.md).
+    """Prod's batched local path timed as it runs: steps of a BatchDecoder with one slot, at the K it is told. A step
+    at K = n - 1 times verify(n) with the decoder's own work around the forward (building the rows, the acceptance
+    rule, the one device read), which a timing of the forwards alone leaves out.
 
     The slot continues the context greedily, so the drafts are the draft model's real proposals; ``round`` runs
     one step per size, a plain step last (the drafting step after plain steps also feeds the draft the tokens they
@@ -142,10 +74,6 @@ class BatchStepTimer:
         relay: Callable[[list[int]], None] | None = None,
         shared_vocab: int | None = None,
     ) -> None:
-        from speculation.engine import GenerationConfig
-        from speculation.engine.batch import BatchDecoder
-        from speculation.limits import K_MAX
-
         self._told = _ToldK()
         self._decoder = BatchDecoder(  # shared_vocab: a draft padded to another size (speculation.engine.vocab)
             target,
@@ -189,6 +117,62 @@ class BatchStepTimer:
         return verify, drafts
 
 
+class SingleStepTimer:
+    """Steps of prod's single-stream path, timed as they run: ``round`` runs STEPS_PER_SIZE steps of a fresh request
+    at each size n (K = n - 1, largest first) and returns ({n: [seconds of the step besides drafting]}, [seconds
+    per drafted token]), a step running from the end of the previous step's relay to the end of its own (prod's
+    proposer: an EAGLE head fed the target's real features, its catch-up on the accepted tokens included).
+    relay: called with each step's committed tokens, returning when they are relayed."""
+
+    def __init__(
+        self,
+        target: Target,
+        proposer: Any,
+        *,
+        context: list[int],
+        relay: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self._told = _ToldK()
+        self._decoder = BatchDecoder(target, slots=1, proposer=proposer, lookahead=self._told)  # type: ignore[arg-type]
+        self._context = list(context)
+        self._room = target.max_context - len(context) - 1
+        self._relay = relay
+        self.warmed = False
+
+    def round(self, sizes: tuple[int, ...]) -> tuple[dict[int, list[float]], list[float]]:
+        if not self.warmed:  # each shape's first CPU forward builds its kernels
+            self.warmed = True
+            self.round(sizes)
+        verify: dict[int, list[float]] = {}
+        drafts: list[float] = []
+        for n in sorted(sizes, reverse=True):
+            for drafted, draft_s, step_s in self._steps(n - 1):
+                if drafted != n - 1:  # the draft stopped short (its room): not a step of this size
+                    continue
+                verify.setdefault(n, []).append(step_s - draft_s)
+                if drafted:
+                    drafts.append(draft_s / drafted)
+        return verify, drafts
+
+    def _steps(self, k: int) -> list[tuple[int, float, float]]:
+        """(drafted, draft seconds, step seconds) of a fresh request's steps after the first."""
+        self._told.k = k
+        self._decoder.add("calibration", self._context, GenerationConfig(max_new_tokens=self._room, k=K_MAX))
+        steps: list[tuple[int, float, float]] = []
+        ended = 0.0
+        while len(steps) < STEPS_PER_SIZE - 1 and len(self._decoder):
+            (update,) = self._decoder.step()
+            if self._relay is not None:
+                self._relay(list(update.tokens))
+            now = time.perf_counter()
+            drafted, draft_s, _, _ = self._told.last or (0, 0.0, 0.0, False)
+            if ended:
+                steps.append((drafted, draft_s, now - ended))
+            ended, self._told.last = now, None
+        self._decoder.remove("calibration")
+        return steps
+
+
 class StepRelay:
     """A prod request thread's part of each step, played beside a calibration's steps: in prod the batch loop hands
     each step's tokens to the request's thread, which runs them through the stop matcher (the incremental
@@ -202,11 +186,6 @@ class StepRelay:
     relay still runs the matcher."""
 
     def __init__(self, tokenizer: Any, *, client: Any = None) -> None:
-        from speculation.jobs.channel import WorkerChannel
-        from speculation.worker.paths.stopping import StopMatcher, StopRule
-        from speculation.worker.paths.text import IncrementalText
-        from speculation.worker.stream import TokenStream
-
         # prod's own per-step work (TokenStream: the matcher a token at a time, then one send), on a throwaway key
         channel = WorkerChannel(client, f"calibration-{uuid.uuid4().hex}") if client is not None else None
         self._stream = TokenStream(channel, slot=None)  # type: ignore[arg-type]
@@ -240,3 +219,16 @@ class StepRelay:
                     logger.info("calibration relay without Redis: %s", exc)
                     stream.channel = None
             self.relayed += 1
+
+
+def waited(relay: Any) -> Callable[[list[int]], None]:
+    """A StepRelay made inline: each step's tokens handed to it and waited for, as
+    prod's request thread relays them itself before its next step."""
+
+    def relay_now(ids: list[int]) -> None:
+        done, deadline = relay.relayed + 1, time.monotonic() + RELAY_WAIT_S
+        relay.put(ids)
+        while relay.relayed < done and time.monotonic() < deadline:
+            time.sleep(RELAY_POLL_S)
+
+    return relay_now
