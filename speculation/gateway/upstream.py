@@ -20,6 +20,9 @@ from fleet.netpolicy import AsyncPinnedTransport
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
 LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60.0)
 _TIMEOUTS = TIMEOUT.as_dict()
+MAX_URLS = 1024
+
+_urls: dict[str, httpx.URL] = {}  # parsed once: httpx parses a str URL on every request
 
 _clients: dict[int, tuple[httpx.AsyncClient, AsyncPinnedTransport]] = {}
 
@@ -39,7 +42,12 @@ def client() -> httpx.AsyncClient:
 
 def request(method: str, url: str, *, content: bytes, headers: dict[str, str]) -> httpx.Request:
     """A request for `send`, with the client's timeouts."""
-    return httpx.Request(method, url, content=content, headers=headers, extensions={"timeout": _TIMEOUTS})
+    parsed = _urls.get(url)
+    if parsed is None:
+        if len(_urls) >= MAX_URLS:
+            _urls.clear()
+        parsed = _urls[url] = httpx.URL(url)
+    return httpx.Request(method, parsed, content=content, headers=headers, extensions={"timeout": _TIMEOUTS})
 
 
 async def send(request: httpx.Request, *, stream: bool) -> httpx.Response:

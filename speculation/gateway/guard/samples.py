@@ -80,14 +80,19 @@ async def keep(endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> 
     """Keep one finished request's sample (this process sees it at once; Redis errors are the caller's)."""
     _remember(endpoint_id, name, (tokens / seconds, seconds))
     pipe = client().pipeline(transaction=False)
-    _push(pipe, endpoint_id, name, tokens=tokens, seconds=seconds)
+    _push(pipe, endpoint_id, name, _value(tokens, seconds))
     await pipe.execute()
 
 
-def _push(pipe, endpoint_id: int, name: Name, *, tokens: int, seconds: float) -> None:
+def _value(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:.3f}:{seconds:.3f}"
+
+
+def _push(pipe, endpoint_id: int, name: Name, *values: str) -> None:
+    """Queue the commands that add `values` (oldest first) to a list on `pipe`."""
     traffic, bucket, kind = name
     key = KEY.format(endpoint_id=endpoint_id, traffic=traffic, bucket=bucket, kind=kind)
-    pipe.lpush(key, f"{tokens / seconds:.3f}:{seconds:.3f}")
+    pipe.lpush(key, *values)
     pipe.ltrim(key, 0, WINDOW - 1)
     if kind == SPEC:
         pipe.expire(key, SPEC_TTL_S, nx=True)  # from the first sample: the verdict lasts SPEC_TTL_S
@@ -126,9 +131,12 @@ async def _write(batch: _Batch) -> None:
     samples, batch.samples = batch.samples, []
     if not samples:
         return
-    pipe = client().pipeline(transaction=False)
+    lists: dict[tuple[int, Name], list[str]] = {}
     for endpoint_id, name, tokens, seconds in samples:
-        _push(pipe, endpoint_id, name, tokens=tokens, seconds=seconds)
+        lists.setdefault((endpoint_id, name), []).append(_value(tokens, seconds))
+    pipe = client().pipeline(transaction=False)
+    for (endpoint_id, name), values in lists.items():
+        _push(pipe, endpoint_id, name, *values)
     try:
         await pipe.execute()
     except (aioredis.RedisError, OSError) as exc:
