@@ -31,6 +31,8 @@ import httpcore
 import httpx
 from django.conf import settings
 
+from fleet.netstream import AsyncioBackend
+
 ALLOWED_SCHEMES = ("http", "https")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -262,7 +264,7 @@ class _PolicyBackend(httpcore.NetworkBackend):
 
 class _AsyncPolicyBackend(httpcore.AsyncNetworkBackend):
     def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
+        self._inner = AsyncioBackend()
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                           socket_options: Any = None) -> httpcore.AsyncNetworkStream:  # fmt: skip
