@@ -12,14 +12,32 @@ The cache grows (rows and positions, doubling) as slots and lengths need it, so 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from speculation.engine.model import Block, Transformer, rope_tables_of
+from speculation.engine.rope import rope_tables_of
 from speculation.limits import K_MAX
+
+if TYPE_CHECKING:
+    from speculation.engine.model import Block, Transformer
 
 HEADROOM = K_MAX + 2  # positions past max_len that a padded token of a full row may write to
 MIN_POSITIONS = 64
+
+
+# What a forward returns as features: False none, True the final-norm output [T, D] (EAGLE-1's feature), or a
+# tuple of layer indices: those layers' outputs and the final-norm output concatenated, [T, (n + 1) * D] (EAGLE-3's
+# low / mid / high features).
+HiddenRequest = bool | tuple[int, ...]
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor  # [T, V] float32
+    hidden: Tensor | None  # [T, D] or [T, (n + 1) * D]: the features asked for (HiddenRequest)
 
 
 class BatchedModel:
@@ -101,6 +119,60 @@ class BatchedModel:
         ``last`` (each row's last real token, host ints like starts): only those positions' logits, [B, V].
         ``rows``: the cache rows of the B inputs when they are not first_row..first_row + B - 1 (ascending, B of
         them): a forward over some slots only (a hybrid's draft steps for the slots its lookup did not serve).
+        """
+        model = self.model
+        x, _ = self._layers(tokens, starts, first_row=first_row, rows=rows)
+        if last is not None:
+            bsz = tokens.shape[0]
+            x = x[torch.arange(bsz, device=self.device), torch.tensor(last, device=self.device)][:, None]  # [B, 1, D]
+        logits = model.logits(model.norm(x))  # [B, T or 1, V]
+        return logits[:, 0] if last is not None else logits
+
+    @torch.inference_mode()
+    def forward_row(
+        self,
+        tokens: Tensor,
+        start: int,
+        *,
+        return_hidden: HiddenRequest = False,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> ForwardOutput:
+        """tokens [T] at row 0's positions start.. -> logits [T, V] and the features return_hidden asks for (the
+        batch-1 model's forward: model.Transformer runs on this row). A draft tree passes its nodes' RoPE
+        ``positions`` [T] and the ``mask`` [T, start + T] of what each node sees; its cache slots stay start.."""
+        model = self.model
+        taps = () if isinstance(return_hidden, bool) else return_hidden
+        self.reserve(1, start + tokens.shape[0])
+        x, tapped = self._layers(tokens[None], [start], positions=positions, mask=mask, taps=taps)
+        hidden = model.norm(x)[0]  # [T, D]
+        logits = model.logits(hidden)  # [T, V]
+        if not return_hidden:
+            return ForwardOutput(logits=logits, hidden=None)
+        return ForwardOutput(logits=logits, hidden=torch.cat([*tapped, hidden], dim=-1) if tapped else hidden)
+
+    @torch.inference_mode()
+    def move_positions(self, row: int, source: Tensor, dest: int) -> None:
+        """Copy row's positions source [n] to dest..dest+n-1 (a draft tree's accepted path; the source is read
+        first)."""
+        n = source.shape[0]
+        for store in (self.k, self.v):
+            for cache in store:
+                cache[row, :, dest : dest + n] = cache[row, :, source]
+
+    def _layers(
+        self,
+        tokens: Tensor,
+        starts: list[int],
+        *,
+        first_row: int = 0,
+        rows: list[int] | None = None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        taps: tuple[int, ...] = (),
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The decoder layers over tokens [B, T] -> the last layer's output [B, T, D] (before the final norm) and
+        the outputs of the layers in ``taps`` (row 0's, [T, D] each).
 
         One row (one request in flight, and every draft step of it) takes a shorter way with the same result: its
         cache write is a slice, and a single new token needs no mask (it sees every cached key up to itself).
@@ -116,23 +188,37 @@ class BatchedModel:
             else:
                 index = torch.tensor(rows, device=self.device)
         length = max(starts) + t  # keys 0..length-1 are read
-        keys = torch.arange(length, device=self.device)
         if bsz == 1:
             s = starts[0]
             where: Tensor | int = s
-            ropes = [(cos[s : s + t], sin[s : s + t]) for cos, sin in self.tables]  # [T, R]
-            query_pos = torch.arange(s, s + t, device=self.device)
-            mask = None
-            if t > 1:
-                mask = keys <= query_pos[:, None]  # [T, L]
+            if positions is None:
+                ropes = [(cos[s : s + t], sin[s : s + t]) for cos, sin in self.tables]  # [T, R]
+                query_pos = torch.arange(s, s + t, device=self.device)
+                if mask is None and t > 1:
+                    mask = torch.arange(length, device=self.device) <= query_pos[:, None]  # [T, L]
+            else:  # a draft tree: its nodes' own positions, its mask (the caller's)
+                ropes = [(cos[positions], sin[positions]) for cos, sin in self.tables]
+                query_pos = positions
+
+            def query_and_key_positions() -> tuple[Tensor, Tensor]:
+                if positions is None:
+                    return query_pos, torch.arange(length, device=self.device)
+                return positions, torch.cat([torch.arange(s, device=self.device), positions])
+
         else:
             query_pos = torch.tensor(starts, device=self.device)[:, None] + torch.arange(t, device=self.device)
             where = query_pos  # [B, T]
             rope_pos = query_pos.clamp_max(self.tables[0][0].shape[0] - 1)  # padded positions past it are never read
             ropes = [(cos[rope_pos], sin[rope_pos]) for cos, sin in self.tables]  # [B, T, R]
             query_pos = query_pos[:, None]  # [B, 1, T]: the masks broadcast over heads
+            keys = torch.arange(length, device=self.device)
             mask = keys <= query_pos[..., None]  # [B, 1, T, L]
-        masks = model.layer_masks(mask, length, lambda: (query_pos, keys))
+
+            def query_and_key_positions() -> tuple[Tensor, Tensor]:
+                return query_pos, keys
+
+        masks = model.layer_masks(mask, length, query_and_key_positions)
+        tapped = []
         x = model.embed(tokens)  # [B, T, D]
         for i, layer in enumerate(model.layers):
             cos, sin = ropes[model.layer_rope[i]]
@@ -142,10 +228,9 @@ class BatchedModel:
                 return self._attention(layer, i, h, first_row, where, cos, sin, layer_mask, length, index)
 
             x = layer.run(x, attention)
-        if last is not None:
-            x = x[torch.arange(bsz, device=self.device), torch.tensor(last, device=self.device)][:, None]  # [B, 1, D]
-        logits = model.logits(model.norm(x))  # [B, T or 1, V]
-        return logits[:, 0] if last is not None else logits
+            if i in taps:
+                tapped.append(x[0])
+        return x, tapped
 
     def _attention(
         self,

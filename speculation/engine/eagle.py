@@ -48,8 +48,9 @@ from speculation.engine.eagle_format import (
 )
 from speculation.engine.eagle_format import target_fingerprint as _target_fingerprint
 from speculation.engine.errors import SpecDecodeError, VocabMismatchError
-from speculation.engine.model import Block, KVCache, ModelArgs, Transformer, rope_tables
+from speculation.engine.model import Block, KVCache, ModelArgs, Transformer
 from speculation.engine.proposers import Proposal
+from speculation.engine.rope import rope_tables
 from speculation.engine.sampling import SamplingParams, probs_from_logits, sample
 from speculation.engine.tree import TreeShape, expand_eagle_tree
 

@@ -38,7 +38,8 @@ from speculation.engine.eagle import (
     llama_layer_keys,
 )
 from speculation.engine.eagle_format import ACE_SECTION, EAGLE3_ARCHITECTURE, FORMAT_EAGLE3
-from speculation.engine.model import Block, KVCache, RMSNorm, rope_tables
+from speculation.engine.model import Block, KVCache, RMSNorm
+from speculation.engine.rope import rope_tables
 
 # ACE's parameter names -> the checkpoint's (q/k/v and gate/up are fused here, split there).
 _LAYER = {

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from speculation.engine.batch_model import ForwardOutput, HiddenRequest
 from speculation.engine.errors import ModelFormatError
-from speculation.engine.model import ForwardOutput, HiddenRequest
 
 logger = logging.getLogger(__name__)
 

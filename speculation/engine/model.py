@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from speculation.engine.families import ModelArgs, Rope
+from speculation.engine.batch_model import BatchedModel, ForwardOutput, HiddenRequest
+from speculation.engine.families import ModelArgs
+from speculation.engine.rope import rotate
 
 
 class KVCache(nn.Module):
@@ -53,91 +54,6 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x.float(), (x.shape[-1],), self.offset + self.weight.float(), self.eps).type_as(x)
         # x * rsqrt(mean(x^2) + eps) * weight, as Hugging Face's LlamaRMSNorm, in one call (bitwise the same here)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def inverse_frequencies(rope: Rope, theta: float, dim: int) -> tuple[Tensor, float]:
-    """Per rotated pair, the angle per position [dim / 2], and the factor cos and sin are scaled by (yarn), as
-    transformers' modeling_rope_utils computes them for rope types default, linear, dynamic, llama3 and yarn."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (theta**exponents)
-    if rope.type == "linear":
-        return inv_freq / rope.factor, 1.0
-    if rope.type == "llama3":
-        low_wavelen = rope.original_max_positions / rope.low_freq_factor
-        high_wavelen = rope.original_max_positions / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled), 1.0
-    if rope.type == "yarn":
-        return _yarn(rope, theta, dim)
-    return inv_freq, 1.0  # default; dynamic within max_position_embeddings
-
-
-def _yarn(rope: Rope, theta: float, dim: int) -> tuple[Tensor, float]:
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    factor = rope.factor
-    attention = rope.attention_factor
-    if attention is None:
-        both = rope.mscale and rope.mscale_all_dim
-        attention = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim) if both else mscale(factor)
-
-    def correction_dim(rotations: float) -> float:
-        return (dim * math.log(rope.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
-    if rope.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolation = 1 - ramp
-    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
-    return inv_freq, float(attention)
-
-
-def rope_tables(args: ModelArgs, device: torch.device, theta: float | None = None) -> tuple[Tensor, Tensor]:
-    """cos and sin per position [max_positions, R] (R the rotated width) in Hugging Face's rotate-half layout, the
-    sine's first half negated (the sign of rotate-half moved into the table, so that apply_rope needs no negation).
-    theta: another base (Gemma 3's sliding layers), with the default rotation."""
-    dim = args.rotary_dim
-    rope = args.rope if theta is None else Rope()
-    inv_freq, scale = inverse_frequencies(rope, args.rope_theta if theta is None else theta, dim)
-    freqs = torch.outer(torch.arange(args.max_positions, dtype=torch.float32), inv_freq)  # [S, R/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, R]
-    cos, sin = emb.cos(), emb.sin()
-    if scale != 1.0:
-        cos, sin = cos * scale, sin * scale
-    sin[:, : dim // 2].neg_()
-    return cos.to(device), sin.to(device)
-
-
-def rope_tables_of(args: ModelArgs, device: torch.device, dtype: torch.dtype) -> list[tuple[Tensor, Tensor]]:
-    """The model's rope tables in ``dtype``: the global one, and Gemma 3's sliding layers' own when it has one."""
-    thetas = [None] if args.local_rope_theta is None else [None, args.local_rope_theta]
-    return [(cos.to(dtype), sin.to(dtype)) for cos, sin in (rope_tables(args, device, theta) for theta in thetas)]
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x * cos + rotate_half(x) * sin with rope_tables' signed sine: rotate-half is a roll by half the head width
-    (four operations; bitwise the cat-and-negate form). x [..., D], the tables broadcast to it."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """apply_rope over the first cos.shape[-1] of each head (all of it but for a partial rotary)."""
-    r = cos.shape[-1]
-    if r == x.shape[-1]:
-        return apply_rope(x, cos, sin)
-    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
 
 def sliding(mask: Tensor | None, query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
@@ -237,20 +153,10 @@ class Block(nn.Module):
         return h + (f if self.ffn_out_norm is None else self.ffn_out_norm(f))
 
 
-# What a forward returns as features: False none, True the final-norm output [T, D] (EAGLE-1's feature), or a
-# tuple of layer indices: those layers' outputs and the final-norm output concatenated, [T, (n + 1) * D] (EAGLE-3's
-# low / mid / high features).
-HiddenRequest = bool | tuple[int, ...]
-
-
-@dataclass
-class ForwardOutput:
-    logits: Tensor  # [T, V] float32
-    hidden: Tensor | None  # [T, D] or [T, (n + 1) * D]: the features asked for (HiddenRequest)
-
-
 class Transformer(nn.Module):
-    """Batch-1 causal LM. ``forward(tokens, start)`` writes positions start..start+T-1 into the cache."""
+    """A causal LM's weights. ``forward(tokens, start)`` runs one request on one row of the batch engine's cache
+    (batch_model.BatchedModel, growing with the request up to ``max_len``), writing positions start..start+T-1; the
+    batch engine runs the same weights over its own rows."""
 
     implementation = "native"  # ACE's own layer (a model transformers runs for it is engine/generic.py's)
 
@@ -265,24 +171,21 @@ class Transformer(nn.Module):
         # per layer: which rope table (0 global, 1 Gemma 3's sliding layers' own) and its window (None: all keys)
         local = args.local_rope_theta is not None
         self.layer_rope = tuple(int(local and args.window(i) is not None) for i in range(args.n_layers))
-        self.tables: list[tuple[Tensor, Tensor]] = []  # cos, sin [max_positions, R] per rope table
         self._embed_scale: Tensor | None = None
+        self._row: BatchedModel | None = None  # this model's own request (forward), made at its first forward
 
     @property
     def vocab_size(self) -> int:
         return self.args.vocab_size
 
     def setup_cache(self, max_len: int | None = None) -> None:
+        """Room for a request of up to max_len positions (the row grows to it as the request does)."""
         max_len = min(max_len or self.args.max_positions, self.args.max_positions)
         param = self.output.weight
-        for layer in self.layers:
-            layer.attention.cache = KVCache(
-                self.args.n_kv_heads, max_len, self.args.head_dim, param.dtype, param.device
-            )
-        self.tables = rope_tables_of(self.args, param.device, param.dtype)
         if self.args.embed_scale != 1.0:  # rounded to the weights' dtype, as transformers' scaled embedding
             self._embed_scale = torch.tensor(self.args.embed_scale, dtype=param.dtype, device=param.device)
         self.max_len = max_len
+        self._row = None
 
     def embed(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)
@@ -322,43 +225,23 @@ class Transformer(nn.Module):
         A draft tree (engine/tree.py) passes its nodes' RoPE ``positions`` [T] and the ``mask`` [T, start + T]
         (bool: the cached and new slots each new token sees); the cache slots stay start..start+T-1.
         """
-        t = tokens.shape[-1]
-        if not self.tables:
+        if not self.max_len:
             raise RuntimeError("call setup_cache() before forward()")
+        t = tokens.shape[-1]
         if start + t > self.max_len:
             raise ValueError(f"positions {start}..{start + t - 1} exceed the KV cache of {self.max_len}")
-        device = tokens.device
-        if positions is None:
-            ropes = [(cos[start : start + t], sin[start : start + t]) for cos, sin in self.tables]  # [T, R]
-        else:
-            ropes = [(cos[positions], sin[positions]) for cos, sin in self.tables]
-        if mask is None and t > 1:  # new token i sees every cached position and the new ones up to itself
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=device).tril(diagonal=start)
+        if self._row is None:
+            self._row = BatchedModel(self, max_rows=1, max_len=self.max_len)
+        return self._row.forward_row(tokens, start, return_hidden=return_hidden, positions=positions, mask=mask)
 
-        def query_and_key_positions() -> tuple[Tensor, Tensor]:
-            if positions is None:
-                return torch.arange(start, start + t, device=device), torch.arange(start + t, device=device)
-            return positions, torch.cat([torch.arange(start, device=device), positions])
-
-        masks = self.layer_masks(mask, start + t, query_and_key_positions)
-        taps = () if isinstance(return_hidden, bool) else return_hidden
-        tapped = []
-        x = self.embed(tokens.view(1, t))  # [1, T, D]
-        for i, layer in enumerate(self.layers):
-            cos, sin = ropes[self.layer_rope[i]]
-            x = layer(x, start, cos, sin, masks[self.args.window(i)])
-            if i in taps:
-                tapped.append(x[0])
-        hidden = self.norm(x)[0]  # [T, D]
-        logits = self.logits(hidden)  # [T, V]
-        if not return_hidden:
-            return ForwardOutput(logits=logits, hidden=None)
-        return ForwardOutput(logits=logits, hidden=torch.cat([*tapped, hidden], dim=-1) if tapped else hidden)
+    def _apply(self, fn, *args, **kwargs):  # noqa: ANN001, ANN202 - nn.Module's: .to(), .half(), ...
+        self._row = None  # the cache follows the weights: made again, on their device and dtype, when next used
+        return super()._apply(fn, *args, **kwargs)
 
     def keep_cache_slots(self, slots: Tensor, start: int) -> None:
-        """Move the cache slots [n] to start..start+n-1 in every layer (what a draft tree's accepted path keeps)."""
-        for layer in self.layers:
-            layer.attention.cache.move(slots, start)
+        """Move the cache slots [n] to start..start+n-1 (what a draft tree's accepted path keeps)."""
+        if self._row is not None:
+            self._row.move_positions(0, slots, start)
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.parameters())

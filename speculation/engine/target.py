@@ -12,7 +12,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from speculation.engine.model import HiddenRequest, Transformer
+from speculation.engine.batch_model import HiddenRequest
+from speculation.engine.model import Transformer
 
 
 @dataclass

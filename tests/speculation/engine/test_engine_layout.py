@@ -15,7 +15,7 @@ import torch
 from speculation.engine import load_causal_lm
 from speculation.engine.batch_model import BatchedModel
 from speculation.engine.loader import column_major_linears
-from speculation.engine.model import apply_rope, rope_tables
+from speculation.engine.rope import apply_rope, rope_tables
 from tests.support.models import tiny_model
 
 ATOL = 1e-5
