@@ -88,6 +88,7 @@ class Drafting:
     batches: ClassVar[bool] = True  # served by the worker's batch loop on the local path
     reads_target_features: ClassVar[bool] = False  # drafts from the target's hidden states (needs it in the worker)
     drafts_trees: ClassVar[bool] = False  # drafts the policy's EAGLE-2 tree
+    model_steps: ClassVar[bool] = True  # every proposal is a model's chain of K (no lookup): timed by its steps
     native_names: ClassVar[dict[str, str]] = {}  # server kind -> its method / algorithm for this mechanism
     weights: ClassVar[str] = MODEL_WEIGHTS  # what its draft's directory holds ("" for none: it looks up)
     registrable: ClassVar[bool] = True  # a draft of this kind can be registered (else it is a policy's mechanism)
@@ -166,6 +167,7 @@ class Drafting:
 class NgramDrafting(Drafting):
     kind = DraftKind.NGRAM
     looks_up = True
+    model_steps = False
     lookup_kind = DraftKind.NGRAM
     native_names = {"vllm": "ngram", "sglang": "NGRAM"}
     weights = ""
@@ -238,6 +240,7 @@ class HybridDrafting(Drafting):
     kind = DraftKind.SUFFIX_DRAFT
     lookup_kind = DraftKind.SUFFIX
     registrable = False  # a policy's mechanism over a registered draft model
+    model_steps = False  # a lookup's steps between the model's
 
     @property
     def draft_kind(self) -> str:

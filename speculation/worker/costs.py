@@ -334,18 +334,14 @@ def _single_step_costs(
     request thread relays them (StepRelay): the fastest repeat of the forwards alone projected prod's step 1.4-1.7x
     faster than it ran (docs/BENCHMARKS.md, bench_traffic_loop). None for lookups and draft trees (their forwards
     are timed alone)."""
-    from speculation.engine import DraftModelProposer
-    from speculation.engine.eagle import EagleProposer
-
-    if policy.draft is None or policy.mechanism in LOOKUP_KINDS:
+    mechanism = drafting.for_kind(policy.mechanism)
+    if policy.draft is None or not mechanism.model_steps or (mechanism.drafts_trees and policy.eagle_tree):
         return None
     loaded = resources.model(policy.target_path)
     try:
-        proposer = drafting.for_kind(policy.mechanism).proposer(policy, loaded).proposer  # prod's own (build)
+        proposer = mechanism.proposer(policy, loaded).proposer  # prod's own (build)
     except PathUnavailable as exc:
         raise CalibrationError(str(exc)) from exc
-    if type(proposer) not in (DraftModelProposer, EagleProposer) or getattr(proposer, "tree", None) is not None:
-        return None
     client = _redis()
     relay = StepRelay(loaded.tokenizer, client=client)
     timer = SingleStepTimer(LocalTarget(loaded.model), proposer, context=context, relay=waited(relay))
