@@ -75,6 +75,9 @@ class LookupProposer:
     def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
         pass
 
+    def batch_form(self) -> BatchForm:
+        return BatchForm(lookup=self)
+
 
 class NgramProposer(LookupProposer):
     """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed."""
@@ -172,6 +175,12 @@ class DraftModelProposer:
     def observe_target(self, hidden: Tensor, num_accepted: int) -> None:
         pass
 
+    def batch_form(self) -> BatchForm | None:
+        """Its model over the batch engine's rows: ACE's own layer only (a model transformers runs: batch one)."""
+        if getattr(self.model, "implementation", "native") != "native":
+            return None
+        return BatchForm(draft=self.model, width=self.width)
+
 
 HYBRID_LOOKUP_K = 8  # how far a hybrid's lookup may draft (its own cut stops it earlier): the engine's K for it
 HYBRID_MIN_LOOKUP = 3  # a lookup draft this long is verified instead of the model's (measured: docs/BENCHMARKS.md)
@@ -219,19 +228,31 @@ class HybridProposer:
         if self._fell_back:
             self.fallback.observe_target(hidden, num_accepted)
 
+    def batch_form(self) -> BatchForm | None:
+        """The lookup and the fallback's draft model (a fallback that is not a draft model: batch one)."""
+        model = batch_form(self.fallback)
+        lookup = batch_form(self.lookup)
+        if model is None or model.draft is None or lookup is None or lookup.lookup is None:
+            return None
+        return BatchForm(draft=model.draft, width=model.width, lookup=lookup.lookup)
 
-def batch_drafters(proposer: object) -> tuple[DraftModelProposer | None, LookupProposer | None] | None:
-    """What the batch engine (engine/batch.py) drafts with in this proposer's place: (its draft model, its lookup),
-    both for a hybrid of a lookup and a draft model; None where it cannot batch it (an EAGLE head, plain decoding,
-    a hybrid over another fallback), which is then served at batch one."""
-    if isinstance(proposer, HybridProposer):
-        batchable = isinstance(proposer.fallback, DraftModelProposer) and isinstance(proposer.lookup, LookupProposer)
-        return (proposer.fallback, proposer.lookup) if batchable else None
-    if isinstance(proposer, DraftModelProposer):
-        return proposer, None
-    if isinstance(proposer, LookupProposer):
-        return None, proposer
-    return None
+
+@dataclass(frozen=True)
+class BatchForm:
+    """A proposer's batch form: what the batch engine (engine/batch.py) drafts with for many requests at once in
+    its place: a draft model (its weights, run over the engine's own rows; width: the ids it drafts among), a lookup,
+    or both (a hybrid)."""
+
+    draft: Transformer | None = None
+    width: int | None = None
+    lookup: LookupProposer | None = None
+
+
+def batch_form(proposer: object) -> BatchForm | None:
+    """The proposer's batch form; None where the batch engine cannot draft for it (an EAGLE head, plain decoding, a
+    model transformers runs, a hybrid over another fallback), which is then served at batch one."""
+    form = getattr(proposer, "batch_form", None)
+    return form() if form is not None else None
 
 
 def loop_k(proposer: object, k: int) -> int:

@@ -39,7 +39,7 @@ from speculation.engine import GenerationConfig
 from speculation.engine.batch import BatchDecoder, SlotUpdate
 from speculation.engine.lookahead import LoadAwareLookahead
 from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import LookupProposer, batch_drafters
+from speculation.engine.proposers import LookupProposer, batch_form
 from speculation.models import VerificationPath
 from speculation.worker.paths import CommittedBatch
 
@@ -122,12 +122,9 @@ def serves(prepared: Any) -> bool:
     layer's blocks over its own cache."""
     if not enabled() or prepared.target is None:
         return False
-    proposer = prepared.proposer
-    drafter = getattr(proposer, "fallback", proposer)
-    models = (prepared.target.model, getattr(drafter, "model", None))
-    if any(getattr(model, "implementation", "native") != "native" for model in models if model is not None):
+    if getattr(prepared.target.model, "implementation", "native") != "native":
         return False
-    return batch_drafters(proposer) is not None
+    return batch_form(prepared.proposer) is not None
 
 
 def speculate(
@@ -138,12 +135,12 @@ def speculate(
     emit: Callable[[CommittedBatch], bool | None],
 ) -> None:
     """speculation.worker.generation.speculate for a request the batch serves: emit gets each step's batch."""
-    draft, lookup = batch_drafters(prepared.proposer)
+    form = batch_form(prepared.proposer)
     handle = _loop().submit(
         target=prepared.target.model,
-        draft=draft.model if draft is not None else None,
-        draft_width=draft.width if draft is not None else None,
-        lookup=lookup,
+        draft=form.draft,
+        draft_width=form.width,
+        lookup=form.lookup,
         prompt_ids=prompt_ids,
         config=config,
         costs=prepared.costs,

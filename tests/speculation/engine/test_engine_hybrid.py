@@ -127,15 +127,22 @@ def test_the_projection_charges_the_draft_step_for_the_models_drafts_only():
 
 
 def test_the_batch_engine_drafts_with_a_draft_model_a_lookup_or_both_and_nothing_else(draft_model):
-    from speculation.engine.proposers import batch_drafters
+    from speculation.engine.proposers import BatchForm, batch_form
 
     draft = DraftModelProposer(draft_model, target_vocab_size=draft_model.vocab_size)
     lookup = SuffixProposer()
-    assert batch_drafters(draft) == (draft, None)
-    assert batch_drafters(lookup) == (None, lookup)
-    assert batch_drafters(HybridProposer(lookup, draft, model_k=2)) == (draft, lookup)
-    assert batch_drafters(HybridProposer(lookup, NgramProposer(), model_k=2)) is None  # a lookup's fallback
-    assert batch_drafters(object()) is None  # an EAGLE head, plain decoding: batch one
+    assert batch_form(draft) == BatchForm(draft=draft_model, width=draft.width)
+    assert batch_form(lookup) == BatchForm(lookup=lookup)
+    assert batch_form(HybridProposer(lookup, draft, model_k=2)) == BatchForm(
+        draft=draft_model, width=draft.width, lookup=lookup
+    )
+    assert batch_form(HybridProposer(lookup, NgramProposer(), model_k=2)) is None  # a lookup's fallback
+    assert batch_form(object()) is None  # an EAGLE head, plain decoding: batch one
+    draft_model.implementation = "generic"  # a model transformers runs: its own cache, batch one
+    try:
+        assert batch_form(draft) is None
+    finally:
+        del draft_model.implementation
 
 
 def test_the_loop_k_of_a_hybrid_is_its_lookup_cap_and_its_model_k_the_policys(draft_model):
