@@ -2,15 +2,17 @@
 
 Entry points:
 - ``load_causal_lm(dir)`` -> ``Transformer`` (an HF checkpoint of Llama, Mistral, Qwen 2/3, Gemma 2/3 or Phi-3,
-  ``engine/families.py``; static KV cache), or ``GenericCausalLM`` for another dense decoder-only model transformers
-  implements (``engine/generic.py``; ``implementation`` says which);
+  ``engine/families.py``; its KV cache a row of the batch engine's, ``engine/batch_model.py``), or
+  ``GenericCausalLM`` for another dense decoder-only model transformers implements (``engine/generic.py``;
+  ``implementation`` says which);
   ``Transformer.forward(tokens, start, return_hidden=False)`` -> logits [T, V] (+ hidden [T, D]).
 - targets: ``LocalTarget(model)``; proposers: ``DraftModelProposer(model, target_vocab_size=...)``,
   ``NgramProposer()``, ``SuffixProposer(SuffixIndex())`` (suffix decoding over earlier responses),
   ``HybridProposer(lookup, draft_proposer, model_k=...)`` (a lookup first, the draft where it finds little; protocols
   ``Target`` / ``Proposer``; ``Proposer.observe_target`` for EAGLE heads);
   ``EagleProposer(head, target_model, tree=TreeShape(...))`` drafts EAGLE-2 trees (``engine/tree.py``).
-- ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``;
+- ``generate(target, proposer, prompt_ids, GenerationConfig(...), on_tokens=None)`` -> ``GenerationResult``: the
+  batch engine's step (``BatchDecoder``, ``engine/batch.py``) run for one request;
   ``generate_plain(target, prompt_ids, config)`` for baselines.
 - shadow replay, through the same loop on a ``ReplayTarget`` (a known output): ``replay_proposer(proposer, ...)``,
   ``replay_greedy`` (a draft's teacher-forced predictions), ``draft_greedy_predictions``,

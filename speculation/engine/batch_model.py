@@ -59,6 +59,11 @@ class BatchedModel:
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
+    @property
+    def nbytes(self) -> int:
+        """The cache's bytes now (it grows with the rows and positions in use)."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
     @torch.inference_mode()
     def reserve(self, rows: int, positions: int) -> None:
         """Make room for rows 0..rows-1 and positions 0..positions-1 (+ headroom), keeping what is cached."""

@@ -1,5 +1,5 @@
-"""One decoder-only transformer (gpt-fast style) for every supported family, with a preallocated KV cache indexed
-by position.
+"""One decoder-only transformer (gpt-fast style) for every supported family; its KV cache is a row of the batch
+engine's cache (batch_model.py), indexed by position.
 
 Rolling back after a rejection is moving the position: entries past it are simply overwritten later.
 One forward call takes any number of new tokens at consecutive positions, so a single target pass
@@ -186,6 +186,11 @@ class Transformer(nn.Module):
             self._embed_scale = torch.tensor(self.args.embed_scale, dtype=param.dtype, device=param.device)
         self.max_len = max_len
         self._row = None
+
+    @property
+    def cache_bytes(self) -> int:
+        """The bytes of its own request's cache row now (none before its first forward)."""
+        return self._row.nbytes if self._row is not None else 0
 
     def embed(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)

@@ -1,11 +1,11 @@
 """What a GPU worker process keeps loaded: models and tokenizers by directory (loaded once, LRU-bounded).
 
 Models are the engine's (speculation.engine.load_causal_lm on settings.ENGINE_DEVICE in ENGINE_DTYPE: ``placement``;
-a KV cache held by the model), so one loaded model serves one generation at a time: the worker runs one task per
+a KV cache row held by the model), so one loaded model serves one generation at a time: the worker runs one task per
 process (prefork, concurrency 1).
 
 Bounded memory: at most MAX_LOADED models and MAX_LOADED EAGLE heads, and the models' bytes (weights and the
-static KV cache they hold) within settings.WORKER_MODEL_MB; the least recently used goes first, never the one just
+KV cache row they hold) within settings.WORKER_MODEL_MB; the least recently used goes first, never the one just
 loaded. So one target with several drafts (`draft: auto` picks a candidate per request) stays loaded together while
 they fit, and a worker serving many endpoints reloads rather than grows.
 """
@@ -90,9 +90,10 @@ def model(directory: str) -> Loaded:
 
 
 def model_bytes(found: Loaded) -> int:
-    """The bytes a loaded model holds: its weights and buffers (the static KV cache included)."""
+    """The bytes a loaded model holds: its weights and buffers, and its KV cache row as it stands (it grows with the
+    longest request the model has run)."""
     tensors = list(found.model.parameters()) + list(found.model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors) + getattr(found.model, "cache_bytes", 0)
 
 
 def loaded_bytes() -> int:
