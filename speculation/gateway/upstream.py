@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from httpx import ByteStream
 
 from fleet.netpolicy import AsyncPinnedTransport
 
@@ -41,13 +42,16 @@ def client() -> httpx.AsyncClient:
 
 
 def request(method: str, url: str, *, content: bytes, headers: dict[str, str]) -> httpx.Request:
-    """A request for `send`, with the client's timeouts."""
+    """A request for `send`, with the client's timeouts and the headers httpx would add (Host, Content-Length),
+    built as a stream so that httpx does not inspect the content again."""
     parsed = _urls.get(url)
     if parsed is None:
         if len(_urls) >= MAX_URLS:
             _urls.clear()
         parsed = _urls[url] = httpx.URL(url)
-    return httpx.Request(method, parsed, content=content, headers=headers, extensions={"timeout": _TIMEOUTS})
+    listed: list[tuple[str | bytes, str | bytes]] = [(b"Host", parsed.netloc)]
+    listed += [(b"Content-Length", b"%d" % len(content)), *headers.items()]
+    return httpx.Request(method, parsed, stream=ByteStream(content), headers=listed, extensions={"timeout": _TIMEOUTS})
 
 
 async def send(request: httpx.Request, *, stream: bool) -> httpx.Response:
