@@ -309,3 +309,40 @@ def test_a_client_that_disconnects_cancels_the_request(monkeypatch):
     # then the request's work was cancelled and nothing was sent
     assert seen == ["cancelled"]
     assert sent == []
+
+
+def test_a_disconnect_as_the_answer_goes_out_leaves_the_servers_task_running(monkeypatch):
+    # given a quick answer, and a client that hangs up as it is being sent
+    from django.http import HttpResponse
+
+    from speculation.gateway import asgi, views
+
+    async def quick_serve(**_: object):
+        return HttpResponse(b"{}", content_type="application/json")
+
+    monkeypatch.setattr(views, "serve", quick_serve)
+    app = asgi.GatewayApp(fallback=None)
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    async def send(message: dict) -> None:
+        if not sent:
+            await asyncio.sleep(0)  # the disconnect is read here; the rest of the answer goes out before it is seen
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"host", b"127.0.0.1")]}
+
+    async def go() -> int:
+        await app(scope, receive, send)
+        await asyncio.sleep(0.01)  # a late cancellation of the server's task would land here
+        return asyncio.current_task().cancelling()
+
+    # when the request is served
+    cancelling = asyncio.run(go())
+
+    # then the answer went out whole and the task that served it goes on uncancelled
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert cancelling == 0
