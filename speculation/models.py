@@ -8,23 +8,16 @@ from django.db.models.functions import Lower
 
 from fleet.models import Endpoint
 from speculation.engine.families import implementation_of
+from speculation.kinds import (  # noqa: F401 - the kinds are read from here too
+    HYBRID_PREFIX,
+    LOOKUP_KINDS,
+    REGISTRABLE_KINDS,
+    DraftKind,
+    Mechanism,
+    Mode,
+    VerificationPath,
+)
 from speculation.limits import DEFAULT_K
-
-
-class DraftKind(models.TextChoices):
-    DRAFT_MODEL = "draft_model", "Draft model"
-    EAGLE_HEAD = "eagle_head", "EAGLE head"
-    NGRAM = "ngram", "N-gram prompt lookup"
-    SUFFIX = "suffix", "Suffix decoding (earlier responses)"
-    SUFFIX_DRAFT = "suffix_draft", "Suffix decoding, a draft model where it finds little"
-
-
-# Kinds that draft by looking tokens up (no weights, no tokenizer of their own): a policy names no draft for them,
-# and their candidate's name is the kind itself.
-LOOKUP_KINDS = frozenset({DraftKind.NGRAM, DraftKind.SUFFIX})
-# What a draft can be registered as (the hybrid is a policy's mechanism over a registered draft model).
-REGISTRABLE_KINDS = [(value, label) for value, label in DraftKind.choices if value != DraftKind.SUFFIX_DRAFT]
-HYBRID_PREFIX = "suffix+"  # a hybrid candidate's name: this prefix and its draft model's name
 
 
 class DraftModel(models.Model):
@@ -61,23 +54,6 @@ class DraftModel(models.Model):
         if self.kind != DraftKind.DRAFT_MODEL:
             return None
         return implementation_of((self.config or {}).get("model_type"))
-
-
-class Mode(models.TextChoices):
-    OFF = "off", "Off"
-    SHADOW = "shadow", "Shadow"
-    PROD = "prod", "Prod"
-
-
-# A policy's mechanism is the kind of draft it speculates with: one enum, two names that read well where used.
-Mechanism = DraftKind
-
-
-class VerificationPath(models.TextChoices):
-    AUTO = "auto", "Auto (from the probe)"
-    NATIVE = "native", "Native (the server speculates)"
-    REMOTE = "remote", "Remote (target scores drafts)"
-    LOCAL = "local", "Local (target in the worker)"
 
 
 class SpeculationPolicy(models.Model):

@@ -53,7 +53,7 @@ from speculation.engine.acceptance import pass_given_tokens
 from speculation.engine.eagle import EagleProposer
 from speculation.engine.projection import expected_tokens
 from speculation.engine.sampling import SamplingParams, probs_from_logits
-from speculation.models import DraftKind
+from speculation.kinds import DraftKind
 from speculation.offline.demo import ensure_demo_pair
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)

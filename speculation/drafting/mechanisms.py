@@ -13,8 +13,8 @@ from typing import Any, ClassVar, Protocol
 from django.conf import settings
 
 from speculation.engine.eagle_format import FORMAT_EAGLE3, head_format, read_config
+from speculation.kinds import HYBRID_PREFIX, DraftKind, VerificationPath
 from speculation.limits import tree_expansion
-from speculation.models import HYBRID_PREFIX, DraftKind, VerificationPath
 
 # ACE's suffix decoding's frequency cut and spec factor (speculation.engine.suffix.MIN_TOKEN_PROB, MAX_SPEC_FACTOR;
 # not imported: the web process loads no torch. tests/speculation/selectors/test_native_flags.py checks they agree).

@@ -148,3 +148,33 @@ def test_a_tree_label_reads_back_as_its_shape():
 def test_missing_questions_file_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--questions", str(tmp_path / "none.jsonl")])
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "speculation.bench",
+        "speculation.bench.batching",
+        "speculation.bench.eagle",
+        "speculation.bench.families",
+        "speculation.bench.gateway_overhead",
+        "speculation.bench.gpu_check",
+        "speculation.bench.looping",
+        "speculation.bench.plain_path",
+        "speculation.bench.sampled",
+        "speculation.bench.sampled_replay",
+    ],
+)
+def test_each_bench_command_starts_as_a_user_runs_it_without_django_settings(module):
+    """``python -m <module> --help`` in a fresh process with no DJANGO_SETTINGS_MODULE: what the docs tell a user
+    to type must not need the app registry to start."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout.lower()
