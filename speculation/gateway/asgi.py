@@ -136,38 +136,25 @@ class GatewayApp:
                 return b"".join(chunks)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: dict, raw: bytes | None) -> None:
-        """The request, in this task, and a listener for the client's disconnect beside it: a disconnect cancels the
-        request, the answer ends the listener (one task per request, not two and a wait for either)."""
+        """The request and a listener for the client's disconnect, side by side: whichever ends first ends both."""
         authorization = headers.get(b"authorization", b"").decode("latin1")
         route_cache().follow_bumps()  # a web process reads no Redis per request once subscribed
         workload = headers.get(b"x-ace-workload")  # the request's workload key (speculation.workloads.keys)
         workload_header = workload.decode("latin1") if workload is not None else None
         opt_out = headers.get(b"x-ace-no-capture")  # speculation.gateway.capture.OPT_OUT_HEADER
         no_capture = opt_out.decode("latin1") if opt_out is not None else None
-        current = asyncio.current_task()
-        answered = gone = False
-
-        def on_disconnect(task: asyncio.Task) -> None:
-            nonlocal gone
-            # Runs while this task waits inside the answer (never after: `answered`), so the cancellation lands there.
-            if not answered and not task.cancelled() and isinstance(task.exception(), ClientGone):
-                gone = True
-                current.cancel()
-
+        work = asyncio.create_task(self._answer(scope, send, authorization, raw, workload_header, no_capture))
         listener = asyncio.create_task(_wait_disconnect(receive))
-        listener.add_done_callback(on_disconnect)
-        try:
-            await self._answer(scope, send, authorization, raw, workload_header, no_capture)
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-        except Exception:  # noqa: BLE001 - e.g. the connection broke while the answer was being sent
-            logger.exception("gateway: sending the answer failed")
-        finally:
-            answered = True
-            listener.cancel()
-        if gone and current.uncancel() > 0:
-            raise asyncio.CancelledError  # the server cancelled it too (its shutdown): that goes on up
+        await asyncio.wait((work, listener), return_when=asyncio.FIRST_COMPLETED)
+        for task in (listener, work):
+            if not task.done():
+                task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, ClientGone):
+                pass
+            except Exception:  # noqa: BLE001 - e.g. the connection broke while the answer was being sent
+                logger.exception("gateway: sending the answer failed")
 
     async def _answer(
         self,
