@@ -198,16 +198,15 @@ class BatchedModel:
             where: Tensor | int = s
             if positions is None:
                 ropes = [(cos[s : s + t], sin[s : s + t]) for cos, sin in self.tables]  # [T, R]
-                query_pos = torch.arange(s, s + t, device=self.device)
-                if mask is None and t > 1:
-                    mask = torch.arange(length, device=self.device) <= query_pos[:, None]  # [T, L]
+                if mask is None and t > 1:  # one new token sees every cached key: no mask, no positions to build
+                    keys = torch.arange(length, device=self.device)
+                    mask = keys <= torch.arange(s, s + t, device=self.device)[:, None]  # [T, L]
             else:  # a draft tree: its nodes' own positions, its mask (the caller's)
                 ropes = [(cos[positions], sin[positions]) for cos, sin in self.tables]
-                query_pos = positions
 
-            def query_and_key_positions() -> tuple[Tensor, Tensor]:
+            def query_and_key_positions() -> tuple[Tensor, Tensor]:  # only for a window shorter than the keys
                 if positions is None:
-                    return query_pos, torch.arange(length, device=self.device)
+                    return torch.arange(s, s + t, device=self.device), torch.arange(length, device=self.device)
                 return positions, torch.cat([torch.arange(s, device=self.device), positions])
 
         else:
