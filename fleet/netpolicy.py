@@ -288,13 +288,14 @@ class _AsyncPolicyBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _ssl_context() -> ssl.SSLContext:
+def ssl_context() -> ssl.SSLContext:
+    """TLS verified against certifi's CA bundle, for every outgoing client."""
     return ssl.create_default_context(cafile=certifi.where())
 
 
 def _pool_options(limits: httpx.Limits) -> dict[str, Any]:
     return {
-        "ssl_context": _ssl_context(),
+        "ssl_context": ssl_context(),
         "max_connections": limits.max_connections,
         "max_keepalive_connections": limits.max_keepalive_connections,
         "keepalive_expiry": limits.keepalive_expiry,

@@ -1,4 +1,5 @@
-"""Forward a request to its endpoint and send the answer back as it comes (bytes untouched by default).
+"""Forward a request to its endpoint and send the answer back as it comes (bytes untouched by default), through
+the lean keep-alive client fleet.http1.
 
 An optional Observer sees the response (to count tokens or capture token ids) and may rewrite it; off mode
 passes none, so its path is: build request, send, relay bytes (with the goodput guard on, its observer only
@@ -15,8 +16,8 @@ from typing import Protocol
 import httpx
 from django.http import HttpResponse, StreamingHttpResponse
 
-from fleet import netpolicy
-from speculation.gateway import goodput, upstream
+from fleet import http1, netpolicy
+from speculation.gateway import goodput
 from speculation.gateway.call import Call
 from speculation.gateway.errors import REQUEST_ID_HEADER, error_event, error_response
 from speculation.gateway.routes import route_cache
@@ -99,7 +100,7 @@ RESENT_AFTER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 UNANSWERED = (httpx.ConnectError, *RESENT_AFTER)
 
 
-async def _send(call: Call, content: bytes) -> httpx.Response:
+async def _send(call: Call, content: bytes) -> http1.Response:
     try:
         return await _post(call, content)
     except UNANSWERED:
@@ -108,16 +109,16 @@ async def _send(call: Call, content: bytes) -> httpx.Response:
         return await _post(call, content)
 
 
-async def _post(call: Call, content: bytes) -> httpx.Response:
-    request = upstream.request("POST", call.url, content=content, headers=_headers(call))
+async def _post(call: Call, content: bytes) -> http1.Response:
+    headers = _headers(call)
     try:
-        return await upstream.send(request, stream=call.stream)
+        return await http1.pool().post(call.url, content=content, headers=headers)
     except RESENT_AFTER as exc:
         logger.info("request %s: connection to %s dropped (%s); sent again", call.request_id, call.route.name, exc)
-        return await upstream.send(request, stream=call.stream)
+        return await http1.pool().post(call.url, content=content, headers=headers)
 
 
-async def _relay(response: httpx.Response, observer: Observer | None) -> AsyncIterator[bytes]:
+async def _relay(response: http1.Response, observer: Observer | None) -> AsyncIterator[bytes]:
     error = ""
     try:
         if observer is None:
