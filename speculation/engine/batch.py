@@ -43,7 +43,14 @@ from speculation.engine.batch_model import BatchedModel
 from speculation.engine.lookahead import Lookahead, StepReport
 from speculation.engine.model import Transformer
 from speculation.engine.prefix_cache import PrefixCache
-from speculation.engine.proposers import HYBRID_LOOKUP_K, HYBRID_MIN_LOOKUP, LookupProposer, Proposer
+from speculation.engine.proposers import (
+    HYBRID_LOOKUP_K,
+    HYBRID_MIN_LOOKUP,
+    LookupProposer,
+    Proposer,
+    draft_chain,
+    hybrid_lookup,
+)
 from speculation.engine.request import (
     EndsAfter,
     GenerationConfig,
@@ -52,12 +59,12 @@ from speculation.engine.request import (
     stop_check,
     truncate_at_stop,
 )
-from speculation.engine.sampling import SamplingParams, probs_from_logits, sample, suppress_before_min_tokens
+from speculation.engine.sampling import SamplingParams, probs_from_logits, suppress_before_min_tokens
 from speculation.engine.stats import SpecStats
 from speculation.engine.target import Target, TargetRow
 from speculation.engine.tree import DraftTree, verify_tree_step
 from speculation.engine.verify import verify_greedy, verify_sampled
-from speculation.engine.vocab import draft_width, widen
+from speculation.engine.vocab import draft_width
 
 
 class BatchFullError(RuntimeError):
@@ -372,8 +379,7 @@ class BatchDecoder:
             budget = step_lookahead(
                 cap, slot.produced, len(slot.committed), slot.config.max_new_tokens, slot.max_context
             )
-            found = self.ngram.lookup(slot.committed, budget) if budget >= self.min_lookup else []  # type: ignore[union-attr]
-            looked.append(found if len(found) >= self.min_lookup else None)
+            looked.append(hybrid_lookup(self.ngram, slot.committed, budget, self.min_lookup))  # type: ignore[arg-type]
         model_ks = [0 if found is not None else k for found, k in zip(looked, ks, strict=True)]
         if max(model_ks):  # the draft model's forwards over the slots it drafts for only
             proposals = self._draft_model_proposals(self.draft, model_ks, only_drafting=True)  # type: ignore[arg-type]
@@ -388,7 +394,8 @@ class BatchDecoder:
 
     def _draft_model_proposals(self, draft: BatchedModel, ks: list[int], *, only_drafting: bool = False) -> _Proposals:
         """K = max(ks) draft forwards over all rows: the first feeds each row's unseen committed tokens, the
-        next ones the previous draft token. A slot samples (or takes the argmax of) its first k_b only.
+        next ones the previous draft token (proposers.draft_chain). A slot samples (or takes the argmax of) its first
+        k_b only.
         only_drafting: over the rows whose k_b > 0 only (a hybrid: the slots its lookup served are not fed, and
         catch up on their next model step)."""
         every = self._active
@@ -403,27 +410,21 @@ class BatchDecoder:
         last = [len(s.committed) - s.draft_len - 1 for s in slots]
         width = self.draft_width
         logits = draft.forward(pad_sequence(feeds, batch_first=True), starts, last=last, rows=subset)[:, :width]
-        positions = [len(s.committed) for s in slots]  # where each row's next fed token goes
+        positions = [len(s.committed) for s in slots]  # where each row's first draft goes
         zeros = [0] * len(slots)
-        columns: list[Tensor] = []
-        qs: list[list[Tensor]] = [[] for _ in slots]
-        for j in range(k_max):
-            token = logits.argmax(-1)  # [B]
-            for b, slot in enumerate(slots):
-                if not slot.params.greedy and j < sub_ks[b]:
-                    q = probs_from_logits(widen(logits[b], width, self.vocab_size), slot.params)  # [V]
-                    token[b] = sample(q, slot.generator)
-                    qs[b].append(q)
-            columns.append(token)
-            if j + 1 < k_max:  # the last draft token is never fed (as DraftModelProposer)
-                logits = draft.forward(token[:, None], positions, last=zeros, rows=subset)[:, :width]  # [B, V']
-                positions = [p + 1 for p in positions]
-        drafted = torch.stack(columns, dim=1)  # [B, K]
+
+        def forward(tokens: Tensor, j: int) -> Tensor:  # draft j of every row, each at its own position
+            return draft.forward(tokens[:, None], [p + j for p in positions], last=zeros, rows=subset)[:, :width]
+
+        params, generators = [s.params for s in slots], [s.generator for s in slots]
+        drafted, qs = draft_chain(
+            logits, forward, sub_ks, params, generators, width=width, vocab_size=self.vocab_size
+        )  # [B, K], per row [k_b, V] or None
         empty = torch.empty(0, dtype=torch.long, device=self.device)
         drafts, row_qs = [empty] * len(every), [None] * len(every)
         for b, row in enumerate(rows):
             drafts[row] = drafted[b, : sub_ks[b]]
-            row_qs[row] = torch.stack(qs[b]) if qs[b] else None
+            row_qs[row] = qs[b]
         return _Proposals(
             drafts=drafts,
             qs=row_qs,

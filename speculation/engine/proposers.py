@@ -7,6 +7,7 @@ proposers that do not need them ignore it (``wants_hidden = False`` keeps the ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -101,31 +102,56 @@ class NgramProposer(LookupProposer):
         return []
 
 
+def draft_chain(
+    logits: Tensor,
+    forward: Callable[[Tensor, int], Tensor],
+    ks: list[int],
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    *,
+    width: int,
+    vocab_size: int,
+) -> tuple[Tensor, list[Tensor | None]]:
+    """A draft model's chain over rows, written once for one request and for the batch engine's rows.
+
+    logits [B, V'] is the draft's next-token logits over the ids both vocabularies share (``width``);
+    ``forward(tokens [B], j)`` feeds draft j of every row and returns the next logits [B, V']. Row b takes the
+    argmax (greedy) or draws from q, its processed distribution widened to ``vocab_size``, with its own generator,
+    for its first ks[b] steps only, so its draws do not depend on its neighbours. The last draft is never fed.
+    Returns the drafts [B, max(ks)] (row b's first ks[b] are its own) and each row's q [ks[b], V] (None: greedy).
+    """
+    k_max = max(ks)
+    columns: list[Tensor] = []
+    qs: list[list[Tensor]] = [[] for _ in ks]
+    for j in range(k_max):
+        token = logits.argmax(-1)  # [B]
+        for b, (k, row_params, generator) in enumerate(zip(ks, params, generators, strict=True)):
+            if not row_params.greedy and j < k:
+                q = probs_from_logits(widen(logits[b], width, vocab_size), row_params)  # [V]
+                token[b] = sample(q, generator)
+                qs[b].append(q)
+        columns.append(token)
+        if j + 1 < k_max:
+            logits = forward(token, j)  # [B, V']
+    return torch.stack(columns, dim=1), [torch.stack(q) if q else None for q in qs]
+
+
 class DraftModelProposer:
     """A small causal LM with the target's tokenizer and its own KV cache.
 
     The draft's cache holds ``cached`` committed positions; a proposal feeds the committed tokens it has not
-    seen (one or two) and then its own drafts. After verification the accepted drafts stay cached (they are
-    the committed tokens at those positions), the rest is rolled back. A draft whose checkpoint pads the
-    vocabulary to another size than the target's drafts among the tokenizer's ``shared_vocab`` ids (engine/vocab.py).
+    seen (one or two) and then its own drafts (``draft_chain``, as a batch of one). After verification the accepted
+    drafts stay cached (they are the committed tokens at those positions), the rest is rolled back. A draft whose
+    checkpoint pads the vocabulary to another size than the target's drafts among the tokenizer's ``shared_vocab``
+    ids (engine/vocab.py).
     """
 
     wants_hidden = False
 
-    def __init__(
-        self,
-        model: Transformer,
-        *,
-        target_vocab_size: int,
-        confidence_threshold: float = 0.0,
-        shared_vocab: int | None = None,
-    ):
+    def __init__(self, model: Transformer, *, target_vocab_size: int, shared_vocab: int | None = None):
         self.width = draft_width(model.vocab_size, target_vocab_size, shared_vocab)  # VocabMismatchError
-        if not 0.0 <= confidence_threshold < 1.0:
-            raise ValueError("confidence_threshold must be in [0, 1)")
         self.target_vocab_size = target_vocab_size
         self.model = model
-        self.confidence_threshold = confidence_threshold
         self.device = model.output.weight.device
         self.cached = 0
         self._proposed_from = 0
@@ -137,36 +163,22 @@ class DraftModelProposer:
     def propose(
         self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
-        self._proposed_from = len(committed)
-        k = min(k, self.model.max_len - len(committed))
+        n_committed = self._proposed_from = len(committed)
+        k = min(k, self.model.max_len - n_committed)
         if k <= 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
-        feed = torch.tensor(committed[self.cached :], device=self.device)
-        if self.target_vocab_size > self.model.vocab_size:  # a target's padding id (never text): read as the last
-            feed = feed.clamp_max(self.model.vocab_size - 1)
-        start = self.cached
-        tokens: list[Tensor] = []
-        qs: list[Tensor] = []
-        for _ in range(k):
-            logits = self.model(feed, start).logits[-1, : self.width]  # [V'] the ids both vocabularies share
-            start += feed.shape[0]
-            if self.confidence_threshold > 0.0 and self._below_threshold(logits):
-                break  # host read: the cut-off decides whether this draft token is worth verifying
-            if params.greedy:
-                token = logits.argmax(-1)
-            else:
-                q = probs_from_logits(widen(logits, self.width, self.target_vocab_size), params)  # [V]
-                token = sample(q, generator)
-                qs.append(q)
-            tokens.append(token.view(1))
-            feed = token.view(1)
-        self.cached = len(committed)  # positions beyond are the drafts' (kept only if accepted)
-        if not tokens:
-            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device), q=None)
-        return Proposal(tokens=torch.cat(tokens), q=torch.stack(qs) if qs else None)
+        # a target's padding id past the draft's vocabulary (never text) is read as its last id
+        feed = torch.tensor(committed[self.cached :], device=self.device).clamp_max(self.model.vocab_size - 1)
+        logits = self.model(feed, self.cached).logits[-1:, : self.width]  # [1, V'] the ids both vocabularies share
+        self.cached = n_committed  # positions beyond are the drafts' (kept only if accepted)
 
-    def _below_threshold(self, logits: Tensor) -> bool:
-        return torch.softmax(logits.float(), dim=-1).max().item() < self.confidence_threshold
+        def forward(token: Tensor, j: int) -> Tensor:  # draft j, at position n_committed + j
+            return self.model(token, n_committed + j).logits[-1:, : self.width]
+
+        drafted, qs = draft_chain(
+            logits, forward, [k], [params], [generator], width=self.width, vocab_size=self.target_vocab_size
+        )
+        return Proposal(tokens=drafted[0], q=qs[0])
 
     def on_verified(self, num_accepted: int, num_drafted: int) -> None:
         # drafts 1..k-1 were fed to the draft (the last one never is); accepted ones stay valid
@@ -184,6 +196,15 @@ class DraftModelProposer:
 
 HYBRID_LOOKUP_K = 8  # how far a hybrid's lookup may draft (its own cut stops it earlier): the engine's K for it
 HYBRID_MIN_LOOKUP = 3  # a lookup draft this long is verified instead of the model's (measured: docs/BENCHMARKS.md)
+
+
+def hybrid_lookup(lookup: LookupProposer, committed: list[int], k: int, min_lookup: int) -> list[int] | None:
+    """A hybrid's rule, for one request and for the batch engine's slots: the lookup's draft (up to k tokens) where it
+    finds at least min_lookup tokens, else None (the draft model drafts this step)."""
+    if k < min_lookup:  # the lookup could not find enough
+        return None
+    found = lookup.lookup(committed, k)
+    return found if len(found) >= min_lookup else None
 
 
 class HybridProposer:
@@ -214,9 +235,9 @@ class HybridProposer:
     def propose(
         self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
-        drafts = self.lookup.lookup(committed, k)
-        self._fell_back = len(drafts) < self.min_lookup
-        if not self._fell_back:
+        drafts = hybrid_lookup(self.lookup, committed, k, self.min_lookup)
+        self._fell_back = drafts is None
+        if drafts is not None:
             return Proposal(tokens=torch.tensor(drafts, dtype=torch.long), q=None, looked_up=True)
         return self.fallback.propose(committed, min(k, self.model_k), params, generator)
 

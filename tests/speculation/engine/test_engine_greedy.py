@@ -67,11 +67,11 @@ def test_the_draft_proposer_gets_real_acceptance_on_the_test_pair(target_model, 
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_dynamic_k_and_confidence_cutoff_keep_greedy_output_identical(target_model, draft_model, dynamic):
+def test_dynamic_k_keeps_greedy_output_identical(target_model, draft_model, dynamic):
     target = LocalTarget(target_model)
     config = GenerationConfig(max_new_tokens=50, k=6, dynamic_k=dynamic)
     want = generate_plain(target, PROMPTS[3], config).tokens
-    proposer = DraftModelProposer(draft_model, target_vocab_size=target.vocab_size, confidence_threshold=0.5)
+    proposer = DraftModelProposer(draft_model, target_vocab_size=target.vocab_size)
     result = generate(target, proposer, PROMPTS[3], config)
     assert_same_or_near_tie(target_model, PROMPTS[3], result.tokens, want)
     assert all(0 <= k <= 6 for k in result.k_history)
