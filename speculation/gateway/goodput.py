@@ -133,11 +133,15 @@ def reconsider(call: Call, decision: Decision) -> Decision:
     return again
 
 
-async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float) -> None:
+async def observe(call: Call, *, kind: str, tokens: int | None, latency_ms: float, later: bool = False) -> None:
     """Keep a finished request's tok/s in its sample (kind SPEC or PLAIN) at the mean load it ran under, and count
-    it out of flight."""
+    it out of flight. `later`: a plain sample is written with the next batch (store.keep_later), as an off
+    request's is; a speculative one always at once (other processes judge the pairing by it)."""
     name = _finished(call, kind=kind, tokens=tokens, latency_ms=latency_ms)
     if name is None:
+        return
+    if later and name[2] == PLAIN:  # written with the others of the next moment, as off's samples are
+        store.keep_later(call.route.endpoint_id, name, tokens=tokens, seconds=latency_ms / 1000.0)  # type: ignore[arg-type]
         return
     try:
         await store.keep(call.route.endpoint_id, name, tokens=tokens, seconds=latency_ms / 1000.0)

@@ -60,7 +60,7 @@ class PlainRecorder:
             served = self.action == Action.SKIPPED and status == 200 and not error
             if served:  # spawned, as an off request's sample is: the client's stream ends without waiting for Redis
                 spawn(
-                    goodput.observe(self.call, kind=goodput.PLAIN, tokens=tokens, latency_ms=latency_ms),
+                    goodput.observe(self.call, kind=goodput.PLAIN, tokens=tokens, latency_ms=latency_ms, later=True),
                     what="goodput sample",
                 )
             else:
