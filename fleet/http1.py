@@ -56,7 +56,9 @@ def target(url: str) -> Target:
         raise httpx.UnsupportedProtocol(f"not an http(s) URL: {url!r}")
     port = parts.port or netpolicy.DEFAULT_PORTS[parts.scheme]
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Target(parts.scheme, parts.hostname, port, parts.netloc.encode("idna"), path.encode())
+    netloc = parts.netloc.rpartition("@")[2]  # never credentials (netpolicy.check_url refuses them anyway)
+    host_header = netloc.encode() if netloc.isascii() else netloc.encode("idna")
+    return Target(parts.scheme, parts.hostname, port, host_header, path.encode())
 
 
 class Headers:

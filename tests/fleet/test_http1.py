@@ -253,3 +253,12 @@ def test_a_fast_upstream_is_not_read_far_ahead_of_a_slow_reader():
     ahead, received = asyncio.run(run())
     assert ahead <= 2 * http1.HIGH_WATER  # paused at the high-water mark (plus what one read brings)
     assert received == body
+
+
+def test_a_url_becomes_its_host_header_request_target_and_pool_key():
+    plain = http1.target("http://[::1]:8000/v1/completions")
+    assert (plain.netloc, plain.path, plain.key) == (b"[::1]:8000", b"/v1/completions", ("http", "::1", 8000))
+    named = http1.target("https://exämple.com/v1/chat/completions?x=1")
+    assert (named.netloc, named.path, named.port) == (b"xn--exmple-cua.com", b"/v1/chat/completions?x=1", 443)
+    with pytest.raises(httpx.UnsupportedProtocol):
+        http1.target("ftp://example.com/")
