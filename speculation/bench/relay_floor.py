@@ -1,6 +1,6 @@
-"""The floor under any Python gateway here: uvicorn + a bare ASGI app that relays each POST to the upstream with a
-pooled httpx client, nothing else (no auth, no routing, no Django). speculation.bench.gateway_overhead --floor
-serves it beside ACE, so the cost of one more Python process on the request path stands apart from ACE's own.
+"""A reference relay: uvicorn + a bare ASGI app that relays each POST to the upstream with a pooled httpx client,
+nothing else (no auth, no routing, no Django). speculation.bench.gateway_overhead --floor serves it beside ACE, so
+ACE's cost per request compares with one more Python process and a general-purpose client on the path.
 
     ACE_RELAY_UPSTREAM=http://127.0.0.1:PORT uvicorn speculation.bench.relay_floor:app
 """
