@@ -9,29 +9,24 @@ import httpx
 import pytest
 
 from fleet import http1, netpolicy
+from tests.fleet.test_netstream import Server as LoopbackServer
 from tests.fleet.test_netstream import _tls_contexts
 
 BODY = b'{"ok":true}'
 
 
-class Server:
+class Server(LoopbackServer):
     """A loopback server that reads each request's head and body and writes what `answer` returns for it (None:
     close without answering); `close` closes after each answer. Counts connections and keeps the requests."""
 
     def __init__(self, answer=None, *, close: bool = False, tls=None) -> None:
+        super().__init__(close=close, tls=tls)
         self.answer = answer or (lambda request: ok(BODY))
-        self.close, self.tls = close, tls
-        self.connections = 0
         self.requests: list[bytes] = []
 
-    async def __aenter__(self) -> Server:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1/completions"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1/completions"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
