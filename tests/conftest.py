@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,17 @@ def throttles_start_empty() -> Iterator[None]:
     throttle.logins.clear()
     throttle.tokens.clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def writes_behind_stay_in_their_test() -> Iterator[None]:
+    """Stage records and captures a test queued and never flushed belong to its database: they are dropped when it
+    ends, rather than written into the next test's, or at exit after pytest-django dropped the database."""
+    yield
+    for name in ("speculation.services.records", "speculation.services.captures"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.writer.queue.clear()
 
 
 @pytest.fixture(scope="session")
