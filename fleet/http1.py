@@ -336,12 +336,6 @@ class Pool:
             connection = await self._connect(where)
         return await connection.request(head, content)
 
-    async def aclose(self) -> None:
-        for idle in self._idle.values():
-            for connection in idle:
-                connection.release(reusable=False)
-        self._idle.clear()
-
 
 _pools: dict[int, tuple[asyncio.AbstractEventLoop, Pool]] = {}
 
